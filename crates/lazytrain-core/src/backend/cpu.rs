@@ -1,0 +1,137 @@
+//! The CPU backend: a flat list of kernel calls over planned buffers, with
+//! `gemm` for matmuls.
+
+use super::plan::{MemoryPlan, Operand};
+use super::{Backend, Executable, ExecutableStats};
+use crate::error::{Error, Result};
+use crate::ir::{Graph, Node};
+use crate::kernels::{self, MatmulKernel};
+use crate::storage::{Buffer, HostData};
+use std::sync::Arc;
+
+/// Runs graphs on the host CPU.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct CpuBackend;
+
+/// One kernel call.
+struct Step {
+    node_index: usize,
+    node: Node,
+    inputs: Vec<Operand>,
+    input_shapes: Vec<Vec<usize>>,
+    slot: usize,
+}
+
+/// A compiled CPU program.
+struct CpuExecutable {
+    steps: Vec<Step>,
+    outputs: Vec<Operand>,
+    num_params: usize,
+    plan: MemoryPlan,
+}
+
+impl Backend for CpuBackend {
+    fn name(&self) -> &'static str {
+        "cpu"
+    }
+
+    fn compile(&self, graph: &Graph) -> Result<Arc<dyn Executable>> {
+        let plan = MemoryPlan::new(graph);
+        let mut steps = Vec::new();
+        for (i, node) in graph.nodes.iter().enumerate() {
+            if let Operand::Slot(slot) = plan.operands[i] {
+                steps.push(Step {
+                    node_index: i,
+                    node: node.clone(),
+                    inputs: node
+                        .inputs
+                        .iter()
+                        .map(|id| plan.operands[id.index()])
+                        .collect(),
+                    input_shapes: node
+                        .inputs
+                        .iter()
+                        .map(|id| graph.node(*id).shape.dims().to_vec())
+                        .collect(),
+                    slot,
+                });
+            }
+        }
+        let outputs = graph
+            .outputs
+            .iter()
+            .map(|id| plan.operands[id.index()])
+            .collect();
+        Ok(Arc::new(CpuExecutable {
+            steps,
+            outputs,
+            num_params: graph.num_params,
+            plan,
+        }))
+    }
+}
+
+impl Executable for CpuExecutable {
+    fn run(&self, inputs: Vec<Arc<Buffer>>) -> Result<Vec<Arc<Buffer>>> {
+        if inputs.len() != self.num_params {
+            return Err(Error::Execution {
+                node: 0,
+                op: "parameter",
+                detail: format!(
+                    "the executable takes {} inputs, {} were given",
+                    self.num_params,
+                    inputs.len()
+                ),
+            });
+        }
+        let mut slots: Vec<Option<HostData>> = vec![None; self.plan.slots.len()];
+        for step in &self.steps {
+            let mut out = slots[step.slot]
+                .take()
+                .unwrap_or_else(|| HostData::zeros(step.node.dtype, 0));
+            out.reset(step.node.dtype, step.node.shape.numel());
+            let operands: Vec<&HostData> = step
+                .inputs
+                .iter()
+                .map(|op| match *op {
+                    Operand::Param(k) => inputs[k].host(),
+                    Operand::Slot(s) => slots[s]
+                        .as_ref()
+                        .expect("the plan places every input before its reader"),
+                })
+                .collect();
+            let shapes: Vec<&[usize]> = step.input_shapes.iter().map(Vec::as_slice).collect();
+            kernels::eval(&step.node, &operands, &shapes, &mut out, MatmulKernel::Gemm).map_err(
+                |detail| Error::Execution {
+                    node: step.node_index,
+                    op: step.node.op.name(),
+                    detail,
+                },
+            )?;
+            slots[step.slot] = Some(out);
+        }
+        let mut taken: Vec<Option<Arc<Buffer>>> = vec![None; slots.len()];
+        let outputs = self
+            .outputs
+            .iter()
+            .map(|op| match *op {
+                Operand::Param(k) => inputs[k].clone(),
+                Operand::Slot(s) => taken[s]
+                    .get_or_insert_with(|| {
+                        Arc::new(Buffer::new(slots[s].take().expect("outputs are computed")))
+                    })
+                    .clone(),
+            })
+            .collect();
+        Ok(outputs)
+    }
+
+    fn stats(&self) -> ExecutableStats {
+        ExecutableStats {
+            kernels: self.steps.len(),
+            buffers: self.plan.slots.len(),
+            planned_bytes: self.plan.planned_bytes(),
+            unplanned_bytes: self.plan.unplanned_bytes,
+        }
+    }
+}

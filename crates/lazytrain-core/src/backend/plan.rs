@@ -1,0 +1,83 @@
+//! Liveness-based memory planning: each value gets a buffer slot, and a slot
+//! is reused once the last reader of its previous value has run.
+
+use crate::dtype::DType;
+use crate::ir::{Graph, Op};
+
+/// Where a kernel reads a value from.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Operand {
+    /// Graph input buffer `k`.
+    Param(usize),
+    /// Intermediate buffer slot `s`.
+    Slot(usize),
+}
+
+/// The slot assignment for a graph.
+#[derive(Clone, Debug)]
+pub struct MemoryPlan {
+    /// For each node, where its value lives.
+    pub operands: Vec<Operand>,
+    /// Each slot's dtype and element capacity.
+    pub slots: Vec<(DType, usize)>,
+    /// Bytes without reuse (one buffer per computed node).
+    pub unplanned_bytes: usize,
+}
+
+impl MemoryPlan {
+    /// Bytes of all slots.
+    pub fn planned_bytes(&self) -> usize {
+        self.slots
+            .iter()
+            .map(|(dt, n)| dt.size_in_bytes() * n)
+            .sum()
+    }
+
+    /// Plan `graph`: a computed node takes the smallest free slot of its
+    /// dtype that fits (else a new one); slots of values whose last reader has
+    /// run are freed after that reader's own output is placed, so a kernel
+    /// never writes over its own inputs. Graph outputs are never freed.
+    pub fn new(graph: &Graph) -> MemoryPlan {
+        let last_use = graph.last_uses();
+        let mut operands = Vec::with_capacity(graph.nodes.len());
+        let mut slots: Vec<(DType, usize)> = Vec::new();
+        let mut free: Vec<usize> = Vec::new();
+        let mut unplanned_bytes = 0;
+        let mut dying: Vec<Vec<usize>> = vec![Vec::new(); graph.nodes.len()];
+        for (i, node) in graph.nodes.iter().enumerate() {
+            if let Op::Parameter(k) = node.op {
+                operands.push(Operand::Param(k));
+                continue;
+            }
+            let len = node.shape.numel();
+            unplanned_bytes += len * node.dtype.size_in_bytes();
+            let best = free
+                .iter()
+                .enumerate()
+                .filter(|(_, &s)| slots[s].0 == node.dtype && slots[s].1 >= len)
+                .min_by_key(|(_, &s)| slots[s].1)
+                .map(|(pos, _)| pos);
+            let slot = match best {
+                Some(pos) => free.swap_remove(pos),
+                None => {
+                    slots.push((node.dtype, len));
+                    slots.len() - 1
+                }
+            };
+            operands.push(Operand::Slot(slot));
+            if last_use[i] != usize::MAX {
+                dying[last_use[i].max(i)].push(slot);
+            }
+            for s in std::mem::take(&mut dying[i]) {
+                if !free.contains(&s) {
+                    free.push(s);
+                }
+            }
+        }
+        MemoryPlan {
+            operands,
+            slots,
+            unplanned_bytes,
+        }
+    }
+}

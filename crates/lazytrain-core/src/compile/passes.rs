@@ -1,0 +1,160 @@
+//! The simplifying passes: dead-code elimination, constant folding and
+//! algebraic identities.
+
+use super::rewrite::{rebuild, Rewrite};
+use crate::dtype::Literal;
+use crate::ir::{BinaryOp, Graph, GraphBuilder, Node, NodeId, Op, UnaryOp};
+use crate::kernels::{self, MatmulKernel};
+use crate::storage::HostData;
+
+/// Drop nodes no output depends on (parameters keep their numbers).
+pub fn dead_code_elimination(graph: &Graph) -> Graph {
+    let mut live = vec![false; graph.nodes.len()];
+    for out in &graph.outputs {
+        live[out.index()] = true;
+    }
+    for i in (0..graph.nodes.len()).rev() {
+        if live[i] {
+            for input in &graph.nodes[i].inputs {
+                live[input.index()] = true;
+            }
+        }
+    }
+    let mut builder = GraphBuilder::new();
+    let mut map = vec![NodeId(u32::MAX); graph.nodes.len()];
+    for (i, node) in graph.nodes.iter().enumerate() {
+        if live[i] {
+            let mut n = node.clone();
+            for input in n.inputs.iter_mut() {
+                *input = map[input.index()];
+            }
+            map[i] = builder.push(n);
+        }
+    }
+    let outputs = graph.outputs.iter().map(|o| map[o.index()]).collect();
+    builder.finish(outputs, graph.num_params)
+}
+
+fn constant(builder: &GraphBuilder, id: NodeId) -> Option<Literal> {
+    match builder.node(id).op {
+        Op::Constant(v) => Some(v),
+        _ => None,
+    }
+}
+
+/// Evaluate a single element of an elementwise op whose inputs are constants.
+fn fold_elementwise(
+    node: &Node,
+    values: &[Literal],
+    input_dtypes: &[crate::dtype::DType],
+) -> Option<Literal> {
+    let inputs: Vec<HostData> = values
+        .iter()
+        .zip(input_dtypes)
+        .map(|(v, &dt)| {
+            let mut d = HostData::zeros(dt, 1);
+            kernels::numeric::fill_literal(&mut d, *v);
+            d
+        })
+        .collect();
+    let refs: Vec<&HostData> = inputs.iter().collect();
+    let shapes: Vec<&[usize]> = vec![&[]; inputs.len()];
+    let scalar = Node {
+        shape: crate::shape::Shape::scalar(),
+        ..node.clone()
+    };
+    let mut out = HostData::zeros(node.dtype, 1);
+    kernels::eval(&scalar, &refs, &shapes, &mut out, MatmulKernel::Naive).ok()?;
+    let v = out.get_f64(0);
+    Some(if node.dtype.is_float() {
+        Literal::Float(v.to_bits())
+    } else {
+        Literal::Int(v as i64)
+    })
+}
+
+/// Replace ops whose inputs are all splat constants by a splat constant:
+/// elementwise math, and movement ops that keep every element equal.
+pub fn fold_constants(graph: &Graph) -> Graph {
+    rebuild(graph, |b, node| {
+        let values: Option<Vec<Literal>> = node.inputs.iter().map(|&i| constant(b, i)).collect();
+        let folded = match (&node.op, values) {
+            (_, None) => None,
+            (op, Some(values)) if op.is_elementwise() => {
+                let dtypes: Vec<_> = node.inputs.iter().map(|&i| b.node(i).dtype).collect();
+                fold_elementwise(&node, &values, &dtypes)
+            }
+            (Op::Reshape | Op::Permute(_) | Op::Expand | Op::Slice { .. }, Some(values)) => {
+                Some(values[0])
+            }
+            _ => None,
+        };
+        match folded {
+            Some(v) => Rewrite::Emit(Node {
+                op: Op::Constant(v),
+                inputs: Vec::new(),
+                shape: node.shape,
+                dtype: node.dtype,
+            }),
+            None => Rewrite::Emit(node),
+        }
+    })
+}
+
+fn is_splat(b: &GraphBuilder, id: NodeId, value: f64) -> bool {
+    constant(b, id).is_some_and(|v| v.as_f64() == value)
+}
+
+/// Algebraic identities: `x+0`, `x-0`, `x*1`, `x/1`, `--x`, and movement ops
+/// that do nothing (same shape, identity permutation, full slice, zero pad)
+/// or that compose (reshape of reshape, permute of permute).
+pub fn simplify_algebra(graph: &Graph) -> Graph {
+    rebuild(graph, |b, node| {
+        let input = |k: usize| node.inputs[k];
+        let in_node = |k: usize| b.node(node.inputs[k]);
+        match &node.op {
+            Op::Binary(BinaryOp::Add) if is_splat(b, input(1), 0.0) => Rewrite::Forward(input(0)),
+            Op::Binary(BinaryOp::Add) if is_splat(b, input(0), 0.0) => Rewrite::Forward(input(1)),
+            Op::Binary(BinaryOp::Sub) if is_splat(b, input(1), 0.0) => Rewrite::Forward(input(0)),
+            Op::Binary(BinaryOp::Mul) if is_splat(b, input(1), 1.0) => Rewrite::Forward(input(0)),
+            Op::Binary(BinaryOp::Mul) if is_splat(b, input(0), 1.0) => Rewrite::Forward(input(1)),
+            Op::Binary(BinaryOp::Div) if is_splat(b, input(1), 1.0) => Rewrite::Forward(input(0)),
+            Op::Unary(UnaryOp::Neg) if in_node(0).op == Op::Unary(UnaryOp::Neg) => {
+                Rewrite::Forward(in_node(0).inputs[0])
+            }
+            Op::Cast | Op::Reshape | Op::Expand
+                if in_node(0).shape == node.shape && in_node(0).dtype == node.dtype =>
+            {
+                Rewrite::Forward(input(0))
+            }
+            Op::Reshape if in_node(0).op == Op::Reshape => Rewrite::Emit(Node {
+                inputs: vec![in_node(0).inputs[0]],
+                ..node
+            }),
+            Op::Permute(perm) if perm.iter().enumerate().all(|(i, &p)| i == p) => {
+                Rewrite::Forward(input(0))
+            }
+            Op::Permute(outer) => match &in_node(0).op {
+                Op::Permute(inner) => {
+                    let composed = outer.iter().map(|&p| inner[p]).collect();
+                    Rewrite::Emit(Node {
+                        op: Op::Permute(composed),
+                        inputs: vec![in_node(0).inputs[0]],
+                        ..node
+                    })
+                }
+                _ => Rewrite::Emit(node),
+            },
+            Op::Slice { starts }
+                if starts.iter().all(|&s| s == 0) && in_node(0).shape == node.shape =>
+            {
+                Rewrite::Forward(input(0))
+            }
+            Op::Pad { low, high, .. } if low.iter().chain(high).all(|&w| w == 0) => {
+                Rewrite::Forward(input(0))
+            }
+            Op::Concat { .. } if node.inputs.len() == 1 => Rewrite::Forward(input(0)),
+            _ => Rewrite::Emit(node),
+        }
+    })
+}

@@ -1,0 +1,86 @@
+//! Reference kernels for every primitive, shared by the interpreter and the
+//! CPU backend. Each writes into an output buffer already sized for the node.
+
+mod dot;
+mod elementwise;
+mod index;
+mod movement;
+pub(crate) mod numeric;
+mod reduce;
+pub(crate) mod strided;
+
+pub use dot::MatmulKernel;
+
+use crate::ir::{Node, Op};
+use crate::shape::contiguous_strides;
+use crate::storage::HostData;
+
+/// The shapes of a node's inputs, for kernels that need them.
+pub(crate) type InputShapes<'a> = [&'a [usize]];
+
+/// Compute `node` from its inputs into `out`. `Parameter` nodes are the
+/// caller's business; every other op is handled here.
+pub(crate) fn eval(
+    node: &Node,
+    inputs: &[&HostData],
+    shapes: &InputShapes,
+    out: &mut HostData,
+    matmul: MatmulKernel,
+) -> Result<(), String> {
+    let out_shape = node.shape.dims();
+    match &node.op {
+        Op::Parameter(k) => return Err(format!("parameter {k} has no kernel")),
+        Op::Constant(v) => numeric::fill_literal(out, *v),
+        Op::Iota { axis } => elementwise::iota(out_shape, *axis, out),
+        Op::RngUniform { stream } => elementwise::rng_uniform(inputs[0], *stream, out)?,
+        Op::Unary(op) => elementwise::unary(*op, inputs[0], out)?,
+        Op::Cast => numeric::cast(inputs[0], out),
+        Op::Binary(op) => elementwise::binary(*op, inputs[0], inputs[1], out)?,
+        Op::Compare(op) => elementwise::compare(*op, inputs[0], inputs[1], out)?,
+        Op::Select => elementwise::select(inputs[0], inputs[1], inputs[2], out)?,
+        Op::Reduce { op, axes } => reduce::reduce(*op, inputs[0], shapes[0], axes, out)?,
+        Op::Reshape | Op::AllReduce(_) => {
+            movement::strided_copy(inputs[0], &[out.len()], &[1], 0, out)?;
+        }
+        Op::Permute(perm) => {
+            let strides = movement::permuted_strides(shapes[0], perm);
+            movement::strided_copy(inputs[0], out_shape, &strides, 0, out)?;
+        }
+        Op::Expand => {
+            let strides = movement::expanded_strides(shapes[0]);
+            movement::strided_copy(inputs[0], out_shape, &strides, 0, out)?;
+        }
+        Op::Slice { starts } => {
+            let strides = contiguous_strides(shapes[0]);
+            let base = starts.iter().zip(&strides).map(|(a, s)| a * s).sum();
+            movement::strided_copy(inputs[0], out_shape, &strides, base, out)?;
+        }
+        Op::Concat { axis } => movement::concat(inputs, shapes, *axis, out)?,
+        Op::Pad { low, value, .. } => {
+            movement::pad(inputs[0], shapes[0], out_shape, low, *value, out)?
+        }
+        Op::Gather { axis } => {
+            index::gather(inputs[0], shapes[0], inputs[1], shapes[1], *axis, out)?
+        }
+        Op::ScatterAdd { axis } => index::scatter_add(
+            inputs[0], shapes[0], inputs[1], shapes[1], inputs[2], *axis, out,
+        )?,
+        Op::Dot { lhs_t, rhs_t } => {
+            let rank = out_shape.len();
+            let (m, n) = (out_shape[rank - 2], out_shape[rank - 1]);
+            let a = shapes[0];
+            let k = if *lhs_t { a[rank - 2] } else { a[rank - 1] };
+            let batch = out_shape[..rank - 2].iter().product();
+            let dims = dot::DotDims {
+                batch,
+                m,
+                k,
+                n,
+                lhs_t: *lhs_t,
+                rhs_t: *rhs_t,
+            };
+            dot::dot(matmul, dims, inputs[0], inputs[1], out)?;
+        }
+    }
+    Ok(())
+}

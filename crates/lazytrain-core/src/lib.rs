@@ -1,0 +1,53 @@
+//! # lazytrain-core
+//!
+//! Lazy tensors and the engine behind them:
+//!
+//! 1. **Trace.** [`Tensor`] ops check shapes and dtypes (a bad op fails at the
+//!    caller's line with a typed [`Error`]), append a hash-consed node to the
+//!    device's live graph ([`ir`]) and return immediately.
+//! 2. **Cut.** [`Device::sync`] (or reading a value) makes every live pending
+//!    tensor an output and every device buffer read a numbered parameter.
+//! 3. **Cache.** The graph's structural hash keys the compile cache
+//!    ([`cache`]); a miss is explained by comparing with the nearest graph
+//!    from the same sync site ([`metrics`]).
+//! 4. **Compile.** A declared pipeline of pure passes ([`compile`]) simplifies
+//!    the graph; the backend ([`backend`]) plans memory by liveness and emits
+//!    a flat list of kernel calls.
+//! 5. **Run.** The executable computes the outputs into device buffers.
+//!
+//! The reference interpreter ([`interp`]) evaluates graphs without any of
+//! this and is the oracle the tests compare against.
+//!
+//! ```
+//! use lazytrain_core::{Device, DType, Tensor};
+//! let dev = Device::cpu();
+//! let x = Tensor::from_vec(vec![1.0f32, 2.0, 3.0, 4.0], [2, 2], &dev)?;
+//! let y = x.matmul(&x)?.softmax(-1)?;
+//! dev.sync()?;
+//! assert_eq!(y.dims(), &[2, 2]);
+//! assert!((y.to_vec::<f32>()?.iter().sum::<f32>() - 2.0).abs() < 1e-6);
+//! # Ok::<(), lazytrain_core::Error>(())
+//! ```
+
+pub mod backend;
+pub mod cache;
+pub mod compile;
+mod device;
+mod dtype;
+mod error;
+pub mod interp;
+pub mod ir;
+mod kernels;
+pub mod metrics;
+pub mod random;
+mod shape;
+mod storage;
+mod tensor;
+
+pub use device::Device;
+pub use dtype::{DType, Literal};
+pub use error::{Error, Result, RuleError, RuleKind};
+pub use kernels::MatmulKernel;
+pub use shape::Shape;
+pub use storage::{live_buffer_bytes, peak_buffer_bytes, Buffer, Element, HostData};
+pub use tensor::Tensor;

@@ -1,0 +1,204 @@
+//! Host-side element storage and device buffers.
+
+use crate::dtype::DType;
+use half::{bf16, f16};
+use std::sync::atomic::{AtomicI64, Ordering};
+
+/// A flat, typed vector of elements on the host.
+#[derive(Clone, Debug, PartialEq)]
+pub enum HostData {
+    /// `f32` elements.
+    F32(Vec<f32>),
+    /// `bf16` elements.
+    BF16(Vec<bf16>),
+    /// `f16` elements.
+    F16(Vec<f16>),
+    /// `i64` elements.
+    I64(Vec<i64>),
+    /// `i32` elements.
+    I32(Vec<i32>),
+    /// `u8` elements.
+    U8(Vec<u8>),
+    /// `bool` elements.
+    Bool(Vec<bool>),
+}
+
+/// Apply one expression to whichever typed vector a [`HostData`] holds.
+macro_rules! with_host_data {
+    ($data:expr, $v:ident => $body:expr) => {
+        match $data {
+            $crate::storage::HostData::F32($v) => $body,
+            $crate::storage::HostData::BF16($v) => $body,
+            $crate::storage::HostData::F16($v) => $body,
+            $crate::storage::HostData::I64($v) => $body,
+            $crate::storage::HostData::I32($v) => $body,
+            $crate::storage::HostData::U8($v) => $body,
+            $crate::storage::HostData::Bool($v) => $body,
+        }
+    };
+}
+
+impl HostData {
+    /// `len` zero elements of `dtype`.
+    pub fn zeros(dtype: DType, len: usize) -> HostData {
+        match dtype {
+            DType::F32 => HostData::F32(vec![0.0; len]),
+            DType::BF16 => HostData::BF16(vec![bf16::ZERO; len]),
+            DType::F16 => HostData::F16(vec![f16::ZERO; len]),
+            DType::I64 => HostData::I64(vec![0; len]),
+            DType::I32 => HostData::I32(vec![0; len]),
+            DType::U8 => HostData::U8(vec![0; len]),
+            DType::Bool => HostData::Bool(vec![false; len]),
+        }
+    }
+
+    /// The element type.
+    pub fn dtype(&self) -> DType {
+        match self {
+            HostData::F32(_) => DType::F32,
+            HostData::BF16(_) => DType::BF16,
+            HostData::F16(_) => DType::F16,
+            HostData::I64(_) => DType::I64,
+            HostData::I32(_) => DType::I32,
+            HostData::U8(_) => DType::U8,
+            HostData::Bool(_) => DType::Bool,
+        }
+    }
+
+    /// The number of elements.
+    pub fn len(&self) -> usize {
+        with_host_data!(self, v => v.len())
+    }
+
+    /// True when there are no elements.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// Size in bytes.
+    pub fn size_in_bytes(&self) -> usize {
+        self.len() * self.dtype().size_in_bytes()
+    }
+
+    /// Element `i` widened to `f64` (for printing and tests).
+    pub fn get_f64(&self, i: usize) -> f64 {
+        match self {
+            HostData::F32(v) => v[i] as f64,
+            HostData::BF16(v) => v[i].to_f64(),
+            HostData::F16(v) => v[i].to_f64(),
+            HostData::I64(v) => v[i] as f64,
+            HostData::I32(v) => v[i] as f64,
+            HostData::U8(v) => v[i] as f64,
+            HostData::Bool(v) => v[i] as u8 as f64,
+        }
+    }
+
+    /// All elements widened to `f64`.
+    pub fn to_f64_vec(&self) -> Vec<f64> {
+        (0..self.len()).map(|i| self.get_f64(i)).collect()
+    }
+
+    /// Resize to `len` elements of `dtype`, keeping the allocation when the
+    /// dtype already matches (contents are unspecified afterwards).
+    pub fn reset(&mut self, dtype: DType, len: usize) {
+        if self.dtype() != dtype {
+            *self = HostData::zeros(dtype, len);
+            return;
+        }
+        match self {
+            HostData::F32(v) => v.resize(len, 0.0),
+            HostData::BF16(v) => v.resize(len, bf16::ZERO),
+            HostData::F16(v) => v.resize(len, f16::ZERO),
+            HostData::I64(v) => v.resize(len, 0),
+            HostData::I32(v) => v.resize(len, 0),
+            HostData::U8(v) => v.resize(len, 0),
+            HostData::Bool(v) => v.resize(len, false),
+        }
+    }
+}
+
+/// Host element types that [`HostData`] can hold, for typed `from_vec`/`to_vec`.
+pub trait Element: Copy + Send + Sync + 'static {
+    /// The matching dtype.
+    const DTYPE: DType;
+    /// Wrap a vector.
+    fn into_host(v: Vec<Self>) -> HostData;
+    /// Unwrap a vector of this type, if that is what `data` holds.
+    fn from_host(data: &HostData) -> Option<&[Self]>;
+}
+
+macro_rules! impl_element {
+    ($t:ty, $variant:ident) => {
+        impl Element for $t {
+            const DTYPE: DType = DType::$variant;
+            fn into_host(v: Vec<Self>) -> HostData {
+                HostData::$variant(v)
+            }
+            fn from_host(data: &HostData) -> Option<&[Self]> {
+                match data {
+                    HostData::$variant(v) => Some(v),
+                    _ => None,
+                }
+            }
+        }
+    };
+}
+impl_element!(f32, F32);
+impl_element!(bf16, BF16);
+impl_element!(f16, F16);
+impl_element!(i64, I64);
+impl_element!(i32, I32);
+impl_element!(u8, U8);
+impl_element!(bool, Bool);
+
+static LIVE_BUFFER_BYTES: AtomicI64 = AtomicI64::new(0);
+static PEAK_BUFFER_BYTES: AtomicI64 = AtomicI64::new(0);
+
+/// Bytes held by device buffers alive right now, across all devices.
+pub fn live_buffer_bytes() -> u64 {
+    LIVE_BUFFER_BYTES.load(Ordering::Relaxed).max(0) as u64
+}
+
+/// The most bytes device buffers have held at once since the process started.
+pub fn peak_buffer_bytes() -> u64 {
+    PEAK_BUFFER_BYTES.load(Ordering::Relaxed).max(0) as u64
+}
+
+/// Memory owned by a device. The CPU backend keeps it on the host; a CUDA
+/// backend would add a device-memory variant behind the same type.
+#[derive(Debug)]
+pub struct Buffer {
+    data: HostData,
+    bytes: i64,
+}
+
+impl Buffer {
+    /// Take ownership of host data as a device buffer.
+    pub fn new(data: HostData) -> Buffer {
+        let bytes = data.size_in_bytes() as i64;
+        let live = LIVE_BUFFER_BYTES.fetch_add(bytes, Ordering::Relaxed) + bytes;
+        PEAK_BUFFER_BYTES.fetch_max(live, Ordering::Relaxed);
+        Buffer { data, bytes }
+    }
+
+    /// The elements, readable on the host.
+    pub fn host(&self) -> &HostData {
+        &self.data
+    }
+
+    /// The element type.
+    pub fn dtype(&self) -> DType {
+        self.data.dtype()
+    }
+
+    /// Give the memory back as host data.
+    pub fn into_host(mut self) -> HostData {
+        std::mem::replace(&mut self.data, HostData::Bool(Vec::new()))
+    }
+}
+
+impl Drop for Buffer {
+    fn drop(&mut self) {
+        LIVE_BUFFER_BYTES.fetch_sub(self.bytes, Ordering::Relaxed);
+    }
+}

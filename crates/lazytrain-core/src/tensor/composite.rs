@@ -1,0 +1,98 @@
+//! Composite functions built from primitives: what layers call. The compiler
+//! sees only the primitives, so fusion makes these fast without special cases.
+
+use super::Tensor;
+use crate::dtype::DType;
+use crate::error::{Error, Result, RuleError, RuleKind};
+use crate::shape::Shape;
+use std::panic::Location;
+
+impl Tensor {
+    /// `softmax` along `axis`, stabilised by subtracting the maximum.
+    #[track_caller]
+    pub fn softmax(&self, axis: isize) -> Result<Tensor> {
+        let shifted = self.sub(&self.max(&[axis], true)?)?;
+        let e = shifted.exp()?;
+        e.div(&e.sum(&[axis], true)?)
+    }
+
+    /// `log_softmax` along `axis`: `x - max - log(sum(exp(x - max)))`.
+    #[track_caller]
+    pub fn log_softmax(&self, axis: isize) -> Result<Tensor> {
+        let shifted = self.sub(&self.max(&[axis], true)?)?;
+        let log_sum = shifted.exp()?.sum(&[axis], true)?.log()?;
+        shifted.sub(&log_sum)
+    }
+
+    /// The exact GELU: `0.5 x (1 + erf(x / sqrt 2))`.
+    #[track_caller]
+    pub fn gelu(&self) -> Result<Tensor> {
+        let cdf = self
+            .mul_scalar(std::f64::consts::FRAC_1_SQRT_2)?
+            .erf()?
+            .add_scalar(1.0)?
+            .mul_scalar(0.5)?;
+        self.mul(&cdf)
+    }
+
+    /// Layer normalisation over the last axis with biased variance, then an
+    /// optional elementwise `weight` and `bias` (both of the last axis' size).
+    #[track_caller]
+    pub fn layer_norm(
+        &self,
+        weight: Option<&Tensor>,
+        bias: Option<&Tensor>,
+        eps: f64,
+    ) -> Result<Tensor> {
+        let mean = self.mean(&[-1], true)?;
+        let centered = self.sub(&mean)?;
+        let var = centered.square()?.mean(&[-1], true)?;
+        let mut y = centered.mul(&var.add_scalar(eps)?.rsqrt()?)?;
+        if let Some(w) = weight {
+            y = y.mul(w)?;
+        }
+        if let Some(b) = bias {
+            y = y.add(b)?;
+        }
+        Ok(y)
+    }
+
+    /// Cross-entropy of `[.., classes]` logits against integer class
+    /// `labels` of the leading shape, averaged over the targets that are not
+    /// `ignore_index` (PyTorch's `reduction="mean"`: NaN when all are ignored).
+    #[track_caller]
+    pub fn cross_entropy(&self, labels: &Tensor, ignore_index: i64) -> Result<Tensor> {
+        let loc = Location::caller();
+        let leading = &self.dims()[..self.rank().saturating_sub(1)];
+        if self.rank() < 1
+            || labels.dims() != leading
+            || !matches!(labels.dtype(), DType::I64 | DType::I32)
+        {
+            let e = RuleError::new(
+                RuleKind::Shape,
+                format!(
+                    "cross_entropy needs logits [.., classes] and integer labels of the leading shape, got logits {} {} and labels {} {}",
+                    self.dtype(),
+                    self.shape(),
+                    labels.dtype(),
+                    labels.shape()
+                ),
+            );
+            return Err(Error::from_rule("cross_entropy", e, loc));
+        }
+        let classes = self.dims()[self.rank() - 1];
+        let n = labels.numel();
+        let logp = self.reshape([n, classes])?.log_softmax(-1)?;
+        let labels = labels.reshape([n])?;
+        let valid = labels.ne_scalar(ignore_index as f64)?;
+        let safe = Tensor::select(
+            &valid,
+            &labels,
+            &Tensor::zeros(Shape::scalar(), labels.dtype(), self.device())?,
+        )?;
+        let picked = logp.gather(1, &safe.reshape([n, 1])?)?.reshape([n])?;
+        let weights = valid.cast(self.dtype())?;
+        let total = picked.mul(&weights)?.sum_all()?.neg()?;
+        total.div(&weights.sum_all()?)
+    }
+}
