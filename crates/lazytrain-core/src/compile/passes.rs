@@ -136,12 +136,17 @@ pub fn simplify_algebra(graph: &Graph) -> Graph {
             }
             Op::Permute(outer) => match &in_node(0).op {
                 Op::Permute(inner) => {
-                    let composed = outer.iter().map(|&p| inner[p]).collect();
-                    Rewrite::Emit(Node {
-                        op: Op::Permute(composed),
-                        inputs: vec![in_node(0).inputs[0]],
-                        ..node
-                    })
+                    let composed: Vec<usize> = outer.iter().map(|&p| inner[p]).collect();
+                    let source = in_node(0).inputs[0];
+                    if composed.iter().enumerate().all(|(i, &p)| i == p) {
+                        Rewrite::Forward(source)
+                    } else {
+                        Rewrite::Emit(Node {
+                            op: Op::Permute(composed),
+                            inputs: vec![source],
+                            ..node
+                        })
+                    }
                 }
                 _ => Rewrite::Emit(node),
             },

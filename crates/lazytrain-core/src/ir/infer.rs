@@ -461,7 +461,7 @@ pub fn check_node(node: &Node, inputs: &[Meta]) -> Result<(), RuleError> {
         return Err(err(
             RuleKind::Shape,
             format!(
-                "{} records {} {} but its inputs give {} {}",
+                "{} records {}{} but its inputs give {}{}",
                 node.op.name(),
                 node.dtype,
                 node.shape,

@@ -1,0 +1,203 @@
+//! Tracing, sync, the compile cache and the metrics it reports.
+
+use lazytrain_core::{DType, Device, Result, Tensor};
+
+/// One "training-like" step: new data every time, a learning-rate input.
+fn step(dev: &Device, w: &Tensor, batch: usize, lr: f32, seed: u64) -> Result<(Tensor, Tensor)> {
+    let data: Vec<f32> = (0..batch * 8)
+        .map(|i| ((i as u64 * 31 + seed * 17) % 13) as f32 / 13.0)
+        .collect();
+    let x = Tensor::from_vec(data, [batch, 8], dev)?;
+    let lr = Tensor::scalar(lr, dev);
+    let y = x.matmul(w)?.tanh()?;
+    let loss = y.square()?.mean_all()?;
+    let new_w = w.sub(&x.matmul_transposed(&y, true, false)?.mul(&lr)?)?;
+    Ok((loss, new_w))
+}
+
+#[test]
+fn hundred_steps_compile_once() -> Result<()> {
+    let dev = Device::cpu();
+    let mut w = Tensor::from_vec(vec![0.1f32; 8 * 4], [8, 4], &dev)?;
+    let mut losses = Vec::new();
+    for i in 0..100 {
+        let (loss, new_w) = step(&dev, &w, 16, 0.01 * (1.0 + i as f32), i)?;
+        w = new_w;
+        dev.mark_step()?;
+        losses.push(loss.item::<f32>()?);
+    }
+    let m = dev.metrics();
+    assert_eq!(
+        (m.compiles, m.cache_hits),
+        (1, 99),
+        "{}",
+        dev.metrics_report()
+    );
+    assert_eq!(m.executions, 100);
+    assert_eq!(
+        m.forced_sync_count(),
+        0,
+        "reads after mark_step must not force syncs"
+    );
+    assert!(losses.iter().all(|l| l.is_finite()));
+    assert_ne!(losses[0], losses[99], "new data and weights every step");
+    Ok(())
+}
+
+#[test]
+fn changing_a_batch_dimension_recompiles_and_names_the_input() -> Result<()> {
+    let dev = Device::cpu();
+    let w = Tensor::from_vec(vec![0.1f32; 8 * 4], [8, 4], &dev)?;
+    for batch in [4, 4, 6] {
+        let (_loss, _new_w) = step(&dev, &w, batch, 0.1, 0)?;
+        dev.mark_step()?;
+    }
+    let m = dev.metrics();
+    assert_eq!((m.compiles, m.cache_hits), (2, 1));
+    let reason = &m.compile_events[1].reason;
+    assert!(
+        reason.contains("input 0 changed shape from f32[4, 8] to f32[6, 8]"),
+        "{reason}"
+    );
+    assert_eq!(m.compile_events[0].reason, "first compile at this site");
+    assert!(dev.metrics_report().contains(reason.as_str()));
+    Ok(())
+}
+
+#[test]
+fn a_changed_constant_is_explained() -> Result<()> {
+    let dev = Device::cpu();
+    let x = Tensor::from_vec(vec![1f32, 2.0], [2], &dev)?;
+    for scale in [2.0, 3.0] {
+        let _y = x.mul_scalar(scale)?;
+        dev.sync()?;
+    }
+    let m = dev.metrics();
+    assert_eq!(m.compiles, 2);
+    assert!(
+        m.compile_events[1]
+            .reason
+            .contains("constant at node %0 changed from 2.0 to 3.0"),
+        "{}",
+        m.compile_events[1].reason
+    );
+    Ok(())
+}
+
+#[test]
+fn reading_mid_step_is_a_forced_sync_with_its_line() -> Result<()> {
+    let dev = Device::cpu();
+    let x = Tensor::from_vec(vec![1f32, 2.0, 3.0], [3], &dev)?;
+    let y = x.exp()?;
+    let line = line!() + 1;
+    let v = y.to_vec::<f32>()?;
+    assert!((v[2] - 3f32.exp()).abs() < 1e-6);
+    let m = dev.metrics();
+    assert_eq!(m.forced_sync_count(), 1);
+    assert!(
+        m.forced_syncs[0]
+            .location
+            .contains(&format!("engine.rs:{line}:")),
+        "{:?}",
+        m.forced_syncs
+    );
+    // Reading a value that is already computed costs nothing.
+    let _ = y.to_vec::<f32>()?;
+    assert_eq!(dev.metrics().forced_sync_count(), 1);
+    Ok(())
+}
+
+#[test]
+fn tracing_is_lazy_and_hash_consed() -> Result<()> {
+    let dev = Device::cpu();
+    let x = Tensor::from_vec(vec![1f32, 2.0], [2], &dev)?;
+    let a = x.exp()?.add(&x)?;
+    let b = x.exp()?.add(&x)?;
+    assert!(a.is_pending() && b.is_pending());
+    assert_eq!(dev.live_nodes(), 3, "parameter, exp and add exist once");
+    assert_eq!(dev.metrics().executions, 0, "nothing ran yet");
+    dev.sync()?;
+    assert!(!a.is_pending());
+    assert_eq!(a.to_vec::<f32>()?, b.to_vec::<f32>()?);
+    assert_eq!(dev.live_nodes(), 0);
+    Ok(())
+}
+
+#[test]
+fn dropped_intermediates_are_not_outputs() -> Result<()> {
+    let dev = Device::cpu();
+    let x = Tensor::from_vec(vec![1f32, 2.0], [2], &dev)?;
+    let kept = {
+        let tmp = x.exp()?;
+        tmp.mul_scalar(2.0)?
+    };
+    dev.sync()?;
+    assert_eq!(
+        dev.metrics().compile_events[0].nodes,
+        4,
+        "parameter, exp, constant, mul"
+    );
+    let v = kept.to_vec::<f32>()?;
+    assert!((v[1] - 2.0 * 2f32.exp()).abs() < 1e-5);
+    Ok(())
+}
+
+#[test]
+fn same_seed_same_draws_new_seed_new_draws() -> Result<()> {
+    let draw = |seed: i64| -> Result<(Vec<f32>, Vec<f32>)> {
+        let dev = Device::cpu();
+        let s = Tensor::scalar(seed, &dev);
+        let a = Tensor::rand_uniform([64], DType::F32, &s)?;
+        let b = Tensor::rand_uniform([64], DType::F32, &s)?;
+        dev.sync()?;
+        Ok((a.to_vec()?, b.to_vec()?))
+    };
+    let (a1, b1) = draw(5)?;
+    let (a2, b2) = draw(5)?;
+    let (a3, _) = draw(6)?;
+    assert_eq!((&a1, &b1), (&a2, &b2));
+    assert_ne!(a1, b1, "two draws in one graph use different streams");
+    assert_ne!(a1, a3);
+    let mut expected = vec![0f32; 64];
+    lazytrain_core::random::uniform_f32(5, 0, &mut expected);
+    assert_eq!(a1, expected);
+    Ok(())
+}
+
+#[test]
+fn creation_and_all_reduce_with_one_replica() -> Result<()> {
+    let dev = Device::cpu();
+    let z = Tensor::zeros([2, 2], DType::F32, &dev)?;
+    let f = Tensor::full([3], 2.5, DType::F32, &dev)?;
+    let r = Tensor::arange(4, DType::I64, &dev)?;
+    let i = Tensor::iota([2, 3], 1, DType::I32, &dev)?;
+    let s = f.all_reduce(lazytrain_core::ir::AllReduceOp::Mean)?;
+    assert_eq!(z.to_vec::<f32>()?, vec![0.0; 4]);
+    assert_eq!(s.to_vec::<f32>()?, vec![2.5; 3]);
+    assert_eq!(r.to_vec::<i64>()?, vec![0, 1, 2, 3]);
+    assert_eq!(i.to_vec::<i32>()?, vec![0, 1, 2, 0, 1, 2]);
+    assert_eq!(Tensor::ones([1], DType::I64, &dev)?.item::<i64>()?, 1);
+    assert_eq!(
+        format!("{}", Tensor::from_vec(vec![1i64, 2, 3, 4], [2, 2], &dev)?),
+        "tensor([[1, 2], [3, 4]], dtype=i64)"
+    );
+    Ok(())
+}
+
+#[test]
+fn metrics_track_bytes_and_serialise() -> Result<()> {
+    let dev = Device::cpu();
+    let x = Tensor::from_vec(vec![1f32; 256], [256], &dev)?;
+    let y = x.add_scalar(1.0)?;
+    dev.sync()?;
+    let _ = y.to_vec::<f32>()?;
+    let m = dev.metrics();
+    assert_eq!(m.host_to_device_bytes, 1024);
+    assert_eq!(m.device_to_host_bytes, 1024);
+    assert!(m.live_buffer_bytes >= 2048);
+    let json = serde_json::to_string(&m).unwrap();
+    let back: lazytrain_core::metrics::MetricsReport = serde_json::from_str(&json).unwrap();
+    assert_eq!(back.compiles, 1);
+    assert!(lazytrain_core::metrics::report().contains("compiles:"));
+    Ok(())
+}
