@@ -39,31 +39,14 @@ impl CompileCache {
     pub fn get(&self, hash: u64, graph: &Graph) -> Option<Arc<dyn Executable>> {
         let state = self.lock();
         let entries = state.by_hash.get(&hash)?;
-        entries
-            .iter()
-            .find(|e| *e.graph == *graph)
-            .map(|e| e.executable.clone())
+        entries.iter().find(|e| *e.graph == *graph).map(|e| e.executable.clone())
     }
 
     /// Store an executable for `graph`, compiled at `site`.
-    pub fn insert(
-        &self,
-        hash: u64,
-        graph: Arc<Graph>,
-        site: &str,
-        executable: Arc<dyn Executable>,
-    ) {
+    pub fn insert(&self, hash: u64, graph: Arc<Graph>, site: &str, executable: Arc<dyn Executable>) {
         let mut state = self.lock();
-        state
-            .by_site
-            .entry(site.to_string())
-            .or_default()
-            .push(graph.clone());
-        state
-            .by_hash
-            .entry(hash)
-            .or_default()
-            .push(Arc::new(Entry { graph, executable }));
+        state.by_site.entry(site.to_string()).or_default().push(graph.clone());
+        state.by_hash.entry(hash).or_default().push(Arc::new(Entry { graph, executable }));
     }
 
     /// Number of cached executables.
@@ -97,11 +80,7 @@ pub fn explain_difference(old: &Graph, new: &Graph) -> (usize, String) {
     let mut reasons = Vec::new();
     let (old_sig, new_sig) = (old.param_signature(), new.param_signature());
     if old_sig.len() != new_sig.len() {
-        reasons.push(format!(
-            "the number of inputs changed from {} to {}",
-            old_sig.len(),
-            new_sig.len()
-        ));
+        reasons.push(format!("the number of inputs changed from {} to {}", old_sig.len(), new_sig.len()));
     }
     for (k, (a, b)) in old_sig.iter().zip(&new_sig).enumerate() {
         match (a, b) {
@@ -132,25 +111,14 @@ pub fn explain_difference(old: &Graph, new: &Graph) -> (usize, String) {
                 }
             }
             None if old.nodes.len() != new.nodes.len() => {
-                reasons.push(format!(
-                    "the graph grew from {} to {} nodes",
-                    old.nodes.len(),
-                    new.nodes.len()
-                ));
+                reasons.push(format!("the graph grew from {} to {} nodes", old.nodes.len(), new.nodes.len()));
             }
-            None => reasons.push(format!(
-                "the outputs changed from {} to {} values",
-                old.outputs.len(),
-                new.outputs.len()
-            )),
+            None => {
+                reasons.push(format!("the outputs changed from {} to {} values", old.outputs.len(), new.outputs.len()))
+            }
         }
     }
-    let differing_nodes = old
-        .nodes
-        .iter()
-        .zip(&new.nodes)
-        .filter(|(a, b)| a != b)
-        .count()
-        + old.nodes.len().abs_diff(new.nodes.len());
+    let differing_nodes =
+        old.nodes.iter().zip(&new.nodes).filter(|(a, b)| a != b).count() + old.nodes.len().abs_diff(new.nodes.len());
     (differing_nodes, reasons.join("; "))
 }

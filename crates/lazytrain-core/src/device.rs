@@ -41,11 +41,7 @@ pub(crate) struct LiveGraph {
 
 impl LiveGraph {
     /// The node that reads `buffer` (a new parameter on first use).
-    pub(crate) fn param_node(
-        &mut self,
-        buffer: &Arc<Buffer>,
-        node: impl FnOnce(usize) -> Node,
-    ) -> NodeId {
+    pub(crate) fn param_node(&mut self, buffer: &Arc<Buffer>, node: impl FnOnce(usize) -> Node) -> NodeId {
         let key = Arc::as_ptr(buffer) as usize;
         if let Some(&id) = self.param_nodes.get(&key) {
             return id;
@@ -112,11 +108,7 @@ impl Device {
     }
 
     /// A device on `backend` sharing `cache` (replicas share one), with replica `ordinal`.
-    pub fn with_backend(
-        backend: Arc<dyn Backend>,
-        cache: Arc<CompileCache>,
-        ordinal: usize,
-    ) -> Device {
+    pub fn with_backend(backend: Arc<dyn Backend>, cache: Arc<CompileCache>, ordinal: usize) -> Device {
         let debug = std::env::var("LAZYTRAIN_DEBUG").is_ok_and(|v| !v.is_empty() && v != "0");
         Device {
             inner: Arc::new(DeviceInner {
@@ -133,12 +125,7 @@ impl Device {
 
     /// `cpu:N`-style name (backend and replica ordinal).
     pub fn name(&self) -> String {
-        format!(
-            "{}:{} (#{})",
-            self.inner.backend.name(),
-            self.inner.ordinal,
-            self.inner.id
-        )
+        format!("{}:{} (#{})", self.inner.backend.name(), self.inner.ordinal, self.inner.id)
     }
 
     /// The replica ordinal.
@@ -212,28 +199,21 @@ impl Device {
         self.inner.metrics.update(|m| m.syncs += 1);
         let cut_start = Instant::now();
         let traced_nodes = taken.builder.len() as u64;
-        self.inner
-            .metrics
-            .update(|m| m.traced_nodes += traced_nodes);
+        self.inner.metrics.update(|m| m.traced_nodes += traced_nodes);
         let num_params = taken.params.len();
         let traced = taken.builder.finish(outputs, num_params);
         let (graph, param_order) = canonicalize(traced);
-        let inputs: Vec<Arc<Buffer>> = param_order
-            .iter()
-            .map(|&k| taken.params[k].clone())
-            .collect();
-        let outcome = self
-            .executable_for(graph, location, cut_start)
-            .and_then(|exe| {
-                let start = Instant::now();
-                let results = exe.run(inputs)?;
-                let ms = start.elapsed().as_secs_f64() * 1e3;
-                self.inner.metrics.update(|m| {
-                    m.executions += 1;
-                    m.execute_ms += ms;
-                });
-                Ok(results)
+        let inputs: Vec<Arc<Buffer>> = param_order.iter().map(|&k| taken.params[k].clone()).collect();
+        let outcome = self.executable_for(graph, location, cut_start).and_then(|exe| {
+            let start = Instant::now();
+            let results = exe.run(inputs)?;
+            let ms = start.elapsed().as_secs_f64() * 1e3;
+            self.inner.metrics.update(|m| {
+                m.executions += 1;
+                m.execute_ms += ms;
             });
+            Ok(results)
+        });
         let results = match outcome {
             Ok(results) => results,
             Err(e) => {
@@ -286,9 +266,7 @@ impl Device {
             );
         }
         self.inner.metrics.record_compile(event);
-        self.inner
-            .cache
-            .insert(hash, Arc::new(graph), &site, exe.clone());
+        self.inner.cache.insert(hash, Arc::new(graph), &site, exe.clone());
         Ok(exe)
     }
 }
@@ -327,12 +305,5 @@ pub(crate) fn canonicalize(traced: Graph) -> (Graph, Vec<usize>) {
         nodes.push(node);
     }
     let outputs = traced.outputs.iter().map(|o| map[o.index()]).collect();
-    (
-        Graph {
-            nodes,
-            outputs,
-            num_params: order.len(),
-        },
-        order,
-    )
+    (Graph { nodes, outputs, num_params: order.len() }, order)
 }

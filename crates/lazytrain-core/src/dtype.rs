@@ -11,6 +11,8 @@ use std::fmt;
 pub enum DType {
     /// 32-bit IEEE float, the default.
     F32,
+    /// 64-bit IEEE float (gradient checks, reference math).
+    F64,
     /// bfloat16 (8 exponent bits), used for mixed precision.
     BF16,
     /// IEEE half precision (storage only).
@@ -31,14 +33,14 @@ impl DType {
         match self {
             DType::F32 | DType::I32 => 4,
             DType::BF16 | DType::F16 => 2,
-            DType::I64 => 8,
+            DType::I64 | DType::F64 => 8,
             DType::U8 | DType::Bool => 1,
         }
     }
 
     /// True for the floating-point types.
     pub fn is_float(self) -> bool {
-        matches!(self, DType::F32 | DType::BF16 | DType::F16)
+        matches!(self, DType::F32 | DType::F64 | DType::BF16 | DType::F16)
     }
 
     /// True for the integer types (not bool).
@@ -50,6 +52,7 @@ impl DType {
     pub fn name(self) -> &'static str {
         match self {
             DType::F32 => "f32",
+            DType::F64 => "f64",
             DType::BF16 => "bf16",
             DType::F16 => "f16",
             DType::I64 => "i64",

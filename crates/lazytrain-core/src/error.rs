@@ -38,10 +38,7 @@ pub struct RuleError {
 impl RuleError {
     /// A rule error of `kind` with a message.
     pub fn new(kind: RuleKind, detail: impl Into<String>) -> RuleError {
-        RuleError {
-            kind,
-            detail: detail.into(),
-        }
+        RuleError { kind, detail: detail.into() }
     }
 }
 
@@ -71,7 +68,9 @@ pub enum Error {
         location: &'static Location<'static>,
     },
     /// Two tensors from different devices were combined.
-    #[error("{op}: tensors live on different devices ({a} and {b}); move one with `to_device` first (called at {location})")]
+    #[error(
+        "{op}: tensors live on different devices ({a} and {b}); move one with `to_device` first (called at {location})"
+    )]
     DeviceMismatch {
         /// The op's name.
         op: &'static str,
@@ -116,16 +115,7 @@ pub type Result<T, E = Error> = std::result::Result<T, E>;
 
 impl Error {
     /// Attach the op name and caller location to a rule violation.
-    pub fn from_rule(
-        op: &'static str,
-        rule: RuleError,
-        location: &'static Location<'static>,
-    ) -> Error {
-        Error::Op {
-            op,
-            kind: rule.kind,
-            detail: rule.detail,
-            location,
-        }
+    pub fn from_rule(op: &'static str, rule: RuleError, location: &'static Location<'static>) -> Error {
+        Error::Op { op, kind: rule.kind, detail: rule.detail, location }
     }
 }

@@ -20,26 +20,13 @@ pub fn interpret(graph: &Graph, params: &[&HostData]) -> Result<Vec<HostData>> {
             (*data).clone()
         } else {
             let inputs: Vec<&HostData> = node.inputs.iter().map(|id| &values[id.index()]).collect();
-            let shapes: Vec<&[usize]> = node
-                .inputs
-                .iter()
-                .map(|id| graph.node(*id).shape.dims())
-                .collect();
+            let shapes: Vec<&[usize]> = node.inputs.iter().map(|id| graph.node(*id).shape.dims()).collect();
             let mut out = HostData::zeros(node.dtype, node.shape.numel());
-            kernels::eval(node, &inputs, &shapes, &mut out, MatmulKernel::Naive).map_err(
-                |detail| Error::Execution {
-                    node: i,
-                    op: node.op.name(),
-                    detail,
-                },
-            )?;
+            kernels::eval(node, &inputs, &shapes, &mut out, MatmulKernel::Naive)
+                .map_err(|detail| Error::Execution { node: i, op: node.op.name(), detail })?;
             out
         };
         values.push(value);
     }
-    Ok(graph
-        .outputs
-        .iter()
-        .map(|id| values[id.index()].clone())
-        .collect())
+    Ok(graph.outputs.iter().map(|id| values[id.index()].clone()).collect())
 }

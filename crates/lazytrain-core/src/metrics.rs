@@ -122,9 +122,7 @@ static GLOBAL: LazyLock<Metrics> = LazyLock::new(Metrics::default);
 
 impl Metrics {
     fn lock(&self) -> MutexGuard<'_, MetricsReport> {
-        self.data
-            .lock()
-            .unwrap_or_else(|poisoned| poisoned.into_inner())
+        self.data.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
     }
 
     /// The current counters.
@@ -162,15 +160,10 @@ impl Metrics {
     }
 
     pub(crate) fn record_forced_sync(&self, location: &str) {
-        self.update(
-            |m| match m.forced_syncs.iter_mut().find(|f| f.location == location) {
-                Some(f) => f.count += 1,
-                None => m.forced_syncs.push(ForcedSync {
-                    location: location.to_string(),
-                    count: 1,
-                }),
-            },
-        );
+        self.update(|m| match m.forced_syncs.iter_mut().find(|f| f.location == location) {
+            Some(f) => f.count += 1,
+            None => m.forced_syncs.push(ForcedSync { location: location.to_string(), count: 1 }),
+        });
     }
 }
 

@@ -9,6 +9,8 @@ use std::sync::atomic::{AtomicI64, Ordering};
 pub enum HostData {
     /// `f32` elements.
     F32(Vec<f32>),
+    /// `f64` elements.
+    F64(Vec<f64>),
     /// `bf16` elements.
     BF16(Vec<bf16>),
     /// `f16` elements.
@@ -28,6 +30,7 @@ macro_rules! with_host_data {
     ($data:expr, $v:ident => $body:expr) => {
         match $data {
             $crate::storage::HostData::F32($v) => $body,
+            $crate::storage::HostData::F64($v) => $body,
             $crate::storage::HostData::BF16($v) => $body,
             $crate::storage::HostData::F16($v) => $body,
             $crate::storage::HostData::I64($v) => $body,
@@ -43,6 +46,7 @@ impl HostData {
     pub fn zeros(dtype: DType, len: usize) -> HostData {
         match dtype {
             DType::F32 => HostData::F32(vec![0.0; len]),
+            DType::F64 => HostData::F64(vec![0.0; len]),
             DType::BF16 => HostData::BF16(vec![bf16::ZERO; len]),
             DType::F16 => HostData::F16(vec![f16::ZERO; len]),
             DType::I64 => HostData::I64(vec![0; len]),
@@ -56,6 +60,7 @@ impl HostData {
     pub fn dtype(&self) -> DType {
         match self {
             HostData::F32(_) => DType::F32,
+            HostData::F64(_) => DType::F64,
             HostData::BF16(_) => DType::BF16,
             HostData::F16(_) => DType::F16,
             HostData::I64(_) => DType::I64,
@@ -84,6 +89,7 @@ impl HostData {
     pub fn get_f64(&self, i: usize) -> f64 {
         match self {
             HostData::F32(v) => v[i] as f64,
+            HostData::F64(v) => v[i],
             HostData::BF16(v) => v[i].to_f64(),
             HostData::F16(v) => v[i].to_f64(),
             HostData::I64(v) => v[i] as f64,
@@ -107,6 +113,7 @@ impl HostData {
         }
         match self {
             HostData::F32(v) => v.resize(len, 0.0),
+            HostData::F64(v) => v.resize(len, 0.0),
             HostData::BF16(v) => v.resize(len, bf16::ZERO),
             HostData::F16(v) => v.resize(len, f16::ZERO),
             HostData::I64(v) => v.resize(len, 0),
@@ -144,6 +151,7 @@ macro_rules! impl_element {
     };
 }
 impl_element!(f32, F32);
+impl_element!(f64, F64);
 impl_element!(bf16, BF16);
 impl_element!(f16, F16);
 impl_element!(i64, I64);

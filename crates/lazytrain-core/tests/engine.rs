@@ -4,9 +4,7 @@ use lazytrain_core::{DType, Device, Result, Tensor};
 
 /// One "training-like" step: new data every time, a learning-rate input.
 fn step(dev: &Device, w: &Tensor, batch: usize, lr: f32, seed: u64) -> Result<(Tensor, Tensor)> {
-    let data: Vec<f32> = (0..batch * 8)
-        .map(|i| ((i as u64 * 31 + seed * 17) % 13) as f32 / 13.0)
-        .collect();
+    let data: Vec<f32> = (0..batch * 8).map(|i| ((i as u64 * 31 + seed * 17) % 13) as f32 / 13.0).collect();
     let x = Tensor::from_vec(data, [batch, 8], dev)?;
     let lr = Tensor::scalar(lr, dev);
     let y = x.matmul(w)?.tanh()?;
@@ -27,18 +25,9 @@ fn hundred_steps_compile_once() -> Result<()> {
         losses.push(loss.item::<f32>()?);
     }
     let m = dev.metrics();
-    assert_eq!(
-        (m.compiles, m.cache_hits),
-        (1, 99),
-        "{}",
-        dev.metrics_report()
-    );
+    assert_eq!((m.compiles, m.cache_hits), (1, 99), "{}", dev.metrics_report());
     assert_eq!(m.executions, 100);
-    assert_eq!(
-        m.forced_sync_count(),
-        0,
-        "reads after mark_step must not force syncs"
-    );
+    assert_eq!(m.forced_sync_count(), 0, "reads after mark_step must not force syncs");
     assert!(losses.iter().all(|l| l.is_finite()));
     assert_ne!(losses[0], losses[99], "new data and weights every step");
     Ok(())
@@ -55,10 +44,7 @@ fn changing_a_batch_dimension_recompiles_and_names_the_input() -> Result<()> {
     let m = dev.metrics();
     assert_eq!((m.compiles, m.cache_hits), (2, 1));
     let reason = &m.compile_events[1].reason;
-    assert!(
-        reason.contains("input 0 changed shape from f32[4, 8] to f32[6, 8]"),
-        "{reason}"
-    );
+    assert!(reason.contains("input 0 changed shape from f32[4, 8] to f32[6, 8]"), "{reason}");
     assert_eq!(m.compile_events[0].reason, "first compile at this site");
     assert!(dev.metrics_report().contains(reason.as_str()));
     Ok(())
@@ -75,9 +61,7 @@ fn a_changed_constant_is_explained() -> Result<()> {
     let m = dev.metrics();
     assert_eq!(m.compiles, 2);
     assert!(
-        m.compile_events[1]
-            .reason
-            .contains("constant at node %0 changed from 2.0 to 3.0"),
+        m.compile_events[1].reason.contains("constant at node %0 changed from 2.0 to 3.0"),
         "{}",
         m.compile_events[1].reason
     );
@@ -94,13 +78,7 @@ fn reading_mid_step_is_a_forced_sync_with_its_line() -> Result<()> {
     assert!((v[2] - 3f32.exp()).abs() < 1e-6);
     let m = dev.metrics();
     assert_eq!(m.forced_sync_count(), 1);
-    assert!(
-        m.forced_syncs[0]
-            .location
-            .contains(&format!("engine.rs:{line}:")),
-        "{:?}",
-        m.forced_syncs
-    );
+    assert!(m.forced_syncs[0].location.contains(&format!("engine.rs:{line}:")), "{:?}", m.forced_syncs);
     // Reading a value that is already computed costs nothing.
     let _ = y.to_vec::<f32>()?;
     assert_eq!(dev.metrics().forced_sync_count(), 1);
@@ -132,11 +110,7 @@ fn dropped_intermediates_are_not_outputs() -> Result<()> {
         tmp.mul_scalar(2.0)?
     };
     dev.sync()?;
-    assert_eq!(
-        dev.metrics().compile_events[0].nodes,
-        4,
-        "parameter, exp, constant, mul"
-    );
+    assert_eq!(dev.metrics().compile_events[0].nodes, 4, "parameter, exp, constant, mul");
     let v = kept.to_vec::<f32>()?;
     assert!((v[1] - 2.0 * 2f32.exp()).abs() < 1e-5);
     Ok(())

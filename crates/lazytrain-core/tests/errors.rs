@@ -12,10 +12,7 @@ fn assert_message(e: &Error, line: u32, parts: &[&str]) {
     for p in parts {
         assert!(msg.contains(p), "`{msg}` should contain `{p}`");
     }
-    assert!(
-        msg.contains(&format!("errors.rs:{line}:")),
-        "`{msg}` should name line {line}"
-    );
+    assert!(msg.contains(&format!("errors.rs:{line}:")), "`{msg}` should name line {line}");
 }
 
 #[test]
@@ -24,14 +21,7 @@ fn matmul_dimension_mismatch() {
     let (a, b) = (t(&dev, &[2, 3]), t(&dev, &[4, 5]));
     let line = line!() + 1;
     let e = a.matmul(&b).unwrap_err();
-    assert!(matches!(
-        e,
-        Error::Op {
-            kind: RuleKind::Shape,
-            op: "matmul",
-            ..
-        }
-    ));
+    assert!(matches!(e, Error::Op { kind: RuleKind::Shape, op: "matmul", .. }));
     assert_message(&e, line, &["matmul", "[2, 3]", "[4, 5]", "3 with 4"]);
 }
 
@@ -41,13 +31,7 @@ fn bad_broadcast() {
     let (a, b) = (t(&dev, &[2, 3]), t(&dev, &[4]));
     let line = line!() + 1;
     let e = a.add(&b).unwrap_err();
-    assert!(matches!(
-        e,
-        Error::Op {
-            kind: RuleKind::Shape,
-            ..
-        }
-    ));
+    assert!(matches!(e, Error::Op { kind: RuleKind::Shape, .. }));
     assert_message(&e, line, &["add", "[2, 3]", "[4]", "broadcast"]);
 }
 
@@ -57,13 +41,7 @@ fn axis_out_of_range() {
     let a = t(&dev, &[2, 3]);
     let line = line!() + 1;
     let e = a.sum(&[2], false).unwrap_err();
-    assert!(matches!(
-        e,
-        Error::Op {
-            kind: RuleKind::Axis,
-            ..
-        }
-    ));
+    assert!(matches!(e, Error::Op { kind: RuleKind::Axis, .. }));
     assert_message(&e, line, &["sum", "axis 2", "[2, 3]"]);
     let line = line!() + 1;
     let e = a.softmax(-3).unwrap_err();
@@ -77,13 +55,7 @@ fn dtype_mix() {
     let b = Tensor::from_vec(vec![1i64, 2, 3], [3], &dev).unwrap();
     let line = line!() + 1;
     let e = a.mul(&b).unwrap_err();
-    assert!(matches!(
-        e,
-        Error::Op {
-            kind: RuleKind::DType,
-            ..
-        }
-    ));
+    assert!(matches!(e, Error::Op { kind: RuleKind::DType, .. }));
     assert_message(&e, line, &["mul", "f32", "i64", "cast"]);
     let line = line!() + 1;
     let e = b.exp().unwrap_err();
@@ -96,13 +68,7 @@ fn bad_arguments() {
     let a = t(&dev, &[2, 3]);
     let line = line!() + 1;
     let e = a.narrow(1, 2, 5).unwrap_err();
-    assert!(matches!(
-        e,
-        Error::Op {
-            kind: RuleKind::Argument,
-            ..
-        }
-    ));
+    assert!(matches!(e, Error::Op { kind: RuleKind::Argument, .. }));
     assert_message(&e, line, &["slice", "out of bounds", "[2, 3]"]);
     let line = line!() + 1;
     let e = a.reshape([4, 2]).unwrap_err();
@@ -144,18 +110,11 @@ fn out_of_range_indices_fail_at_run_time_without_panicking() {
     let ids = Tensor::from_vec(vec![1i64, 9], [2], &dev).unwrap();
     let rows = table.embedding(&ids).unwrap();
     let e = dev.sync().unwrap_err();
-    assert!(
-        e.to_string()
-            .contains("index 9 is out of range for axis 0 of size 4"),
-        "{e}"
-    );
+    assert!(e.to_string().contains("index 9 is out of range for axis 0 of size 4"), "{e}");
     let e = rows.to_vec::<f32>().unwrap_err();
     assert!(e.to_string().contains("could not be computed"), "{e}");
     // The device keeps working.
     let ok = Tensor::from_vec(vec![3i64], [1], &dev).unwrap();
-    assert_eq!(
-        table.embedding(&ok).unwrap().to_vec::<f32>().unwrap(),
-        vec![0.5, 0.5]
-    );
+    assert_eq!(table.embedding(&ok).unwrap().to_vec::<f32>().unwrap(), vec![0.5, 0.5]);
     let _ = DType::F32;
 }

@@ -17,20 +17,11 @@ fn dtype(name: &str) -> DType {
 }
 
 fn shape(v: &Value) -> Vec<usize> {
-    v.as_array()
-        .unwrap()
-        .iter()
-        .map(|d| d.as_u64().unwrap() as usize)
-        .collect()
+    v.as_array().unwrap().iter().map(|d| d.as_u64().unwrap() as usize).collect()
 }
 
 fn tensor(v: &Value, dev: &Device) -> Tensor {
-    let data: Vec<f64> = v["data"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|x| x.as_f64().unwrap())
-        .collect();
+    let data: Vec<f64> = v["data"].as_array().unwrap().iter().map(|x| x.as_f64().unwrap()).collect();
     let host = match dtype(v["dtype"].as_str().unwrap()) {
         DType::F32 => HostData::F32(data.iter().map(|&x| x as f32).collect()),
         DType::I64 => HostData::I64(data.iter().map(|&x| x as i64).collect()),
@@ -41,11 +32,7 @@ fn tensor(v: &Value, dev: &Device) -> Tensor {
 }
 
 fn axes(v: &Value) -> Vec<isize> {
-    v.as_array()
-        .unwrap()
-        .iter()
-        .map(|a| a.as_i64().unwrap() as isize)
-        .collect()
+    v.as_array().unwrap().iter().map(|a| a.as_i64().unwrap() as isize).collect()
 }
 
 fn usizes(v: &Value) -> Vec<usize> {
@@ -86,31 +73,17 @@ fn run(op: &str, attrs: &Value, x: &[Tensor], dev: &Device) -> Result<Tensor> {
         "permute" => x[0].permute(&usizes(&attrs["perm"]))?,
         "transpose" => x[0].transpose(int("a") as isize, int("b") as isize)?,
         "broadcast_to" => x[0].broadcast_to(&usizes(&attrs["shape"]).into())?,
-        "narrow" => x[0].narrow(
-            int("axis") as isize,
-            int("start") as usize,
-            int("len") as usize,
-        )?,
+        "narrow" => x[0].narrow(int("axis") as isize, int("start") as usize, int("len") as usize)?,
         "slice" => x[0].slice(&usizes(&attrs["starts"]), &usizes(&attrs["sizes"]))?,
         "cat" => Tensor::cat(&x.iter().collect::<Vec<_>>(), int("axis") as isize)?,
-        "pad" => x[0].pad(
-            &usizes(&attrs["low"]),
-            &usizes(&attrs["high"]),
-            attrs["value"].as_f64().unwrap(),
-        )?,
+        "pad" => x[0].pad(&usizes(&attrs["low"]), &usizes(&attrs["high"]), attrs["value"].as_f64().unwrap())?,
         "gather" => x[0].gather(int("axis") as isize, &x[1])?,
         "scatter_add" => x[0].scatter_add(int("axis") as isize, &x[1], &x[2])?,
         "matmul" => x[0].matmul(&x[1])?,
-        "matmul_transposed" => x[0].matmul_transposed(
-            &x[1],
-            attrs["lhs_t"].as_bool().unwrap(),
-            attrs["rhs_t"].as_bool().unwrap(),
-        )?,
-        "arange" => Tensor::arange(
-            int("n") as usize,
-            dtype(attrs["dtype"].as_str().unwrap()),
-            dev,
-        )?,
+        "matmul_transposed" => {
+            x[0].matmul_transposed(&x[1], attrs["lhs_t"].as_bool().unwrap(), attrs["rhs_t"].as_bool().unwrap())?
+        }
+        "arange" => Tensor::arange(int("n") as usize, dtype(attrs["dtype"].as_str().unwrap()), dev)?,
         "softmax" => x[0].softmax(int("axis") as isize)?,
         "log_softmax" => x[0].log_softmax(int("axis") as isize)?,
         "gelu" => x[0].gelu()?,
@@ -130,35 +103,17 @@ fn primitives_and_composites_match_pytorch() {
     for case in cases {
         let name = case["name"].as_str().unwrap();
         let dev = Device::cpu();
-        let inputs: Vec<Tensor> = case["inputs"]
-            .as_array()
-            .unwrap()
-            .iter()
-            .map(|v| tensor(v, &dev))
-            .collect();
-        let out = run(case["op"].as_str().unwrap(), &case["attrs"], &inputs, &dev)
-            .unwrap_or_else(|e| panic!("{name}: {e}"));
+        let inputs: Vec<Tensor> = case["inputs"].as_array().unwrap().iter().map(|v| tensor(v, &dev)).collect();
+        let out =
+            run(case["op"].as_str().unwrap(), &case["attrs"], &inputs, &dev).unwrap_or_else(|e| panic!("{name}: {e}"));
         let expected = &case["output"];
         let want_dtype = dtype(expected["dtype"].as_str().unwrap());
         assert_eq!(out.dtype(), want_dtype, "{name}: dtype");
-        assert_eq!(
-            out.dims(),
-            shape(&expected["shape"]).as_slice(),
-            "{name}: shape"
-        );
+        assert_eq!(out.dims(), shape(&expected["shape"]).as_slice(), "{name}: shape");
         let got = out.to_f64_vec().unwrap();
-        let want: Vec<f64> = expected["data"]
-            .as_array()
-            .unwrap()
-            .iter()
-            .map(|x| x.as_f64().unwrap())
-            .collect();
+        let want: Vec<f64> = expected["data"].as_array().unwrap().iter().map(|x| x.as_f64().unwrap()).collect();
         for (i, (g, w)) in got.iter().zip(&want).enumerate() {
-            let ok = if want_dtype.is_float() {
-                (g - w).abs() <= 1e-5 * w.abs() + 1e-6
-            } else {
-                g == w
-            };
+            let ok = if want_dtype.is_float() { (g - w).abs() <= 1e-5 * w.abs() + 1e-6 } else { g == w };
             if !ok {
                 failures.push(format!("{name}[{i}]: got {g}, want {w}"));
                 break;

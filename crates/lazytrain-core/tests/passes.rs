@@ -6,20 +6,14 @@ use lazytrain_core::backend::{Backend, CpuBackend};
 use lazytrain_core::compile::{dead_code_elimination, fold_constants, optimize, simplify_algebra};
 use lazytrain_core::interp::interpret;
 use lazytrain_core::ir::{
-    infer, verify::verify, BinaryOp, CmpOp, Graph, GraphBuilder, Node, NodeId, Op, ReduceOp,
-    UnaryOp,
+    infer, verify::verify, BinaryOp, CmpOp, Graph, GraphBuilder, Node, NodeId, Op, ReduceOp, UnaryOp,
 };
 use lazytrain_core::{Buffer, DType, HostData, Literal, Shape};
 use proptest::prelude::*;
 use std::sync::Arc;
 
 fn param(b: &mut GraphBuilder, k: usize, dims: &[usize]) -> NodeId {
-    b.push(Node {
-        op: Op::Parameter(k),
-        inputs: vec![],
-        shape: Shape::new(dims),
-        dtype: DType::F32,
-    })
+    b.push(Node { op: Op::Parameter(k), inputs: vec![], shape: Shape::new(dims), dtype: DType::F32 })
 }
 
 fn constant(b: &mut GraphBuilder, v: f64, dims: &[usize]) -> NodeId {
@@ -33,18 +27,10 @@ fn constant(b: &mut GraphBuilder, v: f64, dims: &[usize]) -> NodeId {
 
 fn node(b: &mut GraphBuilder, op: Op, inputs: Vec<NodeId>) -> NodeId {
     let (shape, dtype) = {
-        let metas: Vec<_> = inputs
-            .iter()
-            .map(|i| (&b.node(*i).shape, b.node(*i).dtype))
-            .collect();
+        let metas: Vec<_> = inputs.iter().map(|i| (&b.node(*i).shape, b.node(*i).dtype)).collect();
         derive(&op, &metas).expect("valid node")
     };
-    b.push(Node {
-        op,
-        inputs,
-        shape,
-        dtype,
-    })
+    b.push(Node { op, inputs, shape, dtype })
 }
 
 /// The shape rule of `op` for ops whose output shape follows from the inputs.
@@ -66,23 +52,12 @@ fn derive(op: &Op, m: &[infer::Meta]) -> Result<(Shape, DType), lazytrain_core::
 fn run_compiled(graph: &Graph, params: &[HostData]) -> Vec<HostData> {
     let optimized = optimize(graph, None).unwrap();
     let exe = CpuBackend.compile(&optimized).unwrap();
-    let inputs = params
-        .iter()
-        .map(|p| Arc::new(Buffer::new(p.clone())))
-        .collect();
-    exe.run(inputs)
-        .unwrap()
-        .iter()
-        .map(|b| b.host().clone())
-        .collect()
+    let inputs = params.iter().map(|p| Arc::new(Buffer::new(p.clone()))).collect();
+    exe.run(inputs).unwrap().iter().map(|b| b.host().clone()).collect()
 }
 
 fn kernels_after_optimize(graph: &Graph) -> usize {
-    CpuBackend
-        .compile(&optimize(graph, None).unwrap())
-        .unwrap()
-        .stats()
-        .kernels
+    CpuBackend.compile(&optimize(graph, None).unwrap()).unwrap().stats().kernels
 }
 
 #[test]
@@ -111,10 +86,7 @@ fn constants_fold_and_identities_vanish() {
     );
     assert_eq!(optimized.outputs, vec![NodeId(0)]);
     let data = HostData::F32(vec![1.0, -2.0, 3.0, 4.0, 5.5, 6.0]);
-    assert_eq!(
-        run_compiled(&graph, std::slice::from_ref(&data)),
-        vec![data]
-    );
+    assert_eq!(run_compiled(&graph, std::slice::from_ref(&data)), vec![data]);
 }
 
 #[test]
@@ -129,18 +101,8 @@ fn each_pass_does_its_own_job() {
     assert_eq!(dead_code_elimination(&g).nodes.len(), 4);
     let folded = fold_constants(&g);
     let e = std::f64::consts::E as f32 as f64;
-    assert!(
-        folded
-            .nodes
-            .iter()
-            .any(|n| matches!(n.op, Op::Constant(v) if (v.as_f64() - e).abs() < 1e-6)),
-        "{folded}"
-    );
-    assert_eq!(
-        simplify_algebra(&g).nodes.len(),
-        g.nodes.len(),
-        "nothing to simplify without folding"
-    );
+    assert!(folded.nodes.iter().any(|n| matches!(n.op, Op::Constant(v) if (v.as_f64() - e).abs() < 1e-6)), "{folded}");
+    assert_eq!(simplify_algebra(&g).nodes.len(), g.nodes.len(), "nothing to simplify without folding");
 }
 
 #[test]
@@ -149,31 +111,14 @@ fn composed_permutes_and_reshapes_collapse() {
     let x = param(&mut b, 0, &[2, 3, 4]);
     let p1 = node(&mut b, Op::Permute(vec![2, 0, 1]), vec![x]);
     let p2 = node(&mut b, Op::Permute(vec![0, 2, 1]), vec![p1]);
-    let r1 = b.push(Node {
-        op: Op::Reshape,
-        inputs: vec![p2],
-        shape: Shape::new([4, 6]),
-        dtype: DType::F32,
-    });
-    let r2 = b.push(Node {
-        op: Op::Reshape,
-        inputs: vec![r1],
-        shape: Shape::new([24]),
-        dtype: DType::F32,
-    });
+    let r1 = b.push(Node { op: Op::Reshape, inputs: vec![p2], shape: Shape::new([4, 6]), dtype: DType::F32 });
+    let r2 = b.push(Node { op: Op::Reshape, inputs: vec![r1], shape: Shape::new([24]), dtype: DType::F32 });
     let g = b.finish(vec![r2], 1);
     let opt = optimize(&g, None).unwrap();
-    assert_eq!(
-        opt.nodes.len(),
-        3,
-        "parameter, one permute, one reshape:\n{opt}"
-    );
+    assert_eq!(opt.nodes.len(), 3, "parameter, one permute, one reshape:\n{opt}");
     assert!(matches!(&opt.nodes[1].op, Op::Permute(p) if p == &vec![2, 1, 0]));
     let data = HostData::F32((0..24).map(|i| i as f32).collect());
-    assert_eq!(
-        run_compiled(&g, std::slice::from_ref(&data)),
-        interpret(&g, &[&data]).unwrap()
-    );
+    assert_eq!(run_compiled(&g, std::slice::from_ref(&data)), interpret(&g, &[&data]).unwrap());
 }
 
 #[test]
@@ -181,11 +126,7 @@ fn memory_plan_reuses_dead_buffers() {
     let mut b = GraphBuilder::new();
     let mut y = param(&mut b, 0, &[1000]);
     for i in 0..10 {
-        let op = if i % 2 == 0 {
-            UnaryOp::Tanh
-        } else {
-            UnaryOp::Exp
-        };
+        let op = if i % 2 == 0 { UnaryOp::Tanh } else { UnaryOp::Exp };
         y = node(&mut b, Op::Unary(op), vec![y]);
     }
     let g = b.finish(vec![y], 1);
@@ -200,28 +141,12 @@ fn memory_plan_reuses_dead_buffers() {
 fn kernel_counts_follow_the_ir() {
     let mut b = GraphBuilder::new();
     let x = param(&mut b, 0, &[2, 3]);
-    let m = node(
-        &mut b,
-        Op::Reduce {
-            op: ReduceOp::Max,
-            axes: vec![1],
-        },
-        vec![x],
-    );
-    let mb = b.push(Node {
-        op: Op::Expand,
-        inputs: vec![m],
-        shape: Shape::new([2, 3]),
-        dtype: DType::F32,
-    });
+    let m = node(&mut b, Op::Reduce { op: ReduceOp::Max, axes: vec![1] }, vec![x]);
+    let mb = b.push(Node { op: Op::Expand, inputs: vec![m], shape: Shape::new([2, 3]), dtype: DType::F32 });
     let s = node(&mut b, Op::Binary(BinaryOp::Sub), vec![x, mb]);
     let e = node(&mut b, Op::Unary(UnaryOp::Exp), vec![s]);
     let g = b.finish(vec![e], 1);
-    assert_eq!(
-        kernels_after_optimize(&g),
-        4,
-        "max, expand, sub, exp (fusion comes with the performance issue)"
-    );
+    assert_eq!(kernels_after_optimize(&g), 4, "max, expand, sub, exp (fusion comes with the performance issue)");
 }
 
 #[test]
@@ -232,21 +157,13 @@ fn ir_dumps_before_and_after_every_pass() {
     let y = node(&mut b, Op::Unary(UnaryOp::Exp), vec![x]);
     let g = b.finish(vec![y], 1);
     optimize(&g, Some(&dir)).unwrap();
-    let mut names: Vec<String> = std::fs::read_dir(&dir)
-        .unwrap()
-        .map(|e| e.unwrap().file_name().into_string().unwrap())
-        .collect();
+    let mut names: Vec<String> =
+        std::fs::read_dir(&dir).unwrap().map(|e| e.unwrap().file_name().into_string().unwrap()).collect();
     names.sort();
     assert_eq!(names.len(), 1 + lazytrain_core::compile::PIPELINE.len());
-    assert!(
-        names[0].ends_with("-00-input.txt") && names[1].ends_with("-01-dead_code_elimination.txt"),
-        "{names:?}"
-    );
+    assert!(names[0].ends_with("-00-input.txt") && names[1].ends_with("-01-dead_code_elimination.txt"), "{names:?}");
     let text = std::fs::read_to_string(dir.join(&names[0])).unwrap();
-    assert!(
-        text.contains("%1: f32[2] = exp %0") && text.contains("return %1"),
-        "{text}"
-    );
+    assert!(text.contains("%1: f32[2] = exp %0") && text.contains("return %1"), "{text}");
     std::fs::remove_dir_all(&dir).unwrap();
 }
 
@@ -254,25 +171,13 @@ fn ir_dumps_before_and_after_every_pass() {
 fn verifier_rejects_broken_graphs() {
     let bad_shape = Graph {
         nodes: vec![
-            Node {
-                op: Op::Parameter(0),
-                inputs: vec![],
-                shape: Shape::new([2]),
-                dtype: DType::F32,
-            },
-            Node {
-                op: Op::Unary(UnaryOp::Exp),
-                inputs: vec![NodeId(0)],
-                shape: Shape::new([3]),
-                dtype: DType::F32,
-            },
+            Node { op: Op::Parameter(0), inputs: vec![], shape: Shape::new([2]), dtype: DType::F32 },
+            Node { op: Op::Unary(UnaryOp::Exp), inputs: vec![NodeId(0)], shape: Shape::new([3]), dtype: DType::F32 },
         ],
         outputs: vec![NodeId(1)],
         num_params: 1,
     };
-    assert!(verify(&bad_shape)
-        .unwrap_err()
-        .contains("exp records f32[3]"));
+    assert!(verify(&bad_shape).unwrap_err().contains("exp records f32[3]"));
     let forward_ref = Graph {
         nodes: vec![Node {
             op: Op::Unary(UnaryOp::Exp),
@@ -283,9 +188,7 @@ fn verifier_rejects_broken_graphs() {
         outputs: vec![NodeId(0)],
         num_params: 0,
     };
-    assert!(verify(&forward_ref)
-        .unwrap_err()
-        .contains("does not precede"));
+    assert!(verify(&forward_ref).unwrap_err().contains("does not precede"));
 }
 
 /// One random instruction: an op choice and operand picks.
@@ -299,11 +202,7 @@ struct Instr {
 
 fn build_random_graph(instrs: &[Instr], extra_outputs: &[usize]) -> Graph {
     let mut b = GraphBuilder::new();
-    let mut pool = vec![
-        param(&mut b, 0, &[2, 3]),
-        param(&mut b, 1, &[2, 3]),
-        param(&mut b, 2, &[3, 2]),
-    ];
+    let mut pool = vec![param(&mut b, 0, &[2, 3]), param(&mut b, 1, &[2, 3]), param(&mut b, 2, &[3, 2])];
     pool.push(constant(&mut b, 1.0, &[2, 3]));
     pool.push(constant(&mut b, 0.0, &[3, 2]));
     for ins in instrs {
@@ -317,47 +216,18 @@ fn build_random_graph(instrs: &[Instr], extra_outputs: &[usize]) -> Graph {
             3 => (Op::Binary(BinaryOp::Add), vec![x, y], None),
             4 => (Op::Binary(BinaryOp::Mul), vec![x, y], None),
             5 => (Op::Binary(BinaryOp::Max), vec![x, y], None),
-            6 => (
-                Op::Reduce {
-                    op: ReduceOp::Sum,
-                    axes: vec![ins.b % xs.rank().max(1)],
-                },
-                vec![x],
-                None,
-            ),
-            7 => (
-                Op::Reduce {
-                    op: ReduceOp::Max,
-                    axes: vec![ins.b % xs.rank().max(1)],
-                },
-                vec![x],
-                None,
-            ),
+            6 => (Op::Reduce { op: ReduceOp::Sum, axes: vec![ins.b % xs.rank().max(1)] }, vec![x], None),
+            7 => (Op::Reduce { op: ReduceOp::Max, axes: vec![ins.b % xs.rank().max(1)] }, vec![x], None),
             8 => (Op::Permute((0..xs.rank()).rev().collect()), vec![x], None),
             9 => (Op::Reshape, vec![x], Some(Shape::new([xs.numel()]))),
             10 => {
-                let target: Vec<usize> = xs
-                    .dims()
-                    .iter()
-                    .map(|&d| if d == 1 { 3 } else { d })
-                    .collect();
+                let target: Vec<usize> = xs.dims().iter().map(|&d| if d == 1 { 3 } else { d }).collect();
                 (Op::Expand, vec![x], Some(Shape::new(target)))
             }
-            11 => (
-                Op::Dot {
-                    lhs_t: ins.c % 2 == 1,
-                    rhs_t: ins.b % 2 == 1,
-                },
-                vec![x, y],
-                None,
-            ),
+            11 => (Op::Dot { lhs_t: ins.c % 2 == 1, rhs_t: ins.b % 2 == 1 }, vec![x, y], None),
             12 => (Op::Concat { axis: 0 }, vec![x, y], None),
             13 => (
-                Op::Pad {
-                    low: vec![1; xs.rank()],
-                    high: vec![0; xs.rank()],
-                    value: Literal::new(0.5, DType::F32),
-                },
+                Op::Pad { low: vec![1; xs.rank()], high: vec![0; xs.rank()], value: Literal::new(0.5, DType::F32) },
                 vec![x],
                 None,
             ),
@@ -371,19 +241,10 @@ fn build_random_graph(instrs: &[Instr], extra_outputs: &[usize]) -> Graph {
             }
             _ => {
                 let sizes: Vec<usize> = xs.dims().iter().map(|&d| d.div_ceil(2)).collect();
-                (
-                    Op::Slice {
-                        starts: vec![0; xs.rank()],
-                    },
-                    vec![x],
-                    Some(Shape::new(sizes)),
-                )
+                (Op::Slice { starts: vec![0; xs.rank()] }, vec![x], Some(Shape::new(sizes)))
             }
         };
-        let metas: Vec<_> = inputs
-            .iter()
-            .map(|i| (&b.node(*i).shape, b.node(*i).dtype))
-            .collect();
+        let metas: Vec<_> = inputs.iter().map(|i| (&b.node(*i).shape, b.node(*i).dtype)).collect();
         let derived = match &explicit {
             Some(shape) => match &op {
                 Op::Reshape => infer::reshape(metas[0], shape),
@@ -395,12 +256,7 @@ fn build_random_graph(instrs: &[Instr], extra_outputs: &[usize]) -> Graph {
         };
         if let Ok((shape, dtype)) = derived {
             if shape.numel() <= 4096 {
-                pool.push(b.push(Node {
-                    op,
-                    inputs,
-                    shape,
-                    dtype,
-                }));
+                pool.push(b.push(Node { op, inputs, shape, dtype }));
             }
         }
     }
@@ -413,9 +269,9 @@ fn close(a: &HostData, b: &HostData) -> bool {
     let (x, y) = (a.to_f64_vec(), b.to_f64_vec());
     a.dtype() == b.dtype()
         && x.len() == y.len()
-        && x.iter().zip(&y).all(|(p, q)| {
-            (p.is_nan() && q.is_nan()) || p == q || (p - q).abs() <= 1e-4 * (1.0 + q.abs())
-        })
+        && x.iter()
+            .zip(&y)
+            .all(|(p, q)| (p.is_nan() && q.is_nan()) || p == q || (p - q).abs() <= 1e-4 * (1.0 + q.abs()))
 }
 
 proptest! {

@@ -55,10 +55,7 @@ pub fn run(args: &BenchTraceArgs) -> lazytrain_core::Result<()> {
         drop(y);
     }
     // The first round compiled; the rest are cache hits.
-    let (trace_us, lookup_ms) = (
-        median(trace_us[1..].to_vec()),
-        median(lookup_ms[1..].to_vec()),
-    );
+    let (trace_us, lookup_ms) = (median(trace_us[1..].to_vec()), median(lookup_ms[1..].to_vec()));
     let m = dev.metrics();
     if args.json {
         println!(
@@ -69,10 +66,7 @@ pub fn run(args: &BenchTraceArgs) -> lazytrain_core::Result<()> {
             })
         );
     } else {
-        println!(
-            "traced {} nodes: {:.3} us/node (median of {})",
-            args.nodes, trace_us, args.repeats
-        );
+        println!("traced {} nodes: {:.3} us/node (median of {})", args.nodes, trace_us, args.repeats);
         println!("cut + hash + cache lookup: {:.3} ms", lookup_ms);
         println!("compiles {}, cache hits {}", m.compiles, m.cache_hits);
     }

@@ -29,20 +29,13 @@ pub fn run(args: &DemoArgs) -> lazytrain_core::Result<()> {
     let mut w = Tensor::from_vec(vec![0f32; FEATURES], [FEATURES, 1], &dev)?;
     let mut last_loss = f32::NAN;
     for step in 0..args.steps {
-        let seed = Tensor::scalar(
-            args.seed.wrapping_mul(1_000_003).wrapping_add(step as i64),
-            &dev,
-        );
+        let seed = Tensor::scalar(args.seed.wrapping_mul(1_000_003).wrapping_add(step as i64), &dev);
         let lr = Tensor::scalar(args.lr * (1.0 - step as f32 / args.steps as f32), &dev);
-        let x = Tensor::rand_uniform([BATCH, FEATURES], DType::F32, &seed)?
-            .mul_scalar(2.0)?
-            .add_scalar(-1.0)?;
+        let x = Tensor::rand_uniform([BATCH, FEATURES], DType::F32, &seed)?.mul_scalar(2.0)?.add_scalar(-1.0)?;
         let y = x.matmul(&true_w)?;
         let residual = x.matmul(&w)?.sub(&y)?;
         let loss = residual.square()?.mean_all()?;
-        let grad = x
-            .matmul_transposed(&residual, true, false)?
-            .mul_scalar(2.0 / BATCH as f64)?;
+        let grad = x.matmul_transposed(&residual, true, false)?.mul_scalar(2.0 / BATCH as f64)?;
         w = w.sub(&grad.mul(&lr)?)?;
         dev.mark_step()?;
         last_loss = loss.item::<f32>()?;

@@ -43,31 +43,14 @@ impl Backend for CpuBackend {
                 steps.push(Step {
                     node_index: i,
                     node: node.clone(),
-                    inputs: node
-                        .inputs
-                        .iter()
-                        .map(|id| plan.operands[id.index()])
-                        .collect(),
-                    input_shapes: node
-                        .inputs
-                        .iter()
-                        .map(|id| graph.node(*id).shape.dims().to_vec())
-                        .collect(),
+                    inputs: node.inputs.iter().map(|id| plan.operands[id.index()]).collect(),
+                    input_shapes: node.inputs.iter().map(|id| graph.node(*id).shape.dims().to_vec()).collect(),
                     slot,
                 });
             }
         }
-        let outputs = graph
-            .outputs
-            .iter()
-            .map(|id| plan.operands[id.index()])
-            .collect();
-        Ok(Arc::new(CpuExecutable {
-            steps,
-            outputs,
-            num_params: graph.num_params,
-            plan,
-        }))
+        let outputs = graph.outputs.iter().map(|id| plan.operands[id.index()]).collect();
+        Ok(Arc::new(CpuExecutable { steps, outputs, num_params: graph.num_params, plan }))
     }
 }
 
@@ -77,37 +60,24 @@ impl Executable for CpuExecutable {
             return Err(Error::Execution {
                 node: 0,
                 op: "parameter",
-                detail: format!(
-                    "the executable takes {} inputs, {} were given",
-                    self.num_params,
-                    inputs.len()
-                ),
+                detail: format!("the executable takes {} inputs, {} were given", self.num_params, inputs.len()),
             });
         }
         let mut slots: Vec<Option<HostData>> = vec![None; self.plan.slots.len()];
         for step in &self.steps {
-            let mut out = slots[step.slot]
-                .take()
-                .unwrap_or_else(|| HostData::zeros(step.node.dtype, 0));
+            let mut out = slots[step.slot].take().unwrap_or_else(|| HostData::zeros(step.node.dtype, 0));
             out.reset(step.node.dtype, step.node.shape.numel());
             let operands: Vec<&HostData> = step
                 .inputs
                 .iter()
                 .map(|op| match *op {
                     Operand::Param(k) => inputs[k].host(),
-                    Operand::Slot(s) => slots[s]
-                        .as_ref()
-                        .expect("the plan places every input before its reader"),
+                    Operand::Slot(s) => slots[s].as_ref().expect("the plan places every input before its reader"),
                 })
                 .collect();
             let shapes: Vec<&[usize]> = step.input_shapes.iter().map(Vec::as_slice).collect();
-            kernels::eval(&step.node, &operands, &shapes, &mut out, MatmulKernel::Gemm).map_err(
-                |detail| Error::Execution {
-                    node: step.node_index,
-                    op: step.node.op.name(),
-                    detail,
-                },
-            )?;
+            kernels::eval(&step.node, &operands, &shapes, &mut out, MatmulKernel::Gemm)
+                .map_err(|detail| Error::Execution { node: step.node_index, op: step.node.op.name(), detail })?;
             slots[step.slot] = Some(out);
         }
         let mut taken: Vec<Option<Arc<Buffer>>> = vec![None; slots.len()];
@@ -117,9 +87,7 @@ impl Executable for CpuExecutable {
             .map(|op| match *op {
                 Operand::Param(k) => inputs[k].clone(),
                 Operand::Slot(s) => taken[s]
-                    .get_or_insert_with(|| {
-                        Arc::new(Buffer::new(slots[s].take().expect("outputs are computed")))
-                    })
+                    .get_or_insert_with(|| Arc::new(Buffer::new(slots[s].take().expect("outputs are computed"))))
                     .clone(),
             })
             .collect();

@@ -27,10 +27,7 @@ pub struct MemoryPlan {
 impl MemoryPlan {
     /// Bytes of all slots.
     pub fn planned_bytes(&self) -> usize {
-        self.slots
-            .iter()
-            .map(|(dt, n)| dt.size_in_bytes() * n)
-            .sum()
+        self.slots.iter().map(|(dt, n)| dt.size_in_bytes() * n).sum()
     }
 
     /// Plan `graph`: a computed node takes the smallest free slot of its
@@ -74,10 +71,6 @@ impl MemoryPlan {
                 }
             }
         }
-        MemoryPlan {
-            operands,
-            slots,
-            unplanned_bytes,
-        }
+        MemoryPlan { operands, slots, unplanned_bytes }
     }
 }

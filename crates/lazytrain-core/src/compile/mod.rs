@@ -26,29 +26,15 @@ pub struct Pass {
 /// The passes `optimize` runs, in order. Common-subexpression elimination
 /// needs no pass of its own: every rebuild hash-conses its nodes.
 pub const PIPELINE: &[Pass] = &[
-    Pass {
-        name: "dead_code_elimination",
-        run: dead_code_elimination,
-    },
-    Pass {
-        name: "fold_constants",
-        run: fold_constants,
-    },
-    Pass {
-        name: "simplify_algebra",
-        run: simplify_algebra,
-    },
-    Pass {
-        name: "dead_code_elimination",
-        run: dead_code_elimination,
-    },
+    Pass { name: "dead_code_elimination", run: dead_code_elimination },
+    Pass { name: "fold_constants", run: fold_constants },
+    Pass { name: "simplify_algebra", run: simplify_algebra },
+    Pass { name: "dead_code_elimination", run: dead_code_elimination },
 ];
 
 /// Where to write IR dumps, from `LAZYTRAIN_DUMP_IR`.
 pub fn dump_dir_from_env() -> Option<PathBuf> {
-    std::env::var_os("LAZYTRAIN_DUMP_IR")
-        .filter(|v| !v.is_empty())
-        .map(PathBuf::from)
+    std::env::var_os("LAZYTRAIN_DUMP_IR").filter(|v| !v.is_empty()).map(PathBuf::from)
 }
 
 fn verify_enabled() -> bool {
@@ -56,16 +42,9 @@ fn verify_enabled() -> bool {
 }
 
 fn dump(dir: &Path, hash: u64, step: usize, name: &str, graph: &Graph) -> Result<()> {
-    let io = |source| Error::Io {
-        context: format!("writing an IR dump to {}", dir.display()),
-        source,
-    };
+    let io = |source| Error::Io { context: format!("writing an IR dump to {}", dir.display()), source };
     std::fs::create_dir_all(dir).map_err(io)?;
-    std::fs::write(
-        dir.join(format!("{hash:016x}-{step:02}-{name}.txt")),
-        graph.to_string(),
-    )
-    .map_err(io)
+    std::fs::write(dir.join(format!("{hash:016x}-{step:02}-{name}.txt")), graph.to_string()).map_err(io)
 }
 
 /// Run the pass pipeline on `graph`.
@@ -78,10 +57,7 @@ pub fn optimize(graph: &Graph, dump_dir: Option<&Path>) -> Result<Graph> {
     for (i, pass) in PIPELINE.iter().enumerate() {
         current = (pass.run)(&current);
         if verify_enabled() {
-            verify(&current).map_err(|detail| Error::Verify {
-                pass: pass.name,
-                detail,
-            })?;
+            verify(&current).map_err(|detail| Error::Verify { pass: pass.name, detail })?;
         }
         if let Some(dir) = dump_dir {
             dump(dir, hash, i + 1, pass.name, &current)?;

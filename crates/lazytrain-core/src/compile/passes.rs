@@ -43,11 +43,7 @@ fn constant(builder: &GraphBuilder, id: NodeId) -> Option<Literal> {
 }
 
 /// Evaluate a single element of an elementwise op whose inputs are constants.
-fn fold_elementwise(
-    node: &Node,
-    values: &[Literal],
-    input_dtypes: &[crate::dtype::DType],
-) -> Option<Literal> {
+fn fold_elementwise(node: &Node, values: &[Literal], input_dtypes: &[crate::dtype::DType]) -> Option<Literal> {
     let inputs: Vec<HostData> = values
         .iter()
         .zip(input_dtypes)
@@ -59,18 +55,11 @@ fn fold_elementwise(
         .collect();
     let refs: Vec<&HostData> = inputs.iter().collect();
     let shapes: Vec<&[usize]> = vec![&[]; inputs.len()];
-    let scalar = Node {
-        shape: crate::shape::Shape::scalar(),
-        ..node.clone()
-    };
+    let scalar = Node { shape: crate::shape::Shape::scalar(), ..node.clone() };
     let mut out = HostData::zeros(node.dtype, 1);
     kernels::eval(&scalar, &refs, &shapes, &mut out, MatmulKernel::Naive).ok()?;
     let v = out.get_f64(0);
-    Some(if node.dtype.is_float() {
-        Literal::Float(v.to_bits())
-    } else {
-        Literal::Int(v as i64)
-    })
+    Some(if node.dtype.is_float() { Literal::Float(v.to_bits()) } else { Literal::Int(v as i64) })
 }
 
 /// Replace ops whose inputs are all splat constants by a splat constant:
@@ -84,18 +73,13 @@ pub fn fold_constants(graph: &Graph) -> Graph {
                 let dtypes: Vec<_> = node.inputs.iter().map(|&i| b.node(i).dtype).collect();
                 fold_elementwise(&node, &values, &dtypes)
             }
-            (Op::Reshape | Op::Permute(_) | Op::Expand | Op::Slice { .. }, Some(values)) => {
-                Some(values[0])
-            }
+            (Op::Reshape | Op::Permute(_) | Op::Expand | Op::Slice { .. }, Some(values)) => Some(values[0]),
             _ => None,
         };
         match folded {
-            Some(v) => Rewrite::Emit(Node {
-                op: Op::Constant(v),
-                inputs: Vec::new(),
-                shape: node.shape,
-                dtype: node.dtype,
-            }),
+            Some(v) => {
+                Rewrite::Emit(Node { op: Op::Constant(v), inputs: Vec::new(), shape: node.shape, dtype: node.dtype })
+            }
             None => Rewrite::Emit(node),
         }
     })
@@ -122,18 +106,13 @@ pub fn simplify_algebra(graph: &Graph) -> Graph {
             Op::Unary(UnaryOp::Neg) if in_node(0).op == Op::Unary(UnaryOp::Neg) => {
                 Rewrite::Forward(in_node(0).inputs[0])
             }
-            Op::Cast | Op::Reshape | Op::Expand
-                if in_node(0).shape == node.shape && in_node(0).dtype == node.dtype =>
-            {
+            Op::Cast | Op::Reshape | Op::Expand if in_node(0).shape == node.shape && in_node(0).dtype == node.dtype => {
                 Rewrite::Forward(input(0))
             }
-            Op::Reshape if in_node(0).op == Op::Reshape => Rewrite::Emit(Node {
-                inputs: vec![in_node(0).inputs[0]],
-                ..node
-            }),
-            Op::Permute(perm) if perm.iter().enumerate().all(|(i, &p)| i == p) => {
-                Rewrite::Forward(input(0))
+            Op::Reshape if in_node(0).op == Op::Reshape => {
+                Rewrite::Emit(Node { inputs: vec![in_node(0).inputs[0]], ..node })
             }
+            Op::Permute(perm) if perm.iter().enumerate().all(|(i, &p)| i == p) => Rewrite::Forward(input(0)),
             Op::Permute(outer) => match &in_node(0).op {
                 Op::Permute(inner) => {
                     let composed: Vec<usize> = outer.iter().map(|&p| inner[p]).collect();
@@ -141,23 +120,15 @@ pub fn simplify_algebra(graph: &Graph) -> Graph {
                     if composed.iter().enumerate().all(|(i, &p)| i == p) {
                         Rewrite::Forward(source)
                     } else {
-                        Rewrite::Emit(Node {
-                            op: Op::Permute(composed),
-                            inputs: vec![source],
-                            ..node
-                        })
+                        Rewrite::Emit(Node { op: Op::Permute(composed), inputs: vec![source], ..node })
                     }
                 }
                 _ => Rewrite::Emit(node),
             },
-            Op::Slice { starts }
-                if starts.iter().all(|&s| s == 0) && in_node(0).shape == node.shape =>
-            {
+            Op::Slice { starts } if starts.iter().all(|&s| s == 0) && in_node(0).shape == node.shape => {
                 Rewrite::Forward(input(0))
             }
-            Op::Pad { low, high, .. } if low.iter().chain(high).all(|&w| w == 0) => {
-                Rewrite::Forward(input(0))
-            }
+            Op::Pad { low, high, .. } if low.iter().chain(high).all(|&w| w == 0) => Rewrite::Forward(input(0)),
             Op::Concat { .. } if node.inputs.len() == 1 => Rewrite::Forward(input(0)),
             _ => Rewrite::Emit(node),
         }

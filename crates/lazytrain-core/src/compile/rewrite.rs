@@ -12,10 +12,7 @@ pub(crate) enum Rewrite {
 
 /// Rebuild `graph` node by node. `decide` sees each node with inputs already
 /// renamed into the new graph, and the new graph built so far.
-pub(crate) fn rebuild(
-    graph: &Graph,
-    mut decide: impl FnMut(&GraphBuilder, Node) -> Rewrite,
-) -> Graph {
+pub(crate) fn rebuild(graph: &Graph, mut decide: impl FnMut(&GraphBuilder, Node) -> Rewrite) -> Graph {
     let mut builder = GraphBuilder::new();
     let mut map: Vec<NodeId> = Vec::with_capacity(graph.nodes.len());
     for node in &graph.nodes {

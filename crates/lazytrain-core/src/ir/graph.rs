@@ -92,11 +92,7 @@ impl GraphBuilder {
 
     /// Finish with the given outputs and parameter count.
     pub fn finish(self, outputs: Vec<NodeId>, num_params: usize) -> Graph {
-        Graph {
-            nodes: self.nodes,
-            outputs,
-            num_params,
-        }
+        Graph { nodes: self.nodes, outputs, num_params }
     }
 }
 

@@ -24,10 +24,7 @@ fn check_axis(axis: usize, shape: &Shape) -> Result<(), RuleError> {
     if axis >= shape.rank() {
         return Err(err(
             RuleKind::Axis,
-            format!(
-                "axis {axis} is out of range for shape {shape} (rank {})",
-                shape.rank()
-            ),
+            format!("axis {axis} is out of range for shape {shape} (rank {})", shape.rank()),
         ));
     }
     Ok(())
@@ -36,15 +33,7 @@ fn check_axis(axis: usize, shape: &Shape) -> Result<(), RuleError> {
 /// Elementwise unary math.
 pub fn unary(op: UnaryOp, x: Meta) -> RuleResult {
     if x.1 == DType::Bool || (!x.1.is_float() && !op.allows_int()) {
-        return Err(err(
-            RuleKind::DType,
-            format!(
-                "{} needs a floating-point input, got {} {}",
-                op.name(),
-                x.1,
-                x.0
-            ),
-        ));
+        return Err(err(RuleKind::DType, format!("{} needs a floating-point input, got {} {}", op.name(), x.1, x.0)));
     }
     Ok((x.0.clone(), x.1))
 }
@@ -58,19 +47,13 @@ fn same_shape_and_dtype(name: &str, a: Meta, b: Meta) -> Result<(), RuleError> {
     if a.0 != b.0 {
         return Err(err(
             RuleKind::Shape,
-            format!(
-                "{name} needs equal shapes after broadcasting, got {} and {}",
-                a.0, b.0
-            ),
+            format!("{name} needs equal shapes after broadcasting, got {} and {}", a.0, b.0),
         ));
     }
     if a.1 != b.1 {
         return Err(err(
             RuleKind::DType,
-            format!(
-                "{name} needs equal dtypes, got {} {} and {} {}; cast one side first",
-                a.1, a.0, b.1, b.0
-            ),
+            format!("{name} needs equal dtypes, got {} {} and {} {}; cast one side first", a.1, a.0, b.1, b.0),
         ));
     }
     Ok(())
@@ -80,16 +63,10 @@ fn same_shape_and_dtype(name: &str, a: Meta, b: Meta) -> Result<(), RuleError> {
 pub fn binary(op: super::op::BinaryOp, a: Meta, b: Meta) -> RuleResult {
     same_shape_and_dtype(op.name(), a, b)?;
     if a.1 == DType::Bool {
-        return Err(err(
-            RuleKind::DType,
-            format!("{} is not defined on bool tensors ({})", op.name(), a.0),
-        ));
+        return Err(err(RuleKind::DType, format!("{} is not defined on bool tensors ({})", op.name(), a.0)));
     }
     if op == super::op::BinaryOp::Pow && !a.1.is_float() {
-        return Err(err(
-            RuleKind::DType,
-            format!("pow needs floating-point inputs, got {} {}", a.1, a.0),
-        ));
+        return Err(err(RuleKind::DType, format!("pow needs floating-point inputs, got {} {}", a.1, a.0)));
     }
     Ok((a.0.clone(), a.1))
 }
@@ -103,19 +80,13 @@ pub fn compare(op: super::op::CmpOp, a: Meta, b: Meta) -> RuleResult {
 /// `cond ? a : b`.
 pub fn select(cond: Meta, a: Meta, b: Meta) -> RuleResult {
     if cond.1 != DType::Bool {
-        return Err(err(
-            RuleKind::DType,
-            format!("select needs a bool condition, got {} {}", cond.1, cond.0),
-        ));
+        return Err(err(RuleKind::DType, format!("select needs a bool condition, got {} {}", cond.1, cond.0)));
     }
     same_shape_and_dtype("select", a, b)?;
     if cond.0 != a.0 {
         return Err(err(
             RuleKind::Shape,
-            format!(
-                "select condition {} does not match the values' shape {}",
-                cond.0, a.0
-            ),
+            format!("select condition {} does not match the values' shape {}", cond.0, a.0),
         ));
     }
     Ok((a.0.clone(), a.1))
@@ -124,19 +95,13 @@ pub fn select(cond: Meta, a: Meta, b: Meta) -> RuleResult {
 /// Reduction over `axes`, which stay as size-1 dimensions.
 pub fn reduce(x: Meta, axes: &[usize]) -> RuleResult {
     if x.1 == DType::Bool {
-        return Err(err(
-            RuleKind::DType,
-            format!("cannot reduce a bool tensor {}; cast it first", x.0),
-        ));
+        return Err(err(RuleKind::DType, format!("cannot reduce a bool tensor {}; cast it first", x.0)));
     }
     let mut dims = x.0.dims().to_vec();
     for (i, &axis) in axes.iter().enumerate() {
         check_axis(axis, x.0)?;
         if i > 0 && axes[i - 1] >= axis {
-            return Err(err(
-                RuleKind::Axis,
-                format!("reduction axes {axes:?} must be distinct and ascending"),
-            ));
+            return Err(err(RuleKind::Axis, format!("reduction axes {axes:?} must be distinct and ascending")));
         }
         dims[axis] = 1;
     }
@@ -148,13 +113,7 @@ pub fn reshape(x: Meta, target: &Shape) -> RuleResult {
     if x.0.numel() != target.numel() {
         return Err(err(
             RuleKind::Shape,
-            format!(
-                "cannot reshape {} ({} elements) to {} ({} elements)",
-                x.0,
-                x.0.numel(),
-                target,
-                target.numel()
-            ),
+            format!("cannot reshape {} ({} elements) to {} ({} elements)", x.0, x.0.numel(), target, target.numel()),
         ));
     }
     Ok((target.clone(), x.1))
@@ -167,19 +126,12 @@ pub fn permute(x: Meta, perm: &[usize]) -> RuleResult {
     if perm.len() != rank {
         return Err(err(
             RuleKind::Axis,
-            format!(
-                "permutation {perm:?} has {} axes but the input {} has rank {rank}",
-                perm.len(),
-                x.0
-            ),
+            format!("permutation {perm:?} has {} axes but the input {} has rank {rank}", perm.len(), x.0),
         ));
     }
     for &p in perm {
         if p >= rank || seen[p] {
-            return Err(err(
-                RuleKind::Axis,
-                format!("{perm:?} is not a permutation of the axes of {}", x.0),
-            ));
+            return Err(err(RuleKind::Axis, format!("{perm:?} is not a permutation of the axes of {}", x.0)));
         }
         seen[p] = true;
     }
@@ -189,17 +141,9 @@ pub fn permute(x: Meta, perm: &[usize]) -> RuleResult {
 
 /// Repeat size-1 dimensions up to `target` (same rank).
 pub fn expand(x: Meta, target: &Shape) -> RuleResult {
-    let ok = x.0.rank() == target.rank()
-        && x.0
-            .dims()
-            .iter()
-            .zip(target.dims())
-            .all(|(&a, &b)| a == b || a == 1);
+    let ok = x.0.rank() == target.rank() && x.0.dims().iter().zip(target.dims()).all(|(&a, &b)| a == b || a == 1);
     if !ok {
-        return Err(err(
-            RuleKind::Shape,
-            format!("cannot broadcast {} to {}", x.0, target),
-        ));
+        return Err(err(RuleKind::Shape, format!("cannot broadcast {} to {}", x.0, target)));
     }
     Ok((target.clone(), x.1))
 }
@@ -208,10 +152,7 @@ pub fn expand(x: Meta, target: &Shape) -> RuleResult {
 pub fn slice(x: Meta, starts: &[usize], sizes: &[usize]) -> RuleResult {
     let rank = x.0.rank();
     if starts.len() != rank || sizes.len() != rank {
-        return Err(err(
-            RuleKind::Argument,
-            format!("slice of {} needs {rank} starts and sizes", x.0),
-        ));
+        return Err(err(RuleKind::Argument, format!("slice of {} needs {rank} starts and sizes", x.0)));
     }
     for axis in 0..rank {
         if starts[axis] + sizes[axis] > x.0.dims()[axis] {
@@ -232,29 +173,20 @@ pub fn slice(x: Meta, starts: &[usize], sizes: &[usize]) -> RuleResult {
 /// Join along `axis`; other dimensions and dtypes must agree.
 pub fn concat(xs: &[Meta], axis: usize) -> RuleResult {
     let Some(first) = xs.first() else {
-        return Err(err(
-            RuleKind::Argument,
-            "concat needs at least one tensor".into(),
-        ));
+        return Err(err(RuleKind::Argument, "concat needs at least one tensor".into()));
     };
     check_axis(axis, first.0)?;
     let mut dims = first.0.dims().to_vec();
     for x in &xs[1..] {
         if x.1 != first.1 {
-            return Err(err(
-                RuleKind::DType,
-                format!("concat needs one dtype, got {} and {}", first.1, x.1),
-            ));
+            return Err(err(RuleKind::DType, format!("concat needs one dtype, got {} and {}", first.1, x.1)));
         }
-        let fits = x.0.rank() == first.0.rank()
-            && (0..dims.len()).all(|d| d == axis || x.0.dims()[d] == first.0.dims()[d]);
+        let fits =
+            x.0.rank() == first.0.rank() && (0..dims.len()).all(|d| d == axis || x.0.dims()[d] == first.0.dims()[d]);
         if !fits {
             return Err(err(
                 RuleKind::Shape,
-                format!(
-                    "concat along axis {axis} needs equal other dimensions, got {} and {}",
-                    first.0, x.0
-                ),
+                format!("concat along axis {axis} needs equal other dimensions, got {} and {}", first.0, x.0),
             ));
         }
         dims[axis] += x.0.dims()[axis];
@@ -265,40 +197,23 @@ pub fn concat(xs: &[Meta], axis: usize) -> RuleResult {
 /// Padding with `low`/`high` elements per axis.
 pub fn pad(x: Meta, low: &[usize], high: &[usize]) -> RuleResult {
     if low.len() != x.0.rank() || high.len() != x.0.rank() {
-        return Err(err(
-            RuleKind::Argument,
-            format!("pad of {} needs {} low and high widths", x.0, x.0.rank()),
-        ));
+        return Err(err(RuleKind::Argument, format!("pad of {} needs {} low and high widths", x.0, x.0.rank())));
     }
-    let dims =
-        x.0.dims()
-            .iter()
-            .zip(low.iter().zip(high))
-            .map(|(d, (l, h))| d + l + h)
-            .collect::<Vec<_>>();
+    let dims = x.0.dims().iter().zip(low.iter().zip(high)).map(|(d, (l, h))| d + l + h).collect::<Vec<_>>();
     Ok((Shape::new(dims), x.1))
 }
 
 fn check_index(name: &str, data: Meta, index: Meta, axis: usize) -> Result<(), RuleError> {
     check_axis(axis, data.0)?;
     if !matches!(index.1, DType::I64 | DType::I32) {
-        return Err(err(
-            RuleKind::DType,
-            format!(
-                "{name} needs i64 or i32 indices, got {} {}",
-                index.1, index.0
-            ),
-        ));
+        return Err(err(RuleKind::DType, format!("{name} needs i64 or i32 indices, got {} {}", index.1, index.0)));
     }
     let fits = index.0.rank() == data.0.rank()
         && (0..data.0.rank()).all(|d| d == axis || index.0.dims()[d] <= data.0.dims()[d]);
     if !fits {
         return Err(err(
             RuleKind::Shape,
-            format!(
-                "{name} index {} must have the rank of {} and no larger size outside axis {axis}",
-                index.0, data.0
-            ),
+            format!("{name} index {} must have the rank of {} and no larger size outside axis {axis}", index.0, data.0),
         ));
     }
     Ok(())
@@ -316,19 +231,13 @@ pub fn scatter_add(base: Meta, index: Meta, updates: Meta, axis: usize) -> RuleR
     if updates.0 != index.0 {
         return Err(err(
             RuleKind::Shape,
-            format!(
-                "scatter_add updates {} must have the index's shape {}",
-                updates.0, index.0
-            ),
+            format!("scatter_add updates {} must have the index's shape {}", updates.0, index.0),
         ));
     }
     if updates.1 != base.1 || base.1 == DType::Bool {
         return Err(err(
             RuleKind::DType,
-            format!(
-                "scatter_add needs numeric base and updates of one dtype, got {} and {}",
-                base.1, updates.1
-            ),
+            format!("scatter_add needs numeric base and updates of one dtype, got {} and {}", base.1, updates.1),
         ));
     }
     Ok((base.0.clone(), base.1))
@@ -339,46 +248,23 @@ pub fn dot(a: Meta, b: Meta, lhs_t: bool, rhs_t: bool) -> RuleResult {
     if a.1 != b.1 || !a.1.is_float() {
         return Err(err(
             RuleKind::DType,
-            format!(
-                "matmul needs floating-point operands of one dtype, got {} {} and {} {}",
-                a.1, a.0, b.1, b.0
-            ),
+            format!("matmul needs floating-point operands of one dtype, got {} {} and {} {}", a.1, a.0, b.1, b.0),
         ));
     }
     let (ra, rb) = (a.0.rank(), b.0.rank());
     if ra < 2 || ra != rb {
-        return Err(err(
-            RuleKind::Shape,
-            format!(
-                "matmul needs operands of equal rank >= 2, got {} and {}",
-                a.0, b.0
-            ),
-        ));
+        return Err(err(RuleKind::Shape, format!("matmul needs operands of equal rank >= 2, got {} and {}", a.0, b.0)));
     }
     let (ad, bd) = (a.0.dims(), b.0.dims());
     if ad[..ra - 2] != bd[..rb - 2] {
-        return Err(err(
-            RuleKind::Shape,
-            format!("matmul batch dimensions differ: {} and {}", a.0, b.0),
-        ));
+        return Err(err(RuleKind::Shape, format!("matmul batch dimensions differ: {} and {}", a.0, b.0)));
     }
-    let (m, ka) = if lhs_t {
-        (ad[ra - 1], ad[ra - 2])
-    } else {
-        (ad[ra - 2], ad[ra - 1])
-    };
-    let (kb, n) = if rhs_t {
-        (bd[rb - 1], bd[rb - 2])
-    } else {
-        (bd[rb - 2], bd[rb - 1])
-    };
+    let (m, ka) = if lhs_t { (ad[ra - 1], ad[ra - 2]) } else { (ad[ra - 2], ad[ra - 1]) };
+    let (kb, n) = if rhs_t { (bd[rb - 1], bd[rb - 2]) } else { (bd[rb - 2], bd[rb - 1]) };
     if ka != kb {
         return Err(err(
             RuleKind::Shape,
-            format!(
-                "matmul contracting dimensions differ: {} x {} contracts {ka} with {kb}",
-                a.0, b.0
-            ),
+            format!("matmul contracting dimensions differ: {} x {} contracts {ka} with {kb}", a.0, b.0),
         ));
     }
     let mut dims = ad[..ra - 2].to_vec();
@@ -391,17 +277,11 @@ pub fn rng_uniform(seed: Meta, shape: &Shape, dtype: DType) -> RuleResult {
     if seed.0.rank() != 0 || !matches!(seed.1, DType::I64 | DType::I32) {
         return Err(err(
             RuleKind::DType,
-            format!(
-                "the random seed must be an integer scalar, got {} {}",
-                seed.1, seed.0
-            ),
+            format!("the random seed must be an integer scalar, got {} {}", seed.1, seed.0),
         ));
     }
     if !dtype.is_float() {
-        return Err(err(
-            RuleKind::DType,
-            format!("random uniform values need a float dtype, got {dtype}"),
-        ));
+        return Err(err(RuleKind::DType, format!("random uniform values need a float dtype, got {dtype}")));
     }
     Ok((shape.clone(), dtype))
 }
@@ -419,22 +299,16 @@ pub fn iota(shape: &Shape, axis: usize, dtype: DType) -> RuleResult {
 pub fn check_node(node: &Node, inputs: &[Meta]) -> Result<(), RuleError> {
     let arity_ok = match &node.op {
         Op::Parameter(_) | Op::Constant(_) | Op::Iota { .. } => inputs.is_empty(),
-        Op::RngUniform { .. }
-        | Op::Unary(_)
-        | Op::Cast
-        | Op::Reduce { .. }
-        | Op::Reshape
-        | Op::Permute(_) => inputs.len() == 1,
+        Op::RngUniform { .. } | Op::Unary(_) | Op::Cast | Op::Reduce { .. } | Op::Reshape | Op::Permute(_) => {
+            inputs.len() == 1
+        }
         Op::Expand | Op::Slice { .. } | Op::Pad { .. } | Op::AllReduce(_) => inputs.len() == 1,
         Op::Binary(_) | Op::Compare(_) | Op::Gather { .. } | Op::Dot { .. } => inputs.len() == 2,
         Op::Select | Op::ScatterAdd { .. } => inputs.len() == 3,
         Op::Concat { .. } => !inputs.is_empty(),
     };
     if !arity_ok {
-        return Err(err(
-            RuleKind::Argument,
-            format!("{} has {} inputs", node.op.name(), inputs.len()),
-        ));
+        return Err(err(RuleKind::Argument, format!("{} has {} inputs", node.op.name(), inputs.len())));
     }
     let derived = match &node.op {
         Op::Parameter(_) | Op::Constant(_) => Ok((node.shape.clone(), node.dtype)),

@@ -232,12 +232,8 @@ impl Op {
             Op::Binary(b) => b.name(),
             Op::Compare(c) => c.name(),
             Op::Select => "select",
-            Op::Reduce {
-                op: ReduceOp::Sum, ..
-            } => "reduce_sum",
-            Op::Reduce {
-                op: ReduceOp::Max, ..
-            } => "reduce_max",
+            Op::Reduce { op: ReduceOp::Sum, .. } => "reduce_sum",
+            Op::Reduce { op: ReduceOp::Max, .. } => "reduce_max",
             Op::Reshape => "reshape",
             Op::Permute(_) => "permute",
             Op::Expand => "expand",
@@ -253,9 +249,6 @@ impl Op {
 
     /// True for ops computed independently per element from same-shape inputs.
     pub fn is_elementwise(&self) -> bool {
-        matches!(
-            self,
-            Op::Unary(_) | Op::Cast | Op::Binary(_) | Op::Compare(_) | Op::Select
-        )
+        matches!(self, Op::Unary(_) | Op::Cast | Op::Binary(_) | Op::Compare(_) | Op::Select)
     }
 }

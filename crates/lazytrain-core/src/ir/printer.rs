@@ -14,13 +14,7 @@ impl fmt::Display for Graph {
             self.structural_hash()
         )?;
         for (i, node) in self.nodes.iter().enumerate() {
-            write!(
-                f,
-                "  %{i}: {}{} = {}",
-                node.dtype,
-                node.shape,
-                node.op.name()
-            )?;
+            write!(f, "  %{i}: {}{} = {}", node.dtype, node.shape, node.op.name())?;
             match &node.op {
                 Op::Parameter(k) => write!(f, "({k})")?,
                 Op::Constant(v) => write!(f, "({v})")?,
@@ -29,12 +23,8 @@ impl fmt::Display for Graph {
                 Op::Reduce { axes, .. } => write!(f, "(axes={axes:?})")?,
                 Op::Permute(perm) => write!(f, "(perm={perm:?})")?,
                 Op::Slice { starts } => write!(f, "(starts={starts:?})")?,
-                Op::Concat { axis } | Op::Gather { axis } | Op::ScatterAdd { axis } => {
-                    write!(f, "(axis={axis})")?
-                }
-                Op::Pad { low, high, value } => {
-                    write!(f, "(low={low:?}, high={high:?}, value={value})")?
-                }
+                Op::Concat { axis } | Op::Gather { axis } | Op::ScatterAdd { axis } => write!(f, "(axis={axis})")?,
+                Op::Pad { low, high, value } => write!(f, "(low={low:?}, high={high:?}, value={value})")?,
                 Op::Dot { lhs_t, rhs_t } => write!(f, "(lhs_t={lhs_t}, rhs_t={rhs_t})")?,
                 Op::AllReduce(kind) => write!(f, "({kind:?})")?,
                 _ => {}

@@ -10,26 +10,15 @@ pub fn verify(graph: &Graph) -> Result<(), String> {
     for (i, node) in graph.nodes.iter().enumerate() {
         for input in &node.inputs {
             if input.index() >= i {
-                return Err(format!(
-                    "node %{i} ({}) reads %{} which does not precede it",
-                    node.op.name(),
-                    input.0
-                ));
+                return Err(format!("node %{i} ({}) reads %{} which does not precede it", node.op.name(), input.0));
             }
         }
         if let Op::Parameter(k) = node.op {
             if k >= graph.num_params {
-                return Err(format!(
-                    "node %{i} is parameter {k} but the graph has {} parameters",
-                    graph.num_params
-                ));
+                return Err(format!("node %{i} is parameter {k} but the graph has {} parameters", graph.num_params));
             }
         }
-        let metas: Vec<Meta> = node
-            .inputs
-            .iter()
-            .map(|id| (&graph.node(*id).shape, graph.node(*id).dtype))
-            .collect();
+        let metas: Vec<Meta> = node.inputs.iter().map(|id| (&graph.node(*id).shape, graph.node(*id).dtype)).collect();
         check_node(node, &metas).map_err(|e| format!("node %{i}: {}", e.detail))?;
     }
     for out in &graph.outputs {

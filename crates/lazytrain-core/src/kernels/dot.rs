@@ -1,6 +1,6 @@
 //! Batched matmul kernels: a naive reference loop and the `gemm` crate.
 
-use super::numeric::FloatLike;
+use super::numeric::{FloatLike, Real};
 use crate::storage::HostData;
 
 /// The geometry of one batched matmul `[b, m, k] x [b, k, n]`.
@@ -53,20 +53,19 @@ fn naive_typed<T: FloatLike>(d: DotDims, a: &[T], b: &[T], o: &mut [T]) {
             for j in 0..d.n {
                 let mut acc = 0f64;
                 for p in 0..d.k {
-                    acc +=
-                        a[i * ars + p * acs].to_f32() as f64 * b[p * brs + j * bcs].to_f32() as f64;
+                    acc += a[i * ars + p * acs].widen().to_f64() * b[p * brs + j * bcs].widen().to_f64();
                 }
-                o[i * d.n + j] = T::from_f32(acc as f32);
+                o[i * d.n + j] = T::narrow(T::Math::from_f64(acc));
             }
         }
     }
 }
 
-fn gemm_f32(d: DotDims, a: &[f32], b: &[f32], o: &mut [f32]) {
+fn gemm_native<T: Real + 'static>(d: DotDims, a: &[T], b: &[T], o: &mut [T]) {
     let (ars, acs) = d.lhs_strides();
     let (brs, bcs) = d.rhs_strides();
     if d.k == 0 {
-        o.fill(0.0);
+        o.fill(T::ZERO);
         return;
     }
     for bi in 0..d.batch {
@@ -90,8 +89,8 @@ fn gemm_f32(d: DotDims, a: &[f32], b: &[f32], o: &mut [f32]) {
                 b.as_ptr(),
                 bcs as isize,
                 brs as isize,
-                0.0,
-                1.0,
+                T::ZERO,
+                T::ONE,
                 false,
                 false,
                 false,
@@ -101,15 +100,15 @@ fn gemm_f32(d: DotDims, a: &[f32], b: &[f32], o: &mut [f32]) {
     }
 }
 
-fn widen<T: FloatLike>(v: &[T]) -> Vec<f32> {
-    v.iter().map(|x| x.to_f32()).collect()
+fn widen<T: FloatLike<Math = f32>>(v: &[T]) -> Vec<f32> {
+    v.iter().map(|x| x.widen()).collect()
 }
 
-fn gemm_widened<T: FloatLike>(d: DotDims, a: &[T], b: &[T], o: &mut [T]) {
+fn gemm_widened<T: FloatLike<Math = f32>>(d: DotDims, a: &[T], b: &[T], o: &mut [T]) {
     let mut out = vec![0f32; o.len()];
-    gemm_f32(d, &widen(a), &widen(b), &mut out);
+    gemm_native(d, &widen(a), &widen(b), &mut out);
     for (o, v) in o.iter_mut().zip(out) {
-        *o = T::from_f32(v);
+        *o = T::narrow(v);
     }
 }
 
@@ -122,24 +121,14 @@ pub(crate) fn dot(
     out: &mut HostData,
 ) -> Result<(), String> {
     match (kernel, a, b, out) {
-        (MatmulKernel::Naive, HostData::F32(a), HostData::F32(b), HostData::F32(o)) => {
-            naive_typed(d, a, b, o)
-        }
-        (MatmulKernel::Naive, HostData::BF16(a), HostData::BF16(b), HostData::BF16(o)) => {
-            naive_typed(d, a, b, o)
-        }
-        (MatmulKernel::Naive, HostData::F16(a), HostData::F16(b), HostData::F16(o)) => {
-            naive_typed(d, a, b, o)
-        }
-        (MatmulKernel::Gemm, HostData::F32(a), HostData::F32(b), HostData::F32(o)) => {
-            gemm_f32(d, a, b, o)
-        }
-        (MatmulKernel::Gemm, HostData::BF16(a), HostData::BF16(b), HostData::BF16(o)) => {
-            gemm_widened(d, a, b, o)
-        }
-        (MatmulKernel::Gemm, HostData::F16(a), HostData::F16(b), HostData::F16(o)) => {
-            gemm_widened(d, a, b, o)
-        }
+        (MatmulKernel::Naive, HostData::F32(a), HostData::F32(b), HostData::F32(o)) => naive_typed(d, a, b, o),
+        (MatmulKernel::Naive, HostData::F64(a), HostData::F64(b), HostData::F64(o)) => naive_typed(d, a, b, o),
+        (MatmulKernel::Naive, HostData::BF16(a), HostData::BF16(b), HostData::BF16(o)) => naive_typed(d, a, b, o),
+        (MatmulKernel::Naive, HostData::F16(a), HostData::F16(b), HostData::F16(o)) => naive_typed(d, a, b, o),
+        (MatmulKernel::Gemm, HostData::F32(a), HostData::F32(b), HostData::F32(o)) => gemm_native(d, a, b, o),
+        (MatmulKernel::Gemm, HostData::F64(a), HostData::F64(b), HostData::F64(o)) => gemm_native(d, a, b, o),
+        (MatmulKernel::Gemm, HostData::BF16(a), HostData::BF16(b), HostData::BF16(o)) => gemm_widened(d, a, b, o),
+        (MatmulKernel::Gemm, HostData::F16(a), HostData::F16(b), HostData::F16(o)) => gemm_widened(d, a, b, o),
         (_, a, b, _) => return Err(format!("dot of {} and {}", a.dtype(), b.dtype())),
     }
     Ok(())

@@ -28,9 +28,7 @@ fn addressed_offsets(
         }
     });
     match bad {
-        Some(k) => Err(format!(
-            "index {k} is out of range for axis {axis} of size {dim}"
-        )),
+        Some(k) => Err(format!("index {k} is out of range for axis {axis} of size {dim}")),
         None => Ok(offsets),
     }
 }
@@ -53,14 +51,14 @@ pub(crate) fn gather(
             }
         };
     }
-    arm!(F32, BF16, F16, I64, I32, U8, Bool);
+    arm!(F32, F64, BF16, F16, I64, I32, U8, Bool);
     Ok(())
 }
 
 fn add_float<T: FloatLike>(o: &mut [T], base: &[T], upd: &[T], offsets: &[usize]) {
     o.copy_from_slice(base);
     for (u, &off) in upd.iter().zip(offsets) {
-        o[off] = T::from_f32(o[off].to_f32() + u.to_f32());
+        o[off] = T::narrow(o[off].widen() + u.widen());
     }
 }
 
@@ -84,6 +82,7 @@ pub(crate) fn scatter_add(
     let offsets = addressed_offsets(base_shape, index, index_shape, axis)?;
     match (base, updates, out) {
         (HostData::F32(b), HostData::F32(u), HostData::F32(o)) => add_float(o, b, u, &offsets),
+        (HostData::F64(b), HostData::F64(u), HostData::F64(o)) => add_float(o, b, u, &offsets),
         (HostData::BF16(b), HostData::BF16(u), HostData::BF16(o)) => add_float(o, b, u, &offsets),
         (HostData::F16(b), HostData::F16(u), HostData::F16(o)) => add_float(o, b, u, &offsets),
         (HostData::I64(b), HostData::I64(u), HostData::I64(o)) => add_int(o, b, u, &offsets),

@@ -56,29 +56,18 @@ pub(crate) fn eval(
             movement::strided_copy(inputs[0], out_shape, &strides, base, out)?;
         }
         Op::Concat { axis } => movement::concat(inputs, shapes, *axis, out)?,
-        Op::Pad { low, value, .. } => {
-            movement::pad(inputs[0], shapes[0], out_shape, low, *value, out)?
+        Op::Pad { low, value, .. } => movement::pad(inputs[0], shapes[0], out_shape, low, *value, out)?,
+        Op::Gather { axis } => index::gather(inputs[0], shapes[0], inputs[1], shapes[1], *axis, out)?,
+        Op::ScatterAdd { axis } => {
+            index::scatter_add(inputs[0], shapes[0], inputs[1], shapes[1], inputs[2], *axis, out)?
         }
-        Op::Gather { axis } => {
-            index::gather(inputs[0], shapes[0], inputs[1], shapes[1], *axis, out)?
-        }
-        Op::ScatterAdd { axis } => index::scatter_add(
-            inputs[0], shapes[0], inputs[1], shapes[1], inputs[2], *axis, out,
-        )?,
         Op::Dot { lhs_t, rhs_t } => {
             let rank = out_shape.len();
             let (m, n) = (out_shape[rank - 2], out_shape[rank - 1]);
             let a = shapes[0];
             let k = if *lhs_t { a[rank - 2] } else { a[rank - 1] };
             let batch = out_shape[..rank - 2].iter().product();
-            let dims = dot::DotDims {
-                batch,
-                m,
-                k,
-                n,
-                lhs_t: *lhs_t,
-                rhs_t: *rhs_t,
-            };
+            let dims = dot::DotDims { batch, m, k, n, lhs_t: *lhs_t, rhs_t: *rhs_t };
             dot::dot(matmul, dims, inputs[0], inputs[1], out)?;
         }
     }

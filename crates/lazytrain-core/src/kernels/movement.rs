@@ -27,7 +27,7 @@ pub(crate) fn strided_copy(
             }
         };
     }
-    arm!(F32, BF16, F16, I64, I32, U8, Bool);
+    arm!(F32, F64, BF16, F16, I64, I32, U8, Bool);
     Ok(())
 }
 
@@ -40,11 +40,7 @@ pub(crate) fn permuted_strides(in_shape: &[usize], perm: &[usize]) -> Vec<usize>
 /// Strides that read an input of `in_shape` broadcast to its expanded shape.
 pub(crate) fn expanded_strides(in_shape: &[usize]) -> Vec<usize> {
     let s = contiguous_strides(in_shape);
-    in_shape
-        .iter()
-        .zip(s)
-        .map(|(&d, s)| if d == 1 { 0 } else { s })
-        .collect()
+    in_shape.iter().zip(s).map(|(&d, s)| if d == 1 { 0 } else { s }).collect()
 }
 
 fn concat_typed<T: Copy>(parts: &[(&[T], usize)], outer: usize, o: &mut [T]) {
@@ -58,12 +54,7 @@ fn concat_typed<T: Copy>(parts: &[(&[T], usize)], outer: usize, o: &mut [T]) {
 }
 
 /// Join `xs` (with shapes `shapes`) along `axis` into `out`.
-pub(crate) fn concat(
-    xs: &[&HostData],
-    shapes: &[&[usize]],
-    axis: usize,
-    out: &mut HostData,
-) -> Result<(), String> {
+pub(crate) fn concat(xs: &[&HostData], shapes: &[&[usize]], axis: usize, out: &mut HostData) -> Result<(), String> {
     let outer: usize = shapes[0][..axis].iter().product();
     let chunk = |s: &[usize]| s[axis..].iter().product::<usize>();
     macro_rules! arm {
@@ -80,7 +71,7 @@ pub(crate) fn concat(
             }
         };
     }
-    arm!(F32, BF16, F16, I64, I32, U8, Bool);
+    arm!(F32, F64, BF16, F16, I64, I32, U8, Bool);
     Ok(())
 }
 
@@ -108,6 +99,6 @@ pub(crate) fn pad(
             }
         };
     }
-    arm!(F32, BF16, F16, I64, I32, U8, Bool);
+    arm!(F32, F64, BF16, F16, I64, I32, U8, Bool);
     Ok(())
 }

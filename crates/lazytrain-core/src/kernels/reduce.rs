@@ -1,6 +1,6 @@
 //! Reductions over axes (kept as size-1 dimensions).
 
-use super::numeric::{FloatLike, IntLike};
+use super::numeric::{FloatLike, IntLike, Real};
 use super::strided::for_each_strided;
 use crate::ir::ReduceOp;
 use crate::shape::contiguous_strides;
@@ -8,11 +8,8 @@ use crate::storage::HostData;
 
 /// For each input element, the offset of the output element it reduces into.
 fn out_strides(in_shape: &[usize], axes: &[usize]) -> Vec<usize> {
-    let out_shape: Vec<usize> = in_shape
-        .iter()
-        .enumerate()
-        .map(|(d, &n)| if axes.contains(&d) { 1 } else { n })
-        .collect();
+    let out_shape: Vec<usize> =
+        in_shape.iter().enumerate().map(|(d, &n)| if axes.contains(&d) { 1 } else { n }).collect();
     let mut s = contiguous_strides(&out_shape);
     for &a in axes {
         s[a] = 0;
@@ -20,34 +17,26 @@ fn out_strides(in_shape: &[usize], axes: &[usize]) -> Vec<usize> {
     s
 }
 
-fn reduce_float<T: FloatLike>(
-    op: ReduceOp,
-    x: &[T],
-    in_shape: &[usize],
-    axes: &[usize],
-    o: &mut [T],
-) {
+fn reduce_float<T: FloatLike>(op: ReduceOp, x: &[T], in_shape: &[usize], axes: &[usize], o: &mut [T]) {
     let strides = out_strides(in_shape, axes);
     match op {
         ReduceOp::Sum => {
             let mut acc = vec![0f64; o.len()];
-            for_each_strided(in_shape, &strides, 0, |i, off| {
-                acc[off] += x[i].to_f32() as f64
-            });
+            for_each_strided(in_shape, &strides, 0, |i, off| acc[off] += x[i].widen().to_f64());
             for (o, a) in o.iter_mut().zip(acc) {
-                *o = T::from_f32(a as f32);
+                *o = T::narrow(T::Math::from_f64(a));
             }
         }
         ReduceOp::Max => {
-            let mut acc = vec![f32::NEG_INFINITY; o.len()];
+            let mut acc = vec![T::Math::NEG_INFINITY; o.len()];
             for_each_strided(in_shape, &strides, 0, |i, off| {
-                let v = x[i].to_f32();
+                let v = x[i].widen();
                 if v > acc[off] || v.is_nan() {
                     acc[off] = v;
                 }
             });
             for (o, a) in o.iter_mut().zip(acc) {
-                *o = T::from_f32(a);
+                *o = T::narrow(a);
             }
         }
     }
@@ -82,6 +71,7 @@ pub(crate) fn reduce(
 ) -> Result<(), String> {
     match (x, out) {
         (HostData::F32(x), HostData::F32(o)) => reduce_float(op, x, in_shape, axes, o),
+        (HostData::F64(x), HostData::F64(o)) => reduce_float(op, x, in_shape, axes, o),
         (HostData::BF16(x), HostData::BF16(o)) => reduce_float(op, x, in_shape, axes, o),
         (HostData::F16(x), HostData::F16(o)) => reduce_float(op, x, in_shape, axes, o),
         (HostData::I64(x), HostData::I64(o)) => reduce_int(op, x, in_shape, axes, o),

@@ -3,12 +3,7 @@
 
 /// Call `f(i, offset)` for every element `i` of `shape` in row-major order,
 /// where `offset = base + sum(index[d] * strides[d])`.
-pub(crate) fn for_each_strided(
-    shape: &[usize],
-    strides: &[usize],
-    base: usize,
-    mut f: impl FnMut(usize, usize),
-) {
+pub(crate) fn for_each_strided(shape: &[usize], strides: &[usize], base: usize, mut f: impl FnMut(usize, usize)) {
     if shape.contains(&0) {
         return;
     }

@@ -27,23 +27,14 @@ impl Tensor {
     /// The exact GELU: `0.5 x (1 + erf(x / sqrt 2))`.
     #[track_caller]
     pub fn gelu(&self) -> Result<Tensor> {
-        let cdf = self
-            .mul_scalar(std::f64::consts::FRAC_1_SQRT_2)?
-            .erf()?
-            .add_scalar(1.0)?
-            .mul_scalar(0.5)?;
+        let cdf = self.mul_scalar(std::f64::consts::FRAC_1_SQRT_2)?.erf()?.add_scalar(1.0)?.mul_scalar(0.5)?;
         self.mul(&cdf)
     }
 
     /// Layer normalisation over the last axis with biased variance, then an
     /// optional elementwise `weight` and `bias` (both of the last axis' size).
     #[track_caller]
-    pub fn layer_norm(
-        &self,
-        weight: Option<&Tensor>,
-        bias: Option<&Tensor>,
-        eps: f64,
-    ) -> Result<Tensor> {
+    pub fn layer_norm(&self, weight: Option<&Tensor>, bias: Option<&Tensor>, eps: f64) -> Result<Tensor> {
         let mean = self.mean(&[-1], true)?;
         let centered = self.sub(&mean)?;
         let var = centered.square()?.mean(&[-1], true)?;
@@ -64,10 +55,7 @@ impl Tensor {
     pub fn cross_entropy(&self, labels: &Tensor, ignore_index: i64) -> Result<Tensor> {
         let loc = Location::caller();
         let leading = &self.dims()[..self.rank().saturating_sub(1)];
-        if self.rank() < 1
-            || labels.dims() != leading
-            || !matches!(labels.dtype(), DType::I64 | DType::I32)
-        {
+        if self.rank() < 1 || labels.dims() != leading || !matches!(labels.dtype(), DType::I64 | DType::I32) {
             let e = RuleError::new(
                 RuleKind::Shape,
                 format!(
@@ -85,11 +73,7 @@ impl Tensor {
         let logp = self.reshape([n, classes])?.log_softmax(-1)?;
         let labels = labels.reshape([n])?;
         let valid = labels.ne_scalar(ignore_index as f64)?;
-        let safe = Tensor::select(
-            &valid,
-            &labels,
-            &Tensor::zeros(Shape::scalar(), labels.dtype(), self.device())?,
-        )?;
+        let safe = Tensor::select(&valid, &labels, &Tensor::zeros(Shape::scalar(), labels.dtype(), self.device())?)?;
         let picked = logp.gather(1, &safe.reshape([n, 1])?)?.reshape([n])?;
         let weights = valid.cast(self.dtype())?;
         let total = picked.mul(&weights)?.sum_all()?.neg()?;

@@ -15,11 +15,7 @@ impl Tensor {
     /// Copy `data` to `device` as a tensor of `shape`. The value is a graph
     /// *input*: changing it between steps never recompiles.
     #[track_caller]
-    pub fn from_vec<T: Element>(
-        data: Vec<T>,
-        shape: impl Into<Shape>,
-        device: &Device,
-    ) -> Result<Tensor> {
+    pub fn from_vec<T: Element>(data: Vec<T>, shape: impl Into<Shape>, device: &Device) -> Result<Tensor> {
         Tensor::from_host(T::into_host(data), shape, device)
     }
 
@@ -30,19 +26,12 @@ impl Tensor {
         if data.len() != shape.numel() {
             return Err(Error::Data {
                 what: "from_vec",
-                detail: format!(
-                    "{} values cannot fill shape {} ({} elements)",
-                    data.len(),
-                    shape,
-                    shape.numel()
-                ),
+                detail: format!("{} values cannot fill shape {} ({} elements)", data.len(), shape, shape.numel()),
                 location: Location::caller(),
             });
         }
         let bytes = data.size_in_bytes() as u64;
-        device
-            .metrics_store()
-            .update(|m| m.host_to_device_bytes += bytes);
+        device.metrics_store().update(|m| m.host_to_device_bytes += bytes);
         Ok(Tensor::ready(Arc::new(Buffer::new(data)), shape, device))
     }
 
@@ -51,30 +40,16 @@ impl Tensor {
     pub fn scalar<T: Element>(value: T, device: &Device) -> Tensor {
         let data = T::into_host(vec![value]);
         let bytes = data.size_in_bytes() as u64;
-        device
-            .metrics_store()
-            .update(|m| m.host_to_device_bytes += bytes);
+        device.metrics_store().update(|m| m.host_to_device_bytes += bytes);
         Tensor::ready(Arc::new(Buffer::new(data)), Shape::scalar(), device)
     }
 
     /// A constant tensor with every element `value`. The value is part of
     /// the graph (and its hash): use [`Tensor::scalar`] for values that change.
     #[track_caller]
-    pub fn full(
-        shape: impl Into<Shape>,
-        value: f64,
-        dtype: DType,
-        device: &Device,
-    ) -> Result<Tensor> {
+    pub fn full(shape: impl Into<Shape>, value: f64, dtype: DType, device: &Device) -> Result<Tensor> {
         let shape = shape.into();
-        trace(
-            "full",
-            Location::caller(),
-            device,
-            Op::Constant(Literal::new(value, dtype)),
-            &[],
-            (shape, dtype),
-        )
+        trace("full", Location::caller(), device, Op::Constant(Literal::new(value, dtype)), &[], (shape, dtype))
     }
 
     /// All zeros.
@@ -97,12 +72,7 @@ impl Tensor {
 
     /// Values counting along `axis` of `shape`, constant along the others.
     #[track_caller]
-    pub fn iota(
-        shape: impl Into<Shape>,
-        axis: usize,
-        dtype: DType,
-        device: &Device,
-    ) -> Result<Tensor> {
+    pub fn iota(shape: impl Into<Shape>, axis: usize, dtype: DType, device: &Device) -> Result<Tensor> {
         let loc = Location::caller();
         let shape = shape.into();
         let out = rule("iota", loc, infer::iota(&shape, axis, dtype))?;
@@ -117,19 +87,8 @@ impl Tensor {
     pub fn rand_uniform(shape: impl Into<Shape>, dtype: DType, seed: &Tensor) -> Result<Tensor> {
         let loc = Location::caller();
         let shape = shape.into();
-        let out = rule(
-            "rand_uniform",
-            loc,
-            infer::rng_uniform(seed.meta(), &shape, dtype),
-        )?;
+        let out = rule("rand_uniform", loc, infer::rng_uniform(seed.meta(), &shape, dtype))?;
         let stream = seed.device().lock_live().next_rng_stream();
-        trace(
-            "rand_uniform",
-            loc,
-            seed.device(),
-            Op::RngUniform { stream },
-            &[seed],
-            out,
-        )
+        trace("rand_uniform", loc, seed.device(), Op::RngUniform { stream }, &[seed], out)
     }
 }

@@ -12,25 +12,14 @@ pub fn broadcast_shapes(a: &Shape, b: &Shape) -> Result<Shape, RuleError> {
     let rank = a.rank().max(b.rank());
     let mut dims = vec![0; rank];
     for (i, d) in dims.iter_mut().enumerate() {
-        let da = if i + a.rank() >= rank {
-            a.dims()[i + a.rank() - rank]
-        } else {
-            1
-        };
-        let db = if i + b.rank() >= rank {
-            b.dims()[i + b.rank() - rank]
-        } else {
-            1
-        };
+        let da = if i + a.rank() >= rank { a.dims()[i + a.rank() - rank] } else { 1 };
+        let db = if i + b.rank() >= rank { b.dims()[i + b.rank() - rank] } else { 1 };
         *d = match (da, db) {
             (x, y) if x == y => x,
             (1, y) => y,
             (x, 1) => x,
             _ => {
-                return Err(RuleError::new(
-                    RuleKind::Shape,
-                    format!("shapes {a} and {b} cannot be broadcast together"),
-                ))
+                return Err(RuleError::new(RuleKind::Shape, format!("shapes {a} and {b} cannot be broadcast together")))
             }
         };
     }
@@ -165,11 +154,7 @@ impl Tensor {
     /// Both operands broadcast to their common shape.
     #[track_caller]
     fn broadcast_pair(&self, name: &'static str, rhs: &Tensor) -> Result<(Tensor, Tensor)> {
-        let shape = rule(
-            name,
-            Location::caller(),
-            broadcast_shapes(self.shape(), rhs.shape()),
-        )?;
+        let shape = rule(name, Location::caller(), broadcast_shapes(self.shape(), rhs.shape()))?;
         Ok((self.broadcast_to(&shape)?, rhs.broadcast_to(&shape)?))
     }
 
@@ -177,61 +162,31 @@ impl Tensor {
     fn binary(&self, op: BinaryOp, rhs: &Tensor) -> Result<Tensor> {
         let loc = Location::caller();
         if self.dtype() != rhs.dtype() {
-            rule(
-                op.name(),
-                loc,
-                infer::binary(op, self.meta(), (self.shape(), rhs.dtype())),
-            )?;
+            rule(op.name(), loc, infer::binary(op, self.meta(), (self.shape(), rhs.dtype())))?;
         }
         let (a, b) = self.broadcast_pair(op.name(), rhs)?;
         let out = rule(op.name(), loc, infer::binary(op, a.meta(), b.meta()))?;
-        trace(
-            op.name(),
-            loc,
-            self.device(),
-            Op::Binary(op),
-            &[&a, &b],
-            out,
-        )
+        trace(op.name(), loc, self.device(), Op::Binary(op), &[&a, &b], out)
     }
 
     #[track_caller]
     fn compare(&self, op: CmpOp, rhs: &Tensor) -> Result<Tensor> {
         let loc = Location::caller();
         if self.dtype() != rhs.dtype() {
-            rule(
-                op.name(),
-                loc,
-                infer::compare(op, self.meta(), (self.shape(), rhs.dtype())),
-            )?;
+            rule(op.name(), loc, infer::compare(op, self.meta(), (self.shape(), rhs.dtype())))?;
         }
         let (a, b) = self.broadcast_pair(op.name(), rhs)?;
         let out = rule(op.name(), loc, infer::compare(op, a.meta(), b.meta()))?;
-        trace(
-            op.name(),
-            loc,
-            self.device(),
-            Op::Compare(op),
-            &[&a, &b],
-            out,
-        )
+        trace(op.name(), loc, self.device(), Op::Compare(op), &[&a, &b], out)
     }
 
     /// `cond ? on_true : on_false` elementwise (`torch.where`), broadcasting all three.
     #[track_caller]
     pub fn select(cond: &Tensor, on_true: &Tensor, on_false: &Tensor) -> Result<Tensor> {
         let loc = Location::caller();
-        let shape = rule(
-            "select",
-            loc,
-            broadcast_shapes(cond.shape(), on_true.shape()),
-        )?;
+        let shape = rule("select", loc, broadcast_shapes(cond.shape(), on_true.shape()))?;
         let shape = rule("select", loc, broadcast_shapes(&shape, on_false.shape()))?;
-        let (c, a, b) = (
-            cond.broadcast_to(&shape)?,
-            on_true.broadcast_to(&shape)?,
-            on_false.broadcast_to(&shape)?,
-        );
+        let (c, a, b) = (cond.broadcast_to(&shape)?, on_true.broadcast_to(&shape)?, on_false.broadcast_to(&shape)?);
         let out = rule("select", loc, infer::select(c.meta(), a.meta(), b.meta()))?;
         trace("select", loc, cond.device(), Op::Select, &[&c, &a, &b], out)
     }

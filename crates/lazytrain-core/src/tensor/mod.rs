@@ -111,11 +111,7 @@ impl Tensor {
 }
 
 /// Apply a shape rule, naming the op and caller on failure.
-pub(crate) fn rule<T>(
-    op: &'static str,
-    location: &'static Location<'static>,
-    r: Result<T, RuleError>,
-) -> Result<T> {
+pub(crate) fn rule<T>(op: &'static str, location: &'static Location<'static>, r: Result<T, RuleError>) -> Result<T> {
     r.map_err(|e| Error::from_rule(op, e, location))
 }
 
@@ -130,12 +126,7 @@ pub(crate) fn trace(
 ) -> Result<Tensor> {
     for t in inputs {
         if t.device() != device {
-            return Err(Error::DeviceMismatch {
-                op: name,
-                a: device.name(),
-                b: t.device().name(),
-                location,
-            });
+            return Err(Error::DeviceMismatch { op: name, a: device.name(), b: t.device().name(), location });
         }
     }
     let mut live = device.lock_live();
@@ -159,18 +150,9 @@ pub(crate) fn trace(
         };
         ids.push(id);
     }
-    let id = live.builder.push(Node {
-        op,
-        inputs: ids,
-        shape: shape.clone(),
-        dtype,
-    });
-    let cell = Arc::new(TensorCell {
-        device: device.clone(),
-        shape,
-        dtype,
-        state: Mutex::new(TensorState::Pending(id)),
-    });
+    let id = live.builder.push(Node { op, inputs: ids, shape: shape.clone(), dtype });
+    let cell =
+        Arc::new(TensorCell { device: device.clone(), shape, dtype, state: Mutex::new(TensorState::Pending(id)) });
     live.register(&cell);
     Ok(Tensor { cell })
 }

@@ -28,14 +28,7 @@ impl Tensor {
     pub fn permute(&self, perm: &[usize]) -> Result<Tensor> {
         let loc = Location::caller();
         let out = rule("permute", loc, infer::permute(self.meta(), perm))?;
-        trace(
-            "permute",
-            loc,
-            self.device(),
-            Op::Permute(perm.to_vec()),
-            &[self],
-            out,
-        )
+        trace("permute", loc, self.device(), Op::Permute(perm.to_vec()), &[self], out)
     }
 
     /// Swap two axes (negative counts from the end).
@@ -68,11 +61,7 @@ impl Tensor {
         if self.dims()[axis] != 1 {
             let e = RuleError::new(
                 RuleKind::Shape,
-                format!(
-                    "cannot squeeze axis {axis} of size {} in {}",
-                    self.dims()[axis],
-                    self.shape()
-                ),
+                format!("cannot squeeze axis {axis} of size {} in {}", self.dims()[axis], self.shape()),
             );
             return Err(Error::from_rule("squeeze", e, loc));
         }
@@ -90,24 +79,14 @@ impl Tensor {
         let loc = Location::caller();
         let fits = rule("broadcast_to", loc, broadcast_shapes(self.shape(), shape))?;
         if &fits != shape {
-            let e = RuleError::new(
-                RuleKind::Shape,
-                format!("cannot broadcast {} to {}", self.shape(), shape),
-            );
+            let e = RuleError::new(RuleKind::Shape, format!("cannot broadcast {} to {}", self.shape(), shape));
             return Err(Error::from_rule("broadcast_to", e, loc));
         }
         let mut dims = vec![1; shape.rank() - self.rank()];
         dims.extend_from_slice(self.dims());
         let ranked = self.reshape(dims)?;
         let out = rule("broadcast_to", loc, infer::expand(ranked.meta(), shape))?;
-        trace(
-            "broadcast_to",
-            loc,
-            self.device(),
-            Op::Expand,
-            &[&ranked],
-            out,
-        )
+        trace("broadcast_to", loc, self.device(), Op::Expand, &[&ranked], out)
     }
 
     /// The window `starts .. starts + sizes` (step 1).
@@ -115,16 +94,7 @@ impl Tensor {
     pub fn slice(&self, starts: &[usize], sizes: &[usize]) -> Result<Tensor> {
         let loc = Location::caller();
         let out = rule("slice", loc, infer::slice(self.meta(), starts, sizes))?;
-        trace(
-            "slice",
-            loc,
-            self.device(),
-            Op::Slice {
-                starts: starts.to_vec(),
-            },
-            &[self],
-            out,
-        )
+        trace("slice", loc, self.device(), Op::Slice { starts: starts.to_vec() }, &[self], out)
     }
 
     /// `len` elements of `axis` from `start` (`torch.narrow`).
@@ -153,14 +123,7 @@ impl Tensor {
         let axis = rule("cat", loc, normalize_axis(axis, first.shape()))?;
         let metas: Vec<_> = tensors.iter().map(|t| t.meta()).collect();
         let out = rule("cat", loc, infer::concat(&metas, axis))?;
-        trace(
-            "cat",
-            loc,
-            first.device(),
-            Op::Concat { axis },
-            tensors,
-            out,
-        )
+        trace("cat", loc, first.device(), Op::Concat { axis }, tensors, out)
     }
 
     /// Pad with `low[d]` elements before and `high[d]` after axis `d`, all `value`.
@@ -168,11 +131,7 @@ impl Tensor {
     pub fn pad(&self, low: &[usize], high: &[usize], value: f64) -> Result<Tensor> {
         let loc = Location::caller();
         let out = rule("pad", loc, infer::pad(self.meta(), low, high))?;
-        let op = Op::Pad {
-            low: low.to_vec(),
-            high: high.to_vec(),
-            value: Literal::new(value, self.dtype()),
-        };
+        let op = Op::Pad { low: low.to_vec(), high: high.to_vec(), value: Literal::new(value, self.dtype()) };
         trace("pad", loc, self.device(), op, &[self], out)
     }
 
@@ -181,19 +140,8 @@ impl Tensor {
     pub fn gather(&self, axis: isize, index: &Tensor) -> Result<Tensor> {
         let loc = Location::caller();
         let axis = rule("gather", loc, normalize_axis(axis, self.shape()))?;
-        let out = rule(
-            "gather",
-            loc,
-            infer::gather(self.meta(), index.meta(), axis),
-        )?;
-        trace(
-            "gather",
-            loc,
-            self.device(),
-            Op::Gather { axis },
-            &[self, index],
-            out,
-        )
+        let out = rule("gather", loc, infer::gather(self.meta(), index.meta(), axis))?;
+        trace("gather", loc, self.device(), Op::Gather { axis }, &[self, index], out)
     }
 
     /// `torch.scatter_add`: a copy of `self` with `updates[i][j]` added at
@@ -202,19 +150,8 @@ impl Tensor {
     pub fn scatter_add(&self, axis: isize, index: &Tensor, updates: &Tensor) -> Result<Tensor> {
         let loc = Location::caller();
         let axis = rule("scatter_add", loc, normalize_axis(axis, self.shape()))?;
-        let out = rule(
-            "scatter_add",
-            loc,
-            infer::scatter_add(self.meta(), index.meta(), updates.meta(), axis),
-        )?;
-        trace(
-            "scatter_add",
-            loc,
-            self.device(),
-            Op::ScatterAdd { axis },
-            &[self, index, updates],
-            out,
-        )
+        let out = rule("scatter_add", loc, infer::scatter_add(self.meta(), index.meta(), updates.meta(), axis))?;
+        trace("scatter_add", loc, self.device(), Op::ScatterAdd { axis }, &[self, index, updates], out)
     }
 
     /// Rows of this `[vocab, hidden]` table picked by integer `ids` of any
@@ -225,18 +162,13 @@ impl Tensor {
         if self.rank() != 2 {
             let e = RuleError::new(
                 RuleKind::Shape,
-                format!(
-                    "the embedding table must be [vocab, hidden], got {}",
-                    self.shape()
-                ),
+                format!("the embedding table must be [vocab, hidden], got {}", self.shape()),
             );
             return Err(Error::from_rule("embedding", e, loc));
         }
         let hidden = self.dims()[1];
         let n = ids.numel();
-        let index = ids
-            .reshape([n, 1])?
-            .broadcast_to(&Shape::new([n, hidden]))?;
+        let index = ids.reshape([n, 1])?.broadcast_to(&Shape::new([n, hidden]))?;
         let rows = self.gather(0, &index)?;
         let mut dims = ids.dims().to_vec();
         dims.push(hidden);
@@ -260,20 +192,14 @@ impl Tensor {
             return Err(Error::from_rule("matmul", e, loc));
         }
         if rhs.rank() == 2 && self.rank() > 2 {
-            let (k, rows) = (
-                self.dims()[self.rank() - 1],
-                self.numel() / self.dims()[self.rank() - 1].max(1),
-            );
+            let (k, rows) = (self.dims()[self.rank() - 1], self.numel() / self.dims()[self.rank() - 1].max(1));
             let flat = self.reshape([rows, k])?;
             let product = flat.matmul_transposed(rhs, false, false)?;
             let mut dims = self.dims()[..self.rank() - 1].to_vec();
             dims.push(rhs.dims()[1]);
             return product.reshape(dims);
         }
-        let (ba, bb) = (
-            Shape::new(&self.dims()[..self.rank() - 2]),
-            Shape::new(&rhs.dims()[..rhs.rank() - 2]),
-        );
+        let (ba, bb) = (Shape::new(&self.dims()[..self.rank() - 2]), Shape::new(&rhs.dims()[..rhs.rank() - 2]));
         let batch = rule("matmul", loc, broadcast_shapes(&ba, &bb))?;
         let full = |t: &Tensor| {
             let mut dims = batch.dims().to_vec();
@@ -290,32 +216,14 @@ impl Tensor {
     #[track_caller]
     pub fn matmul_transposed(&self, rhs: &Tensor, lhs_t: bool, rhs_t: bool) -> Result<Tensor> {
         let loc = Location::caller();
-        let out = rule(
-            "matmul",
-            loc,
-            infer::dot(self.meta(), rhs.meta(), lhs_t, rhs_t),
-        )?;
-        trace(
-            "matmul",
-            loc,
-            self.device(),
-            Op::Dot { lhs_t, rhs_t },
-            &[self, rhs],
-            out,
-        )
+        let out = rule("matmul", loc, infer::dot(self.meta(), rhs.meta(), lhs_t, rhs_t))?;
+        trace("matmul", loc, self.device(), Op::Dot { lhs_t, rhs_t }, &[self, rhs], out)
     }
 
     /// Combine this value across data-parallel replicas (the identity with one replica).
     #[track_caller]
     pub fn all_reduce(&self, op: AllReduceOp) -> Result<Tensor> {
         let loc = Location::caller();
-        trace(
-            "all_reduce",
-            loc,
-            self.device(),
-            Op::AllReduce(op),
-            &[self],
-            (self.shape().clone(), self.dtype()),
-        )
+        trace("all_reduce", loc, self.device(), Op::AllReduce(op), &[self], (self.shape().clone(), self.dtype()))
     }
 }

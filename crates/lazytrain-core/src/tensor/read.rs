@@ -33,9 +33,7 @@ impl Tensor {
             }
         };
         let bytes = data.size_in_bytes() as u64;
-        self.device()
-            .metrics_store()
-            .update(|m| m.device_to_host_bytes += bytes);
+        self.device().metrics_store().update(|m| m.device_to_host_bytes += bytes);
         Ok(data)
     }
 
@@ -71,10 +69,7 @@ impl Tensor {
         if self.numel() != 1 {
             return Err(Error::Data {
                 what: "item",
-                detail: format!(
-                    "item() needs exactly one element, the tensor has shape {}",
-                    self.shape()
-                ),
+                detail: format!("item() needs exactly one element, the tensor has shape {}", self.shape()),
                 location: Location::caller(),
             });
         }
@@ -82,18 +77,9 @@ impl Tensor {
     }
 }
 
-fn write_nested(
-    f: &mut fmt::Formatter<'_>,
-    values: &[f64],
-    dims: &[usize],
-    float: bool,
-) -> fmt::Result {
+fn write_nested(f: &mut fmt::Formatter<'_>, values: &[f64], dims: &[usize], float: bool) -> fmt::Result {
     if dims.is_empty() {
-        return if float {
-            write!(f, "{:.4}", values[0])
-        } else {
-            write!(f, "{}", values[0])
-        };
+        return if float { write!(f, "{:.4}", values[0]) } else { write!(f, "{}", values[0]) };
     }
     let inner: usize = dims[1..].iter().product();
     write!(f, "[")?;
@@ -127,11 +113,7 @@ impl fmt::Debug for Tensor {
             "Tensor({}{}, {}, {})",
             self.dtype(),
             self.shape(),
-            if self.is_pending() {
-                "pending"
-            } else {
-                "ready"
-            },
+            if self.is_pending() { "pending" } else { "ready" },
             self.device().name()
         )
     }

@@ -20,10 +20,7 @@ pub(crate) fn normalize_axis(axis: isize, shape: &Shape) -> Result<usize, RuleEr
 }
 
 fn normalize_axes(axes: &[isize], shape: &Shape) -> Result<Vec<usize>, RuleError> {
-    let mut out = axes
-        .iter()
-        .map(|&a| normalize_axis(a, shape))
-        .collect::<Result<Vec<_>, _>>()?;
+    let mut out = axes.iter().map(|&a| normalize_axis(a, shape)).collect::<Result<Vec<_>, _>>()?;
     out.sort_unstable();
     out.dedup();
     Ok(out)
@@ -31,37 +28,16 @@ fn normalize_axes(axes: &[isize], shape: &Shape) -> Result<Vec<usize>, RuleError
 
 impl Tensor {
     #[track_caller]
-    fn reduce(
-        &self,
-        name: &'static str,
-        op: ReduceOp,
-        axes: &[isize],
-        keepdim: bool,
-    ) -> Result<Tensor> {
+    fn reduce(&self, name: &'static str, op: ReduceOp, axes: &[isize], keepdim: bool) -> Result<Tensor> {
         let loc = Location::caller();
         let axes = rule(name, loc, normalize_axes(axes, self.shape()))?;
         let out = rule(name, loc, infer::reduce(self.meta(), &axes))?;
-        let kept = trace(
-            name,
-            loc,
-            self.device(),
-            Op::Reduce {
-                op,
-                axes: axes.clone(),
-            },
-            &[self],
-            out,
-        )?;
+        let kept = trace(name, loc, self.device(), Op::Reduce { op, axes: axes.clone() }, &[self], out)?;
         if keepdim {
             return Ok(kept);
         }
-        let dims: Vec<usize> = self
-            .dims()
-            .iter()
-            .enumerate()
-            .filter(|(d, _)| !axes.contains(d))
-            .map(|(_, &n)| n)
-            .collect();
+        let dims: Vec<usize> =
+            self.dims().iter().enumerate().filter(|(d, _)| !axes.contains(d)).map(|(_, &n)| n).collect();
         kept.reshape(dims)
     }
 
@@ -87,11 +63,7 @@ impl Tensor {
                 "mean",
                 RuleError::new(
                     RuleKind::DType,
-                    format!(
-                        "mean needs a floating-point tensor, got {} {}",
-                        self.dtype(),
-                        self.shape()
-                    ),
+                    format!("mean needs a floating-point tensor, got {} {}", self.dtype(), self.shape()),
                 ),
                 loc,
             ));
