@@ -33,6 +33,8 @@ pub(crate) struct LiveGraph {
     param_nodes: FxHashMap<usize, NodeId>,
     /// Tensors created since the last sync; the live ones become outputs.
     pending: Vec<Weak<TensorCell>>,
+    /// Trainable leaves read by the live graph, by their parameter node.
+    leaves: Vec<(NodeId, Weak<TensorCell>)>,
     /// Pending-list length at which dead entries are pruned next.
     prune_at: usize,
     /// Random streams handed out in this graph.
@@ -51,6 +53,23 @@ impl LiveGraph {
         let id = self.builder.push(node(k));
         self.param_nodes.insert(key, id);
         id
+    }
+
+    /// Remember that the trainable leaf `cell` is read through node `id`.
+    pub(crate) fn record_leaf(&mut self, id: NodeId, cell: &Arc<TensorCell>) {
+        if !self.leaves.iter().any(|(i, _)| *i == id) {
+            self.leaves.push((id, Arc::downgrade(cell)));
+        }
+    }
+
+    /// The trainable leaves the live graph reads, with their nodes.
+    pub(crate) fn leaves(&self) -> Vec<(NodeId, Arc<TensorCell>)> {
+        self.leaves.iter().filter_map(|(id, w)| w.upgrade().map(|c| (*id, c))).collect()
+    }
+
+    /// The parameter node already reading `buffer`, if the live graph uses it.
+    pub(crate) fn existing_param_node(&self, buffer: &Arc<Buffer>) -> Option<NodeId> {
+        self.param_nodes.get(&(Arc::as_ptr(buffer) as usize)).copied()
     }
 
     /// Remember a pending tensor so the next sync materialises it. Dropped

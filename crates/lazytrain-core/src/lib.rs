@@ -29,6 +29,7 @@
 //! # Ok::<(), lazytrain_core::Error>(())
 //! ```
 
+pub mod autodiff;
 pub mod backend;
 pub mod cache;
 pub mod compile;
@@ -44,10 +45,11 @@ mod shape;
 mod storage;
 mod tensor;
 
+pub use autodiff::grad;
 pub use device::Device;
 pub use dtype::{DType, Literal};
 pub use error::{Error, Result, RuleError, RuleKind};
 pub use kernels::MatmulKernel;
 pub use shape::Shape;
 pub use storage::{live_buffer_bytes, peak_buffer_bytes, Buffer, Element, HostData};
-pub use tensor::Tensor;
+pub use tensor::{broadcast_shapes, Tensor};

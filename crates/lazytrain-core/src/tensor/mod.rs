@@ -12,6 +12,8 @@ mod movement;
 mod read;
 mod reduce;
 
+pub use elementwise::broadcast_shapes;
+
 use crate::device::Device;
 use crate::dtype::DType;
 use crate::error::{Error, Result, RuleError};
@@ -20,6 +22,7 @@ use crate::ir::{Node, NodeId, Op};
 use crate::shape::Shape;
 use crate::storage::Buffer;
 use std::panic::Location;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 
 /// Where a tensor's value is.
@@ -32,17 +35,44 @@ pub(crate) enum TensorState {
     Failed(Arc<str>),
 }
 
+impl TensorState {
+    fn duplicate(&self) -> TensorState {
+        match self {
+            TensorState::Pending(id) => TensorState::Pending(*id),
+            TensorState::Ready(buffer) => TensorState::Ready(buffer.clone()),
+            TensorState::Failed(message) => TensorState::Failed(message.clone()),
+        }
+    }
+}
+
 /// The shared part of a tensor handle.
 pub(crate) struct TensorCell {
     device: Device,
     shape: Shape,
     dtype: DType,
     state: Mutex<TensorState>,
+    requires_grad: AtomicBool,
+    grad: Mutex<Option<Tensor>>,
 }
 
 impl TensorCell {
+    fn new(device: &Device, shape: Shape, dtype: DType, state: TensorState) -> TensorCell {
+        TensorCell {
+            device: device.clone(),
+            shape,
+            dtype,
+            state: Mutex::new(state),
+            requires_grad: AtomicBool::new(false),
+            grad: Mutex::new(None),
+        }
+    }
+
     pub(crate) fn lock_state(&self) -> MutexGuard<'_, TensorState> {
         self.state.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    fn lock_grad(&self) -> MutexGuard<'_, Option<Tensor>> {
+        self.grad.lock().unwrap_or_else(|p| p.into_inner())
     }
 }
 
@@ -97,16 +127,91 @@ impl Tensor {
         (&self.cell.shape, self.cell.dtype)
     }
 
+    pub(crate) fn cell(&self) -> &Arc<TensorCell> {
+        &self.cell
+    }
+
     pub(crate) fn ready(buffer: Arc<Buffer>, shape: Shape, device: &Device) -> Tensor {
         let dtype = buffer.dtype();
-        Tensor {
-            cell: Arc::new(TensorCell {
-                device: device.clone(),
-                shape,
-                dtype,
-                state: Mutex::new(TensorState::Ready(buffer)),
-            }),
+        Tensor { cell: Arc::new(TensorCell::new(device, shape, dtype, TensorState::Ready(buffer))) }
+    }
+
+    pub(crate) fn from_cell(cell: Arc<TensorCell>) -> Tensor {
+        Tensor { cell }
+    }
+
+    /// A handle to node `id` of the device's live graph (used by autodiff).
+    pub(crate) fn from_live_node(device: &Device, id: NodeId) -> Tensor {
+        let mut live = device.lock_live();
+        let node = live.builder.node(id);
+        let cell = Arc::new(TensorCell::new(device, node.shape.clone(), node.dtype, TensorState::Pending(id)));
+        live.register(&cell);
+        Tensor { cell }
+    }
+
+    /// Mark this tensor as a trainable leaf: [`Tensor::backward`] accumulates
+    /// its gradient. Leaves are device-resident values (parameters).
+    pub fn set_requires_grad(&self, requires_grad: bool) {
+        self.cell.requires_grad.store(requires_grad, Ordering::Relaxed);
+    }
+
+    /// True for a trainable leaf.
+    pub fn requires_grad(&self) -> bool {
+        self.cell.requires_grad.load(Ordering::Relaxed)
+    }
+
+    /// The gradient accumulated by [`Tensor::backward`], if any.
+    pub fn grad(&self) -> Option<Tensor> {
+        self.cell.lock_grad().clone()
+    }
+
+    /// Replace the accumulated gradient (`None` clears it, like `zero_grad`).
+    pub fn set_grad(&self, grad: Option<Tensor>) {
+        *self.cell.lock_grad() = grad;
+    }
+
+    /// Give this handle the value of `value` (in-place update semantics):
+    /// every clone of this handle sees the new value, and once nothing else
+    /// holds the old buffer the next sync writes the new value into it
+    /// (buffer donation).
+    #[track_caller]
+    pub fn assign(&self, value: &Tensor) -> Result<()> {
+        let location = Location::caller();
+        if value.shape() != self.shape() || value.dtype() != self.dtype() {
+            let detail = format!(
+                "cannot assign a {}{} value to a {}{} tensor",
+                value.dtype(),
+                value.shape(),
+                self.dtype(),
+                self.shape()
+            );
+            return Err(Error::Data { what: "assign", detail, location });
         }
+        if value.device() != self.device() {
+            let (a, b) = (self.device().name(), value.device().name());
+            return Err(Error::DeviceMismatch { op: "assign", a, b, location });
+        }
+        if self.same_value(value) {
+            return Ok(());
+        }
+        let mut live = self.device().lock_live();
+        let new_state = value.cell.lock_state().duplicate();
+        let pending = matches!(new_state, TensorState::Pending(_));
+        *self.cell.lock_state() = new_state;
+        if pending {
+            live.register(&self.cell);
+        }
+        Ok(())
+    }
+
+    /// A handle with this value that is not a trainable leaf and carries no gradient.
+    pub fn detach(&self) -> Tensor {
+        let state = self.cell.lock_state().duplicate();
+        let cell = Arc::new(TensorCell::new(self.device(), self.shape().clone(), self.dtype(), state));
+        if let TensorState::Pending(_) = *cell.lock_state() {
+            self.device().lock_live().register(&cell);
+        }
+        Tensor { cell }
     }
 }
 
@@ -134,12 +239,18 @@ pub(crate) fn trace(
     for t in inputs {
         let id = match &*t.cell.lock_state() {
             TensorState::Pending(id) => *id,
-            TensorState::Ready(buffer) => live.param_node(buffer, |k| Node {
-                op: Op::Parameter(k),
-                inputs: Vec::new(),
-                shape: t.cell.shape.clone(),
-                dtype: t.cell.dtype,
-            }),
+            TensorState::Ready(buffer) => {
+                let id = live.param_node(buffer, |k| Node {
+                    op: Op::Parameter(k),
+                    inputs: Vec::new(),
+                    shape: t.cell.shape.clone(),
+                    dtype: t.cell.dtype,
+                });
+                if t.requires_grad() {
+                    live.record_leaf(id, &t.cell);
+                }
+                id
+            }
             TensorState::Failed(message) => {
                 return Err(Error::Data {
                     what: name,
@@ -151,8 +262,7 @@ pub(crate) fn trace(
         ids.push(id);
     }
     let id = live.builder.push(Node { op, inputs: ids, shape: shape.clone(), dtype });
-    let cell =
-        Arc::new(TensorCell { device: device.clone(), shape, dtype, state: Mutex::new(TensorState::Pending(id)) });
+    let cell = Arc::new(TensorCell::new(device, shape, dtype, TensorState::Pending(id)));
     live.register(&cell);
     Ok(Tensor { cell })
 }

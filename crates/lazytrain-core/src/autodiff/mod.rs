@@ -1,0 +1,139 @@
+//! Reverse-mode autodiff as a graph transformation.
+//!
+//! [`grad`] walks the device's live graph backwards from the loss and emits
+//! each primitive's vector-Jacobian product ([`vjp`]) as more lazy ops, so
+//! forward, backward and the optimizer update of a step stay one graph, one
+//! compile, one executable. Nothing is kept alive between steps: the "tape"
+//! is the live graph itself.
+
+pub mod gradcheck;
+mod vjp;
+
+use crate::error::{Error, Result};
+use crate::ir::{Node, NodeId};
+use crate::tensor::{Tensor, TensorState};
+use rustc_hash::FxHashMap;
+use std::panic::Location;
+
+/// Where a tensor sits in the live graph, if it is read there.
+fn live_node(t: &Tensor, location: &'static Location<'static>) -> Result<Option<NodeId>> {
+    let live = t.device().lock_live();
+    let state = t.cell().lock_state();
+    match &*state {
+        TensorState::Pending(id) => Ok(Some(*id)),
+        TensorState::Ready(buffer) => Ok(live.existing_param_node(buffer)),
+        TensorState::Failed(message) => Err(Error::Data {
+            what: "grad",
+            detail: format!("the tensor has no value because its graph failed: {message}"),
+            location,
+        }),
+    }
+}
+
+/// Gradients of the scalar `loss` with respect to each of `wrt`, as pending
+/// tensors in the same graph. A tensor the loss does not depend on gets zeros.
+#[track_caller]
+pub fn grad(loss: &Tensor, wrt: &[&Tensor]) -> Result<Vec<Tensor>> {
+    let location = Location::caller();
+    let ids = wrt.iter().map(|t| live_node(t, location)).collect::<Result<Vec<_>>>()?;
+    let found: Vec<NodeId> = ids.iter().flatten().copied().collect();
+    let cotangents = backpropagate(loss, &found, location)?;
+    wrt.iter()
+        .zip(ids)
+        .map(|(t, id)| match id.and_then(|id| cotangents.get(&id).cloned()) {
+            Some(g) => Ok(g),
+            None => Tensor::zeros(t.shape().clone(), t.dtype(), t.device()),
+        })
+        .collect()
+}
+
+impl Tensor {
+    /// Accumulate `d self / d leaf` into the gradient of every trainable leaf
+    /// (tensor with `requires_grad`) the live graph reads, like PyTorch's
+    /// `loss.backward()`. `self` must be a floating-point scalar.
+    #[track_caller]
+    pub fn backward(&self) -> Result<()> {
+        let location = Location::caller();
+        let leaves = self.device().lock_live().leaves();
+        let ids: Vec<NodeId> = leaves.iter().map(|(id, _)| *id).collect();
+        let cotangents = backpropagate(self, &ids, location)?;
+        for (id, cell) in leaves {
+            let Some(g) = cotangents.get(&id) else { continue };
+            let leaf = Tensor::from_cell(cell);
+            let total = match leaf.grad() {
+                Some(previous) => previous.add(g)?,
+                None => g.clone(),
+            };
+            leaf.set_grad(Some(total));
+        }
+        Ok(())
+    }
+}
+
+/// Run the VJP rules from `loss` back to `targets`; returns the cotangent of
+/// every target the loss depends on.
+fn backpropagate(
+    loss: &Tensor,
+    targets: &[NodeId],
+    location: &'static Location<'static>,
+) -> Result<FxHashMap<NodeId, Tensor>> {
+    if loss.numel() != 1 || !loss.dtype().is_float() {
+        return Err(Error::Data {
+            what: "backward",
+            detail: format!("the loss must be a floating-point scalar, got {}{}", loss.dtype(), loss.shape()),
+            location,
+        });
+    }
+    let device = loss.device().clone();
+    let Some(loss_id) = live_node(loss, location)? else {
+        return Ok(FxHashMap::default());
+    };
+    let nodes: Vec<Node> = {
+        let live = device.lock_live();
+        (0..=loss_id.index()).map(|i| live.builder.node(NodeId(i as u32)).clone()).collect()
+    };
+    // Which nodes depend on a target: only those carry cotangents.
+    let mut depends = vec![false; nodes.len()];
+    for t in targets {
+        if t.index() < nodes.len() {
+            depends[t.index()] = true;
+        }
+    }
+    for (i, node) in nodes.iter().enumerate() {
+        if !depends[i] && node.dtype.is_float() {
+            depends[i] = node.inputs.iter().any(|id| depends[id.index()]);
+        }
+    }
+    let mut handles: FxHashMap<NodeId, Tensor> = FxHashMap::default();
+    let mut handle = |id: NodeId| handles.entry(id).or_insert_with(|| Tensor::from_live_node(&device, id)).clone();
+    let mut cotangent: FxHashMap<NodeId, Tensor> = FxHashMap::default();
+    if !depends[loss_id.index()] {
+        return Ok(FxHashMap::default());
+    }
+    cotangent.insert(loss_id, Tensor::ones(loss.shape().clone(), loss.dtype(), &device)?);
+    for i in (0..nodes.len()).rev() {
+        let id = NodeId(i as u32);
+        let node = &nodes[i];
+        if node.inputs.is_empty() || !depends[i] {
+            continue;
+        }
+        let Some(g) = cotangent.remove(&id) else { continue };
+        if targets.contains(&id) {
+            cotangent.insert(id, g.clone());
+        }
+        let inputs: Vec<Tensor> = node.inputs.iter().map(|&j| handle(j)).collect();
+        let wanted: Vec<bool> = node.inputs.iter().map(|j| depends[j.index()]).collect();
+        let output = handle(id);
+        let grads = vjp::vjp(node, &inputs, &output, &g, &wanted)?;
+        for ((input, grad), want) in node.inputs.iter().zip(grads).zip(wanted) {
+            let (Some(grad), true) = (grad, want) else { continue };
+            let total = match cotangent.remove(input) {
+                Some(previous) => previous.add(&grad)?,
+                None => grad,
+            };
+            cotangent.insert(*input, total);
+        }
+    }
+    cotangent.retain(|id, _| targets.contains(id));
+    Ok(cotangent)
+}

@@ -1,0 +1,178 @@
+//! Gradient checks (central differences in f64 against the VJP rules) for
+//! every differentiable primitive and composite, and `backward()` semantics.
+
+use lazytrain_core::autodiff::gradcheck::check_gradients;
+use lazytrain_core::{grad, DType, Device, Result, Shape, Tensor};
+
+/// Deterministic values in roughly [-1.5, 1.5], away from 0 (kinks) and distinct (no ties).
+fn values(n: usize, salt: u64) -> Vec<f64> {
+    (0..n)
+        .map(|i| {
+            let v = (((i as u64 + 1) * 2_654_435_761 + salt * 97) % 1000) as f64 / 1000.0 * 3.0 - 1.5;
+            if v.abs() < 0.1 {
+                v + 0.3
+            } else {
+                v
+            }
+        })
+        .collect()
+}
+
+fn positive(n: usize, salt: u64) -> Vec<f64> {
+    values(n, salt).into_iter().map(|v| v.abs() + 0.2).collect()
+}
+
+fn input(shape: &[usize], salt: u64) -> (Vec<f64>, Vec<usize>) {
+    (values(shape.iter().product(), salt), shape.to_vec())
+}
+
+fn check(name: &str, inputs: &[(Vec<f64>, Vec<usize>)], f: impl Fn(&[Tensor]) -> Result<Tensor>) {
+    let report = check_gradients(inputs, 1e-6, f).unwrap_or_else(|e| panic!("{name}: {e}"));
+    assert!(report.checked > 0, "{name}: nothing checked");
+    assert!(report.max_error < 1e-6, "{name}: {} ({})", report.max_error, report.worst);
+}
+
+#[test]
+fn unary_primitives() {
+    let x = input(&[2, 3], 1);
+    let p = (positive(6, 2), vec![2, 3]);
+    check("neg", &[x.clone()], |t| t[0].neg());
+    check("exp", &[x.clone()], |t| t[0].exp());
+    check("tanh", &[x.clone()], |t| t[0].tanh());
+    check("erf", &[x.clone()], |t| t[0].erf());
+    check("abs", &[x.clone()], |t| t[0].abs());
+    check("log", &[p.clone()], |t| t[0].log());
+    check("sqrt", &[p.clone()], |t| t[0].sqrt());
+    check("rsqrt", &[p.clone()], |t| t[0].rsqrt());
+    check("recip", &[p.clone()], |t| t[0].recip());
+    // Through f32 the function is a staircase at 1e-7 scale: use a wide step.
+    let report = check_gradients(&[x], 1e-2, |t| t[0].cast(DType::F32)?.exp()?.cast(DType::F64)).unwrap();
+    assert!(report.max_error < 1e-3, "cast: {report:?}");
+}
+
+#[test]
+fn binary_primitives_with_broadcasting() {
+    let a = input(&[2, 1, 3], 3);
+    let b = input(&[4, 3], 4);
+    check("add", &[a.clone(), b.clone()], |t| t[0].add(&t[1]));
+    check("sub", &[a.clone(), b.clone()], |t| t[0].sub(&t[1]));
+    check("mul", &[a.clone(), b.clone()], |t| t[0].mul(&t[1]));
+    check("div", &[a.clone(), (positive(12, 5), vec![4, 3])], |t| t[0].div(&t[1]));
+    check("maximum", &[a.clone(), b.clone()], |t| t[0].maximum(&t[1]));
+    check("minimum", &[a.clone(), b.clone()], |t| t[0].minimum(&t[1]));
+    check("pow", &[(positive(6, 6), vec![2, 3]), input(&[3], 7)], |t| t[0].pow(&t[1]));
+    check("select", &[a.clone(), b.clone()], |t| Tensor::select(&t[0].gt(&t[1])?, &t[0].exp()?, &t[1]));
+}
+
+#[test]
+fn reductions_over_several_axes() {
+    let x = input(&[2, 3, 4], 8);
+    check("sum_0_2", &[x.clone()], |t| t[0].sum(&[0, 2], false));
+    check("sum_keep", &[x.clone()], |t| t[0].sum(&[1], true));
+    check("max_last", &[x.clone()], |t| t[0].max(&[-1], false));
+    check("max_0_1", &[x.clone()], |t| t[0].max(&[0, 1], true));
+    check("mean", &[x], |t| t[0].mean(&[1, 2], false));
+}
+
+#[test]
+fn movement_primitives() {
+    let x = input(&[2, 3, 4], 9);
+    check("reshape", &[x.clone()], |t| t[0].reshape([4, 6]));
+    check("permute", &[x.clone()], |t| t[0].permute(&[2, 0, 1]));
+    check("broadcast", &[input(&[3, 1], 10)], |t| t[0].broadcast_to(&Shape::new([2, 3, 4])));
+    check("slice", &[x.clone()], |t| t[0].slice(&[1, 0, 1], &[1, 2, 3]));
+    check("cat", &[input(&[2, 1, 4], 11), x.clone()], |t| Tensor::cat(&[&t[0], &t[1]], 1));
+    check("pad", &[input(&[2, 3], 12)], |t| t[0].pad(&[1, 0], &[2, 1], 7.0));
+}
+
+#[test]
+fn gather_and_scatter_add() {
+    let src = input(&[4, 5], 13);
+    check("gather", &[src.clone()], |t| {
+        let idx = Tensor::from_vec(vec![0i64, 4, 2, 1, 1, 3, 4, 0, 0], [3, 3], t[0].device())?;
+        t[0].gather(1, &idx)
+    });
+    check("scatter_add", &[src.clone(), input(&[2, 5], 14)], |t| {
+        let idx = Tensor::from_vec(vec![3i64, 0, 1, 2, 0, 1, 1, 1, 1, 1], [2, 5], t[0].device())?;
+        t[0].scatter_add(0, &idx, &t[1])
+    });
+    check("embedding", &[input(&[6, 3], 15)], |t| {
+        let ids = Tensor::from_vec(vec![1i64, 5, 1, 0], [2, 2], t[0].device())?;
+        t[0].embedding(&ids)
+    });
+}
+
+#[test]
+fn dot_with_every_transpose_and_batching() {
+    for (lhs_t, rhs_t) in [(false, false), (true, false), (false, true), (true, true)] {
+        let a = if lhs_t { input(&[2, 4, 3], 16) } else { input(&[2, 3, 4], 16) };
+        let b = if rhs_t { input(&[2, 5, 4], 17) } else { input(&[2, 4, 5], 17) };
+        check(&format!("dot {lhs_t} {rhs_t}"), &[a, b], move |t| t[0].matmul_transposed(&t[1], lhs_t, rhs_t));
+    }
+    check("matmul 3d x 2d", &[input(&[2, 3, 4], 18), input(&[4, 2], 19)], |t| t[0].matmul(&t[1]));
+    check("matmul broadcast batch", &[input(&[2, 3, 4], 20), input(&[1, 4, 2], 21)], |t| t[0].matmul(&t[1]));
+}
+
+#[test]
+fn composites() {
+    let x = input(&[3, 5], 22);
+    check("softmax", &[x.clone()], |t| t[0].softmax(-1));
+    check("log_softmax", &[x.clone()], |t| t[0].log_softmax(0));
+    check("gelu", &[x.clone()], |t| t[0].gelu());
+    check("layer_norm", &[input(&[2, 3, 4], 23), input(&[4], 24), input(&[4], 25)], |t| {
+        t[0].layer_norm(Some(&t[1]), Some(&t[2]), 1e-5)
+    });
+    check("cross_entropy with ignored targets", &[input(&[6, 5], 26)], |t| {
+        let labels = Tensor::from_vec(vec![1i64, -100, 4, 0, -100, 2], [6], t[0].device())?;
+        t[0].cross_entropy(&labels, -100)
+    });
+}
+
+#[test]
+fn backward_accumulates_into_leaves() -> Result<()> {
+    let dev = Device::cpu();
+    let w = Tensor::from_vec(vec![1.0f32, 2.0, 3.0], [3], &dev)?;
+    let unused = Tensor::from_vec(vec![5.0f32], [1], &dev)?;
+    w.set_requires_grad(true);
+    unused.set_requires_grad(true);
+    let x = Tensor::from_vec(vec![0.5f32, -1.0, 2.0], [3], &dev)?;
+    let loss = w.mul(&x)?.sum_all()?;
+    loss.backward()?;
+    let loss2 = w.square()?.sum_all()?;
+    loss2.backward()?;
+    dev.sync()?;
+    // d/dw (w.x) + d/dw |w|^2 = x + 2w
+    assert_eq!(w.grad().unwrap().to_vec::<f32>()?, vec![2.5, 3.0, 8.0]);
+    assert!(unused.grad().is_none(), "a leaf the loss does not read gets no gradient");
+    let g = grad(&w.sum_all()?, &[&w, &unused])?;
+    assert_eq!(g[0].to_vec::<f32>()?, vec![1.0; 3]);
+    assert_eq!(g[1].to_vec::<f32>()?, vec![0.0]);
+    Ok(())
+}
+
+#[test]
+fn backward_needs_a_scalar_loss() {
+    let dev = Device::cpu();
+    let w = Tensor::from_vec(vec![1.0f32, 2.0], [2], &dev).unwrap();
+    let e = w.exp().unwrap().backward().unwrap_err();
+    assert!(e.to_string().contains("floating-point scalar"), "{e}");
+}
+
+#[test]
+fn forward_backward_and_update_are_one_graph() -> Result<()> {
+    let dev = Device::cpu();
+    let w = Tensor::from_vec(vec![0.5f32; 4], [2, 2], &dev)?;
+    w.set_requires_grad(true);
+    for step in 0..5 {
+        let x = Tensor::from_vec(vec![1.0f32, step as f32, 2.0, -1.0], [2, 2], &dev)?;
+        let loss = x.matmul(&w)?.tanh()?.sum_all()?;
+        loss.backward()?;
+        let lr = Tensor::scalar(0.1f32, &dev);
+        w.assign(&w.sub(&w.grad().unwrap().mul(&lr)?)?)?;
+        w.set_grad(None);
+        dev.mark_step()?;
+    }
+    let m = dev.metrics();
+    assert_eq!((m.compiles, m.cache_hits, m.executions), (1, 4, 5));
+    Ok(())
+}
