@@ -1,6 +1,8 @@
 //! Gradient checks (central differences in f64 against the VJP rules) for
 //! every differentiable primitive and composite, and `backward()` semantics.
 
+#![allow(clippy::cloned_ref_to_slice_refs)] // `&[x.clone()]` reads better in a table of checks
+
 use lazytrain_core::autodiff::gradcheck::check_gradients;
 use lazytrain_core::{grad, DType, Device, Result, Shape, Tensor};
 
