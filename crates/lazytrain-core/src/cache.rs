@@ -90,6 +90,12 @@ pub fn explain_difference(old: &Graph, new: &Graph) -> (usize, String) {
             _ => {}
         }
     }
+    if reasons.is_empty() && old.donated != new.donated {
+        reasons.push(format!(
+            "which input buffers are donated changed (was {:?}, now {:?}); keep or drop old handles consistently",
+            old.donated, new.donated
+        ));
+    }
     if reasons.is_empty() {
         let first_diff = old.nodes.iter().zip(&new.nodes).position(|(a, b)| a != b);
         match first_diff {

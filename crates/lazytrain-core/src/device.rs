@@ -221,15 +221,21 @@ impl Device {
         self.inner.metrics.update(|m| m.traced_nodes += traced_nodes);
         let num_params = taken.params.len();
         let traced = taken.builder.finish(outputs, num_params);
-        let (graph, param_order) = canonicalize(traced);
-        let inputs: Vec<Arc<Buffer>> = param_order.iter().map(|&k| taken.params[k].clone()).collect();
+        let (mut graph, param_order) = canonicalize(traced);
+        let mut params: Vec<Option<Arc<Buffer>>> = taken.params.into_iter().map(Some).collect();
+        let inputs: Vec<Arc<Buffer>> = param_order.iter().filter_map(|&k| params[k].take()).collect();
+        // A buffer only this sync still holds is donated: the executable may
+        // write the step's new values into it.
+        graph.donated = inputs.iter().map(|b| Arc::strong_count(b) == 1).collect();
         let outcome = self.executable_for(graph, location, cut_start).and_then(|exe| {
             let start = Instant::now();
             let results = exe.run(inputs)?;
             let ms = start.elapsed().as_secs_f64() * 1e3;
+            let peak = exe.stats().peak_bytes as u64;
             self.inner.metrics.update(|m| {
                 m.executions += 1;
                 m.execute_ms += ms;
+                m.peak_execution_bytes = m.peak_execution_bytes.max(peak);
             });
             Ok(results)
         });
@@ -324,5 +330,5 @@ pub(crate) fn canonicalize(traced: Graph) -> (Graph, Vec<usize>) {
         nodes.push(node);
     }
     let outputs = traced.outputs.iter().map(|o| map[o.index()]).collect();
-    (Graph { nodes, outputs, num_params: order.len() }, order)
+    (Graph { nodes, outputs, num_params: order.len(), donated: vec![false; order.len()] }, order)
 }

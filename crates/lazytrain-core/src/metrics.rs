@@ -64,6 +64,9 @@ pub struct MetricsReport {
     pub host_to_device_bytes: u64,
     /// Bytes copied device → host.
     pub device_to_host_bytes: u64,
+    /// The largest planned peak of one execution: intermediate buffers,
+    /// donated inputs and the inputs that are not donated.
+    pub peak_execution_bytes: u64,
     /// Bytes held by live device buffers now (process-wide).
     pub live_buffer_bytes: u64,
     /// The most bytes device buffers held at once (process-wide).
@@ -96,6 +99,7 @@ impl MetricsReport {
         let _ = writeln!(s, "  traced nodes:         {}", self.traced_nodes);
         let _ = writeln!(s, "  host->device bytes:   {}", self.host_to_device_bytes);
         let _ = writeln!(s, "  device->host bytes:   {}", self.device_to_host_bytes);
+        let _ = writeln!(s, "  peak execution bytes: {}", self.peak_execution_bytes);
         let _ = writeln!(s, "  live buffer bytes:    {}", self.live_buffer_bytes);
         let _ = writeln!(s, "  peak buffer bytes:    {}", self.peak_buffer_bytes);
         if !self.compile_events.is_empty() {

@@ -176,6 +176,7 @@ fn verifier_rejects_broken_graphs() {
         ],
         outputs: vec![NodeId(1)],
         num_params: 1,
+        donated: vec![false],
     };
     assert!(verify(&bad_shape).unwrap_err().contains("exp records f32[3]"));
     let forward_ref = Graph {
@@ -187,6 +188,7 @@ fn verifier_rejects_broken_graphs() {
         }],
         outputs: vec![NodeId(0)],
         num_params: 0,
+        donated: vec![],
     };
     assert!(verify(&forward_ref).unwrap_err().contains("does not precede"));
 }
@@ -282,8 +284,10 @@ proptest! {
         instrs in prop::collection::vec((any::<u8>(), 0usize..64, 0usize..64, 0usize..64).prop_map(|(op, a, b, c)| Instr { op, a, b, c }), 1..24),
         extra in prop::collection::vec(0usize..64, 0..3),
         data in prop::collection::vec(-2.0f32..2.0, 18),
+        donated in any::<[bool; 3]>(),
     ) {
-        let graph = build_random_graph(&instrs, &extra);
+        let mut graph = build_random_graph(&instrs, &extra);
+        graph.donated = donated.to_vec();
         prop_assert!(verify(&graph).is_ok());
         let params = vec![
             HostData::F32(data[0..6].to_vec()),

@@ -4,7 +4,7 @@
 use super::plan::{MemoryPlan, Operand};
 use super::{Backend, Executable, ExecutableStats};
 use crate::error::{Error, Result};
-use crate::ir::{Graph, Node};
+use crate::ir::{Graph, Node, Op};
 use crate::kernels::{self, MatmulKernel};
 use crate::storage::{Buffer, HostData};
 use std::sync::Arc;
@@ -39,7 +39,7 @@ impl Backend for CpuBackend {
         let plan = MemoryPlan::new(graph);
         let mut steps = Vec::new();
         for (i, node) in graph.nodes.iter().enumerate() {
-            if let Operand::Slot(slot) = plan.operands[i] {
+            if let (Operand::Slot(slot), false) = (plan.operands[i], matches!(node.op, Op::Parameter(_))) {
                 steps.push(Step {
                     node_index: i,
                     node: node.clone(),
@@ -64,6 +64,14 @@ impl Executable for CpuExecutable {
             });
         }
         let mut slots: Vec<Option<HostData>> = vec![None; self.plan.slots.len()];
+        let mut inputs: Vec<Option<Arc<Buffer>>> = inputs.into_iter().map(Some).collect();
+        for &(k, slot) in &self.plan.donated {
+            // Take the memory over when nothing else holds it; copy otherwise.
+            slots[slot] = inputs[k].take().map(|buffer| match Arc::try_unwrap(buffer) {
+                Ok(buffer) => buffer.into_host(),
+                Err(shared) => shared.host().clone(),
+            });
+        }
         for step in &self.steps {
             let mut out = slots[step.slot].take().unwrap_or_else(|| HostData::zeros(step.node.dtype, 0));
             out.reset(step.node.dtype, step.node.shape.numel());
@@ -71,7 +79,7 @@ impl Executable for CpuExecutable {
                 .inputs
                 .iter()
                 .map(|op| match *op {
-                    Operand::Param(k) => inputs[k].host(),
+                    Operand::Param(k) => inputs[k].as_ref().expect("only donated inputs are taken").host(),
                     Operand::Slot(s) => slots[s].as_ref().expect("the plan places every input before its reader"),
                 })
                 .collect();
@@ -85,7 +93,7 @@ impl Executable for CpuExecutable {
             .outputs
             .iter()
             .map(|op| match *op {
-                Operand::Param(k) => inputs[k].clone(),
+                Operand::Param(k) => inputs[k].clone().expect("only donated inputs are taken"),
                 Operand::Slot(s) => taken[s]
                     .get_or_insert_with(|| Arc::new(Buffer::new(slots[s].take().expect("outputs are computed"))))
                     .clone(),
@@ -100,6 +108,7 @@ impl Executable for CpuExecutable {
             buffers: self.plan.slots.len(),
             planned_bytes: self.plan.planned_bytes(),
             unplanned_bytes: self.plan.unplanned_bytes,
+            peak_bytes: self.plan.peak_bytes(),
         }
     }
 }

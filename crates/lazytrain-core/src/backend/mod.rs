@@ -44,4 +44,7 @@ pub struct ExecutableStats {
     pub planned_bytes: usize,
     /// Bytes the same values would take without reuse.
     pub unplanned_bytes: usize,
+    /// Bytes alive at the peak of a run: intermediate slots (donated inputs
+    /// included) plus the inputs that are not donated.
+    pub peak_bytes: usize,
 }

@@ -20,14 +20,24 @@ pub struct MemoryPlan {
     pub operands: Vec<Operand>,
     /// Each slot's dtype and element capacity.
     pub slots: Vec<(DType, usize)>,
+    /// Donated parameters and the slot each starts in.
+    pub donated: Vec<(usize, usize)>,
     /// Bytes without reuse (one buffer per computed node).
     pub unplanned_bytes: usize,
+    /// Bytes of the inputs that are not donated (alive during the whole run).
+    pub input_bytes: usize,
 }
 
 impl MemoryPlan {
     /// Bytes of all slots.
     pub fn planned_bytes(&self) -> usize {
         self.slots.iter().map(|(dt, n)| dt.size_in_bytes() * n).sum()
+    }
+
+    /// Bytes alive at the peak of a run: every slot plus the inputs that are
+    /// not donated (slots keep their memory for reuse until the run ends).
+    pub fn peak_bytes(&self) -> usize {
+        self.planned_bytes() + self.input_bytes
     }
 
     /// Plan `graph`: a computed node takes the smallest free slot of its
@@ -41,12 +51,27 @@ impl MemoryPlan {
         let mut free: Vec<usize> = Vec::new();
         let mut unplanned_bytes = 0;
         let mut dying: Vec<Vec<usize>> = vec![Vec::new(); graph.nodes.len()];
+        let mut donated = Vec::new();
         for (i, node) in graph.nodes.iter().enumerate() {
             if let Op::Parameter(k) = node.op {
-                operands.push(Operand::Param(k));
-                continue;
+                if !graph.donated[k] {
+                    operands.push(Operand::Param(k));
+                    continue;
+                }
             }
             let len = node.shape.numel();
+            if let Op::Parameter(k) = node.op {
+                // A donated input lives in a slot of its own from the start;
+                // once its last reader has run, the slot is free for reuse.
+                slots.push((node.dtype, len));
+                let slot = slots.len() - 1;
+                donated.push((k, slot));
+                operands.push(Operand::Slot(slot));
+                if last_use[i] != usize::MAX {
+                    dying[last_use[i].max(i)].push(slot);
+                }
+                continue;
+            }
             unplanned_bytes += len * node.dtype.size_in_bytes();
             let best = free
                 .iter()
@@ -71,6 +96,14 @@ impl MemoryPlan {
                 }
             }
         }
-        MemoryPlan { operands, slots, unplanned_bytes }
+        let input_bytes = graph
+            .nodes
+            .iter()
+            .filter_map(|n| match n.op {
+                Op::Parameter(k) if !graph.donated[k] => Some(n.shape.numel() * n.dtype.size_in_bytes()),
+                _ => None,
+            })
+            .sum();
+        MemoryPlan { operands, slots, donated, unplanned_bytes, input_bytes }
     }
 }

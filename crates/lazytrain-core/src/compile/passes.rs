@@ -32,7 +32,7 @@ pub fn dead_code_elimination(graph: &Graph) -> Graph {
         }
     }
     let outputs = graph.outputs.iter().map(|o| map[o.index()]).collect();
-    builder.finish(outputs, graph.num_params)
+    builder.finish_like(outputs, graph)
 }
 
 fn constant(builder: &GraphBuilder, id: NodeId) -> Option<Literal> {

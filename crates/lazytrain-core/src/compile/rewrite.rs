@@ -27,5 +27,5 @@ pub(crate) fn rebuild(graph: &Graph, mut decide: impl FnMut(&GraphBuilder, Node)
         map.push(id);
     }
     let outputs = graph.outputs.iter().map(|o| map[o.index()]).collect();
-    builder.finish(outputs, graph.num_params)
+    builder.finish_like(outputs, graph)
 }

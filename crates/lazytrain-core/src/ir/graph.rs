@@ -92,7 +92,13 @@ impl GraphBuilder {
 
     /// Finish with the given outputs and parameter count.
     pub fn finish(self, outputs: Vec<NodeId>, num_params: usize) -> Graph {
-        Graph { nodes: self.nodes, outputs, num_params }
+        Graph { nodes: self.nodes, outputs, num_params, donated: vec![false; num_params] }
+    }
+
+    /// Finish with the given outputs and the parameters (count and donation)
+    /// of `like`: what a pass that rebuilds `like` wants.
+    pub fn finish_like(self, outputs: Vec<NodeId>, like: &Graph) -> Graph {
+        Graph { nodes: self.nodes, outputs, num_params: like.num_params, donated: like.donated.clone() }
     }
 }
 
@@ -105,6 +111,9 @@ pub struct Graph {
     pub outputs: Vec<NodeId>,
     /// How many input buffers the graph takes (`Parameter(0..num_params)`).
     pub num_params: usize,
+    /// For each parameter, whether its buffer is donated: nothing outside
+    /// the executable holds it, so the executable may overwrite it.
+    pub donated: Vec<bool>,
 }
 
 impl Graph {

@@ -16,6 +16,7 @@ impl fmt::Display for Graph {
         for (i, node) in self.nodes.iter().enumerate() {
             write!(f, "  %{i}: {}{} = {}", node.dtype, node.shape, node.op.name())?;
             match &node.op {
+                Op::Parameter(k) if self.donated.get(*k) == Some(&true) => write!(f, "({k}, donated)")?,
                 Op::Parameter(k) => write!(f, "({k})")?,
                 Op::Constant(v) => write!(f, "({v})")?,
                 Op::Iota { axis } => write!(f, "(axis={axis})")?,

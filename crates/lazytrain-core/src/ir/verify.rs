@@ -21,6 +21,9 @@ pub fn verify(graph: &Graph) -> Result<(), String> {
         let metas: Vec<Meta> = node.inputs.iter().map(|id| (&graph.node(*id).shape, graph.node(*id).dtype)).collect();
         check_node(node, &metas).map_err(|e| format!("node %{i}: {}", e.detail))?;
     }
+    if graph.donated.len() != graph.num_params {
+        return Err(format!("{} donation flags for {} parameters", graph.donated.len(), graph.num_params));
+    }
     for out in &graph.outputs {
         if out.index() >= graph.nodes.len() {
             return Err(format!("output %{} does not exist", out.0));
