@@ -1,0 +1,63 @@
+//! Optimizers, LR schedules and gradient clipping.
+//!
+//! Updates are traced: `step()` reads each parameter's pending gradient,
+//! emits the update as lazy ops and [`Tensor::assign`]s the new values, so
+//! forward, backward and update are one graph. Per-step scalars (learning
+//! rate, bias corrections) are fed as inputs and never cause a recompile;
+//! the old parameter and moment buffers are donated to the new values.
+
+mod adamw;
+mod clip;
+mod schedule;
+mod sgd;
+
+pub use adamw::{AdamW, AdamWConfig};
+pub use clip::clip_grad_norm;
+pub use schedule::{LrSchedule, ScheduleKind};
+pub use sgd::{Sgd, SgdConfig};
+
+use crate::state::StateDict;
+use crate::Result;
+use lazytrain_core::Tensor;
+
+/// Parameters that share a weight decay.
+#[derive(Clone)]
+pub struct ParamGroup {
+    /// `(name, parameter)` pairs.
+    pub params: Vec<(String, Tensor)>,
+    /// Decoupled weight decay for this group.
+    pub weight_decay: f64,
+}
+
+/// Split parameters as Hugging Face's Trainer does: biases and LayerNorm
+/// weights get no weight decay, everything else gets `weight_decay`.
+pub fn decay_groups(params: Vec<(String, Tensor)>, weight_decay: f64) -> Vec<ParamGroup> {
+    let (no_decay, decay): (Vec<_>, Vec<_>) = params
+        .into_iter()
+        .partition(|(name, _)| name.ends_with("bias") || name.contains("LayerNorm") || name.contains("layer_norm"));
+    vec![ParamGroup { params: decay, weight_decay }, ParamGroup { params: no_decay, weight_decay: 0.0 }]
+}
+
+/// What every optimizer offers the training loop.
+pub trait Optimizer {
+    /// Trace one update from the parameters' current gradients.
+    fn step(&mut self) -> Result<()>;
+    /// Drop every parameter's gradient (so it is not a graph output).
+    fn zero_grad(&mut self);
+    /// Set the learning rate of the next step (fed as a graph input).
+    fn set_lr(&mut self, lr: f64);
+    /// The learning rate of the next step.
+    fn lr(&self) -> f64;
+    /// Completed steps.
+    fn steps(&self) -> u64;
+    /// Optimizer state by name (`{param}.exp_avg`, ..., `step`).
+    fn state_dict(&self) -> StateDict;
+    /// Restore state saved by [`Optimizer::state_dict`].
+    fn load_state_dict(&mut self, state: &StateDict) -> Result<()>;
+}
+
+/// A device-resident zero tensor shaped like `t` (optimizer state starts here).
+pub(crate) fn zeros_like(t: &Tensor) -> Result<Tensor> {
+    let data = lazytrain_core::HostData::zeros(t.dtype(), t.numel());
+    Ok(Tensor::from_host(data, t.shape().clone(), t.device())?)
+}
