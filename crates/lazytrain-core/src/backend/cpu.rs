@@ -6,6 +6,7 @@ use super::{Backend, Executable, ExecutableStats};
 use crate::error::{Error, Result};
 use crate::ir::{Graph, Node, Op};
 use crate::kernels::{self, MatmulKernel};
+use crate::shape::Shape;
 use crate::storage::{Buffer, HostData};
 use std::sync::Arc;
 
@@ -20,6 +21,7 @@ struct Step {
     inputs: Vec<Operand>,
     input_shapes: Vec<Vec<usize>>,
     slot: usize,
+    in_place: Option<usize>,
 }
 
 /// A compiled CPU program.
@@ -36,22 +38,57 @@ impl Backend for CpuBackend {
     }
 
     fn compile(&self, graph: &Graph) -> Result<Arc<dyn Executable>> {
-        let plan = MemoryPlan::new(graph);
+        let splat = splat_nodes(graph);
+        let lengths: Vec<usize> =
+            graph.nodes.iter().zip(&splat).map(|(n, &s)| if s { 1 } else { n.shape.numel() }).collect();
+        let plan = MemoryPlan::new(graph, &lengths);
         let mut steps = Vec::new();
         for (i, node) in graph.nodes.iter().enumerate() {
             if let (Operand::Slot(slot), false) = (plan.operands[i], matches!(node.op, Op::Parameter(_))) {
+                let lowered = if splat[i] { Node { shape: Shape::scalar(), ..node.clone() } } else { node.clone() };
                 steps.push(Step {
                     node_index: i,
-                    node: node.clone(),
+                    node: lowered,
                     inputs: node.inputs.iter().map(|id| plan.operands[id.index()]).collect(),
                     input_shapes: node.inputs.iter().map(|id| graph.node(*id).shape.dims().to_vec()).collect(),
                     slot,
+                    in_place: plan.in_place[i],
                 });
             }
         }
         let outputs = graph.outputs.iter().map(|id| plan.operands[id.index()]).collect();
         Ok(Arc::new(CpuExecutable { steps, outputs, num_params: graph.num_params, plan }))
     }
+}
+
+/// Nodes the backend keeps as one element: splat constants and broadcasts
+/// of a single value, read only by elementwise kernels (which broadcast a
+/// one-element operand). They are never materialised at full size.
+fn splat_nodes(graph: &Graph) -> Vec<bool> {
+    let mut only_elementwise_readers = vec![true; graph.nodes.len()];
+    for node in &graph.nodes {
+        let broadcasting_reader = matches!(node.op, Op::Unary(_) | Op::Binary(_) | Op::Select | Op::Compare(_));
+        for input in &node.inputs {
+            only_elementwise_readers[input.index()] &= broadcasting_reader;
+        }
+    }
+    for out in &graph.outputs {
+        only_elementwise_readers[out.index()] = false;
+    }
+    let mut single_value = vec![false; graph.nodes.len()];
+    let mut splat = vec![false; graph.nodes.len()];
+    for (i, node) in graph.nodes.iter().enumerate() {
+        single_value[i] = match node.op {
+            Op::Constant(_) => true,
+            Op::Expand | Op::Reshape => {
+                let input = node.inputs[0].index();
+                single_value[input] || graph.nodes[input].shape.numel() == 1
+            }
+            _ => node.shape.numel() == 1,
+        };
+        splat[i] = single_value[i] && only_elementwise_readers[i] && node.shape.numel() > 1;
+    }
+    splat
 }
 
 impl Executable for CpuExecutable {
@@ -74,18 +111,25 @@ impl Executable for CpuExecutable {
         }
         for step in &self.steps {
             let mut out = slots[step.slot].take().unwrap_or_else(|| HostData::zeros(step.node.dtype, 0));
-            out.reset(step.node.dtype, step.node.shape.numel());
             let operands: Vec<&HostData> = step
                 .inputs
                 .iter()
-                .map(|op| match *op {
+                .enumerate()
+                .filter(|(pos, _)| Some(*pos) != step.in_place)
+                .map(|(_, op)| match *op {
                     Operand::Param(k) => inputs[k].as_ref().expect("only donated inputs are taken").host(),
                     Operand::Slot(s) => slots[s].as_ref().expect("the plan places every input before its reader"),
                 })
                 .collect();
-            let shapes: Vec<&[usize]> = step.input_shapes.iter().map(Vec::as_slice).collect();
-            kernels::eval(&step.node, &operands, &shapes, &mut out, MatmulKernel::Gemm)
-                .map_err(|detail| Error::Execution { node: step.node_index, op: step.node.op.name(), detail })?;
+            let result = match step.in_place {
+                Some(position) => kernels::eval_in_place(&step.node, position, &operands, &mut out),
+                None => {
+                    out.reset(step.node.dtype, step.node.shape.numel());
+                    let shapes: Vec<&[usize]> = step.input_shapes.iter().map(Vec::as_slice).collect();
+                    kernels::eval(&step.node, &operands, &shapes, &mut out, MatmulKernel::Gemm)
+                }
+            };
+            result.map_err(|detail| Error::Execution { node: step.node_index, op: step.node.op.name(), detail })?;
             slots[step.slot] = Some(out);
         }
         let mut taken: Vec<Option<Arc<Buffer>>> = vec![None; slots.len()];
@@ -105,6 +149,7 @@ impl Executable for CpuExecutable {
     fn stats(&self) -> ExecutableStats {
         ExecutableStats {
             kernels: self.steps.len(),
+            in_place: self.steps.iter().filter(|s| s.in_place.is_some()).count(),
             buffers: self.plan.slots.len(),
             planned_bytes: self.plan.planned_bytes(),
             unplanned_bytes: self.plan.unplanned_bytes,

@@ -38,6 +38,8 @@ pub trait Executable: Send + Sync {
 pub struct ExecutableStats {
     /// Kernel launches per run.
     pub kernels: usize,
+    /// Kernels that write over an input's buffer.
+    pub in_place: usize,
     /// Intermediate buffers after liveness-based reuse.
     pub buffers: usize,
     /// Bytes of all intermediate buffers (the planned peak).

@@ -20,6 +20,8 @@ pub struct MemoryPlan {
     pub operands: Vec<Operand>,
     /// Each slot's dtype and element capacity.
     pub slots: Vec<(DType, usize)>,
+    /// For each node, the input position whose buffer it overwrites (in place).
+    pub in_place: Vec<Option<usize>>,
     /// Donated parameters and the slot each starts in.
     pub donated: Vec<(usize, usize)>,
     /// Bytes without reuse (one buffer per computed node).
@@ -40,11 +42,15 @@ impl MemoryPlan {
         self.planned_bytes() + self.input_bytes
     }
 
-    /// Plan `graph`: a computed node takes the smallest free slot of its
-    /// dtype that fits (else a new one); slots of values whose last reader has
-    /// run are freed after that reader's own output is placed, so a kernel
-    /// never writes over its own inputs. Graph outputs are never freed.
-    pub fn new(graph: &Graph) -> MemoryPlan {
+    /// Plan `graph`: an elementwise node whose input dies with it writes in
+    /// place; any other computed node takes the smallest free slot of its
+    /// dtype that fits (else a new one). Slots of values whose last reader
+    /// has run are freed after that reader's own output is placed, so only
+    /// in-place kernels ever write over an input. Graph outputs are never freed.
+    ///
+    /// `lengths[i]` is the number of elements node `i` physically holds (1
+    /// for a splat the backend keeps as a single element).
+    pub fn new(graph: &Graph, lengths: &[usize]) -> MemoryPlan {
         let last_use = graph.last_uses();
         let mut operands = Vec::with_capacity(graph.nodes.len());
         let mut slots: Vec<(DType, usize)> = Vec::new();
@@ -52,6 +58,7 @@ impl MemoryPlan {
         let mut unplanned_bytes = 0;
         let mut dying: Vec<Vec<usize>> = vec![Vec::new(); graph.nodes.len()];
         let mut donated = Vec::new();
+        let mut in_place = vec![None; graph.nodes.len()];
         for (i, node) in graph.nodes.iter().enumerate() {
             if let Op::Parameter(k) = node.op {
                 if !graph.donated[k] {
@@ -59,7 +66,7 @@ impl MemoryPlan {
                     continue;
                 }
             }
-            let len = node.shape.numel();
+            let len = lengths[i];
             if let Op::Parameter(k) = node.op {
                 // A donated input lives in a slot of its own from the start;
                 // once its last reader has run, the slot is free for reuse.
@@ -73,6 +80,32 @@ impl MemoryPlan {
                 continue;
             }
             unplanned_bytes += len * node.dtype.size_in_bytes();
+            // In place: an elementwise node may take over the slot of an input
+            // whose last reader it is (same dtype and size, read only once here).
+            let reusable = node.inputs.iter().enumerate().find_map(|(pos, id)| {
+                let input = &graph.nodes[id.index()];
+                let Operand::Slot(s) = operands[id.index()] else { return None };
+                let fits = crate::kernels::can_run_in_place(node, pos)
+                    && last_use[id.index()] == i
+                    && input.dtype == node.dtype
+                    && lengths[id.index()] == len
+                    && node.inputs.iter().filter(|j| *j == id).count() == 1;
+                fits.then_some((pos, s))
+            });
+            if let Some((pos, slot)) = reusable {
+                dying[i].retain(|&s| s != slot);
+                in_place[i] = Some(pos);
+                operands.push(Operand::Slot(slot));
+                if last_use[i] != usize::MAX {
+                    dying[last_use[i]].push(slot);
+                }
+                for s in std::mem::take(&mut dying[i]) {
+                    if !free.contains(&s) {
+                        free.push(s);
+                    }
+                }
+                continue;
+            }
             let best = free
                 .iter()
                 .enumerate()
@@ -104,6 +137,6 @@ impl MemoryPlan {
                 _ => None,
             })
             .sum();
-        MemoryPlan { operands, slots, donated, unplanned_bytes, input_bytes }
+        MemoryPlan { operands, slots, in_place, donated, unplanned_bytes, input_bytes }
     }
 }

@@ -4,57 +4,120 @@ use super::numeric::{FloatLike, IntLike, Real};
 use crate::ir::{BinaryOp, CmpOp, UnaryOp};
 use crate::storage::HostData;
 
-fn map1<T: FloatLike>(x: &[T], o: &mut [T], f: impl Fn(T::Math) -> T::Math) {
-    for (o, x) in o.iter_mut().zip(x) {
-        *o = T::narrow(f(x.widen()));
+/// The lanes a unary kernel maps over: a separate input and output, or the
+/// output buffer in place (its old contents are the input). A one-element
+/// input broadcasts to the whole output (splat constants and expanded
+/// scalars are never materialised by the CPU backend).
+trait Lanes1<T: Copy> {
+    fn apply(self, f: impl Fn(T) -> T);
+}
+
+impl<T: Copy> Lanes1<T> for (&[T], &mut [T]) {
+    fn apply(self, f: impl Fn(T) -> T) {
+        let (x, o) = self;
+        if x.len() == 1 && o.len() != 1 {
+            o.fill(f(x[0]));
+            return;
+        }
+        for (o, x) in o.iter_mut().zip(x) {
+            *o = f(*x);
+        }
     }
 }
 
-fn float_unary<T: FloatLike>(op: UnaryOp, x: &[T], o: &mut [T]) {
+impl<T: Copy> Lanes1<T> for &mut [T] {
+    fn apply(self, f: impl Fn(T) -> T) {
+        for o in self.iter_mut() {
+            *o = f(*o);
+        }
+    }
+}
+
+/// The lanes a binary kernel maps over: `(a, b, out)`, or in place with the
+/// output holding the left (or right) operand.
+trait Lanes2<T: Copy> {
+    fn apply(self, f: impl Fn(T, T) -> T);
+}
+
+impl<T: Copy> Lanes2<T> for (&[T], &[T], &mut [T]) {
+    fn apply(self, f: impl Fn(T, T) -> T) {
+        let (a, b, o) = self;
+        match (a.len() == 1 && o.len() != 1, b.len() == 1 && o.len() != 1) {
+            (false, false) => o.iter_mut().zip(a).zip(b).for_each(|((o, a), b)| *o = f(*a, *b)),
+            (true, false) => o.iter_mut().zip(b).for_each(|(o, b)| *o = f(a[0], *b)),
+            (false, true) => o.iter_mut().zip(a).for_each(|(o, a)| *o = f(*a, b[0])),
+            (true, true) => o.fill(f(a[0], b[0])),
+        }
+    }
+}
+
+/// In place: `out` holds the left operand when `.2` is true, else the right.
+impl<T: Copy> Lanes2<T> for (&mut [T], &[T], bool) {
+    fn apply(self, f: impl Fn(T, T) -> T) {
+        let (o, other, out_is_lhs) = self;
+        let splat = other.len() == 1 && o.len() != 1;
+        match (out_is_lhs, splat) {
+            (true, false) => o.iter_mut().zip(other).for_each(|(o, b)| *o = f(*o, *b)),
+            (false, false) => o.iter_mut().zip(other).for_each(|(o, a)| *o = f(*a, *o)),
+            (true, true) => o.iter_mut().for_each(|o| *o = f(*o, other[0])),
+            (false, true) => o.iter_mut().for_each(|o| *o = f(other[0], *o)),
+        }
+    }
+}
+
+fn float_unary<T: FloatLike>(op: UnaryOp, lanes: impl Lanes1<T>) {
+    let lift = |f: fn(T::Math) -> T::Math| move |x: T| T::narrow(f(x.widen()));
     match op {
-        UnaryOp::Neg => map1(x, o, |v| -v),
-        UnaryOp::Exp => map1(x, o, Real::exp),
-        UnaryOp::Log => map1(x, o, Real::ln),
-        UnaryOp::Sqrt => map1(x, o, Real::sqrt),
-        UnaryOp::Rsqrt => map1(x, o, |v| T::Math::ONE / v.sqrt()),
-        UnaryOp::Tanh => map1(x, o, Real::tanh),
-        UnaryOp::Erf => map1(x, o, Real::erf),
-        UnaryOp::Abs => map1(x, o, Real::abs),
-        UnaryOp::Recip => map1(x, o, |v| T::Math::ONE / v),
+        UnaryOp::Neg => lanes.apply(lift(|v| -v)),
+        UnaryOp::Exp => lanes.apply(lift(Real::exp)),
+        UnaryOp::Log => lanes.apply(lift(Real::ln)),
+        UnaryOp::Sqrt => lanes.apply(lift(Real::sqrt)),
+        UnaryOp::Rsqrt => lanes.apply(lift(|v| T::Math::ONE / v.sqrt())),
+        UnaryOp::Tanh => lanes.apply(lift(Real::tanh)),
+        UnaryOp::Erf => lanes.apply(lift(Real::erf)),
+        UnaryOp::Abs => lanes.apply(lift(Real::abs)),
+        UnaryOp::Recip => lanes.apply(lift(|v| T::Math::ONE / v)),
     }
 }
 
-fn int_unary<T: IntLike>(op: UnaryOp, x: &[T], o: &mut [T]) -> Result<(), String> {
+fn int_unary<T: IntLike>(op: UnaryOp, lanes: impl Lanes1<T>) -> Result<(), String> {
     let f: fn(i64) -> i64 = match op {
         UnaryOp::Neg => i64::wrapping_neg,
         UnaryOp::Abs => i64::wrapping_abs,
         other => return Err(format!("{} is not defined on integers", other.name())),
     };
-    for (o, x) in o.iter_mut().zip(x) {
-        *o = T::from_i64(f(x.to_i64()));
-    }
+    lanes.apply(|x| T::from_i64(f(x.to_i64())));
     Ok(())
 }
 
 /// `out = op(x)`.
 pub(crate) fn unary(op: UnaryOp, x: &HostData, out: &mut HostData) -> Result<(), String> {
     match (x, out) {
-        (HostData::F32(x), HostData::F32(o)) => float_unary(op, x, o),
-        (HostData::F64(x), HostData::F64(o)) => float_unary(op, x, o),
-        (HostData::BF16(x), HostData::BF16(o)) => float_unary(op, x, o),
-        (HostData::F16(x), HostData::F16(o)) => float_unary(op, x, o),
-        (HostData::I64(x), HostData::I64(o)) => int_unary(op, x, o)?,
-        (HostData::I32(x), HostData::I32(o)) => int_unary(op, x, o)?,
-        (HostData::U8(x), HostData::U8(o)) => int_unary(op, x, o)?,
+        (HostData::F32(x), HostData::F32(o)) => float_unary(op, (x.as_slice(), o.as_mut_slice())),
+        (HostData::F64(x), HostData::F64(o)) => float_unary(op, (x.as_slice(), o.as_mut_slice())),
+        (HostData::BF16(x), HostData::BF16(o)) => float_unary(op, (x.as_slice(), o.as_mut_slice())),
+        (HostData::F16(x), HostData::F16(o)) => float_unary(op, (x.as_slice(), o.as_mut_slice())),
+        (HostData::I64(x), HostData::I64(o)) => int_unary(op, (x.as_slice(), o.as_mut_slice()))?,
+        (HostData::I32(x), HostData::I32(o)) => int_unary(op, (x.as_slice(), o.as_mut_slice()))?,
+        (HostData::U8(x), HostData::U8(o)) => int_unary(op, (x.as_slice(), o.as_mut_slice()))?,
         (x, o) => return Err(format!("{} got {} input for {} output", op.name(), x.dtype(), o.dtype())),
     }
     Ok(())
 }
 
-fn map2<T: FloatLike>(a: &[T], b: &[T], o: &mut [T], f: impl Fn(T::Math, T::Math) -> T::Math) {
-    for ((o, a), b) in o.iter_mut().zip(a).zip(b) {
-        *o = T::narrow(f(a.widen(), b.widen()));
+/// `out = op(out)`, in place.
+pub(crate) fn unary_inplace(op: UnaryOp, out: &mut HostData) -> Result<(), String> {
+    match out {
+        HostData::F32(o) => float_unary(op, o.as_mut_slice()),
+        HostData::F64(o) => float_unary(op, o.as_mut_slice()),
+        HostData::BF16(o) => float_unary(op, o.as_mut_slice()),
+        HostData::F16(o) => float_unary(op, o.as_mut_slice()),
+        HostData::I64(o) => int_unary(op, o.as_mut_slice())?,
+        HostData::I32(o) => int_unary(op, o.as_mut_slice())?,
+        HostData::U8(o) => int_unary(op, o.as_mut_slice())?,
+        HostData::Bool(_) => return Err(format!("{} is not defined on bool", op.name())),
     }
+    Ok(())
 }
 
 fn nan_max<R: Real>(a: R, b: R) -> R {
@@ -77,19 +140,20 @@ fn nan_min<R: Real>(a: R, b: R) -> R {
     }
 }
 
-fn float_binary<T: FloatLike>(op: BinaryOp, a: &[T], b: &[T], o: &mut [T]) {
+fn float_binary<T: FloatLike>(op: BinaryOp, lanes: impl Lanes2<T>) {
+    let lift = |f: fn(T::Math, T::Math) -> T::Math| move |a: T, b: T| T::narrow(f(a.widen(), b.widen()));
     match op {
-        BinaryOp::Add => map2(a, b, o, |x, y| x + y),
-        BinaryOp::Sub => map2(a, b, o, |x, y| x - y),
-        BinaryOp::Mul => map2(a, b, o, |x, y| x * y),
-        BinaryOp::Div => map2(a, b, o, |x, y| x / y),
-        BinaryOp::Max => map2(a, b, o, nan_max),
-        BinaryOp::Min => map2(a, b, o, nan_min),
-        BinaryOp::Pow => map2(a, b, o, Real::powf),
+        BinaryOp::Add => lanes.apply(lift(|x, y| x + y)),
+        BinaryOp::Sub => lanes.apply(lift(|x, y| x - y)),
+        BinaryOp::Mul => lanes.apply(lift(|x, y| x * y)),
+        BinaryOp::Div => lanes.apply(lift(|x, y| x / y)),
+        BinaryOp::Max => lanes.apply(lift(nan_max)),
+        BinaryOp::Min => lanes.apply(lift(nan_min)),
+        BinaryOp::Pow => lanes.apply(lift(Real::powf)),
     }
 }
 
-fn int_binary<T: IntLike>(op: BinaryOp, a: &[T], b: &[T], o: &mut [T]) -> Result<(), String> {
+fn int_binary<T: IntLike>(op: BinaryOp, lanes: impl Lanes2<T>) -> Result<(), String> {
     let f: fn(i64, i64) -> i64 = match op {
         BinaryOp::Add => i64::wrapping_add,
         BinaryOp::Sub => i64::wrapping_sub,
@@ -99,28 +163,60 @@ fn int_binary<T: IntLike>(op: BinaryOp, a: &[T], b: &[T], o: &mut [T]) -> Result
         BinaryOp::Min => i64::min,
         BinaryOp::Pow => return Err("pow is not defined on integers".into()),
     };
-    for ((o, a), b) in o.iter_mut().zip(a).zip(b) {
-        *o = T::from_i64(f(a.to_i64(), b.to_i64()));
-    }
+    lanes.apply(|a, b| T::from_i64(f(a.to_i64(), b.to_i64())));
     Ok(())
 }
 
 /// `out = a op b` for same-shape inputs.
 pub(crate) fn binary(op: BinaryOp, a: &HostData, b: &HostData, out: &mut HostData) -> Result<(), String> {
     match (a, b, out) {
-        (HostData::F32(a), HostData::F32(b), HostData::F32(o)) => float_binary(op, a, b, o),
-        (HostData::F64(a), HostData::F64(b), HostData::F64(o)) => float_binary(op, a, b, o),
-        (HostData::BF16(a), HostData::BF16(b), HostData::BF16(o)) => float_binary(op, a, b, o),
-        (HostData::F16(a), HostData::F16(b), HostData::F16(o)) => float_binary(op, a, b, o),
-        (HostData::I64(a), HostData::I64(b), HostData::I64(o)) => int_binary(op, a, b, o)?,
-        (HostData::I32(a), HostData::I32(b), HostData::I32(o)) => int_binary(op, a, b, o)?,
-        (HostData::U8(a), HostData::U8(b), HostData::U8(o)) => int_binary(op, a, b, o)?,
+        (HostData::F32(a), HostData::F32(b), HostData::F32(o)) => {
+            float_binary(op, (a.as_slice(), b.as_slice(), o.as_mut_slice()))
+        }
+        (HostData::F64(a), HostData::F64(b), HostData::F64(o)) => {
+            float_binary(op, (a.as_slice(), b.as_slice(), o.as_mut_slice()))
+        }
+        (HostData::BF16(a), HostData::BF16(b), HostData::BF16(o)) => {
+            float_binary(op, (a.as_slice(), b.as_slice(), o.as_mut_slice()))
+        }
+        (HostData::F16(a), HostData::F16(b), HostData::F16(o)) => {
+            float_binary(op, (a.as_slice(), b.as_slice(), o.as_mut_slice()))
+        }
+        (HostData::I64(a), HostData::I64(b), HostData::I64(o)) => {
+            int_binary(op, (a.as_slice(), b.as_slice(), o.as_mut_slice()))?
+        }
+        (HostData::I32(a), HostData::I32(b), HostData::I32(o)) => {
+            int_binary(op, (a.as_slice(), b.as_slice(), o.as_mut_slice()))?
+        }
+        (HostData::U8(a), HostData::U8(b), HostData::U8(o)) => {
+            int_binary(op, (a.as_slice(), b.as_slice(), o.as_mut_slice()))?
+        }
         (a, b, _) => return Err(format!("{} got {} and {} inputs", op.name(), a.dtype(), b.dtype())),
     }
     Ok(())
 }
 
-fn cmp_slices<T: PartialOrd>(op: CmpOp, a: &[T], b: &[T], o: &mut [bool]) {
+/// `out = out op other` (or `other op out` when `out_is_lhs` is false), in place.
+pub(crate) fn binary_inplace(
+    op: BinaryOp,
+    out_is_lhs: bool,
+    other: &HostData,
+    out: &mut HostData,
+) -> Result<(), String> {
+    match (out, other) {
+        (HostData::F32(o), HostData::F32(x)) => float_binary(op, (o.as_mut_slice(), x.as_slice(), out_is_lhs)),
+        (HostData::F64(o), HostData::F64(x)) => float_binary(op, (o.as_mut_slice(), x.as_slice(), out_is_lhs)),
+        (HostData::BF16(o), HostData::BF16(x)) => float_binary(op, (o.as_mut_slice(), x.as_slice(), out_is_lhs)),
+        (HostData::F16(o), HostData::F16(x)) => float_binary(op, (o.as_mut_slice(), x.as_slice(), out_is_lhs)),
+        (HostData::I64(o), HostData::I64(x)) => int_binary(op, (o.as_mut_slice(), x.as_slice(), out_is_lhs))?,
+        (HostData::I32(o), HostData::I32(x)) => int_binary(op, (o.as_mut_slice(), x.as_slice(), out_is_lhs))?,
+        (HostData::U8(o), HostData::U8(x)) => int_binary(op, (o.as_mut_slice(), x.as_slice(), out_is_lhs))?,
+        (o, x) => return Err(format!("{} in place on {} with {}", op.name(), o.dtype(), x.dtype())),
+    }
+    Ok(())
+}
+
+fn cmp_slices<T: PartialOrd + Copy>(op: CmpOp, a: &[T], b: &[T], o: &mut [bool]) {
     let f: fn(&T, &T) -> bool = match op {
         CmpOp::Eq => |x, y| x == y,
         CmpOp::Ne => |x, y| x != y,
@@ -129,8 +225,8 @@ fn cmp_slices<T: PartialOrd>(op: CmpOp, a: &[T], b: &[T], o: &mut [bool]) {
         CmpOp::Gt => |x, y| x > y,
         CmpOp::Ge => |x, y| x >= y,
     };
-    for ((o, a), b) in o.iter_mut().zip(a).zip(b) {
-        *o = f(a, b);
+    for (i, o) in o.iter_mut().enumerate() {
+        *o = f(&at(a, i), &at(b, i));
     }
 }
 
@@ -153,9 +249,49 @@ pub(crate) fn compare(op: CmpOp, a: &HostData, b: &HostData, out: &mut HostData)
     Ok(())
 }
 
+/// Element `i` of `v`, or its only element when it is a broadcast splat.
+#[inline(always)]
+fn at<T: Copy>(v: &[T], i: usize) -> T {
+    if v.len() == 1 {
+        v[0]
+    } else {
+        v[i]
+    }
+}
+
+fn select_inplace_slices<T: Copy>(c: &[bool], other: &[T], out_is_true_value: bool, o: &mut [T]) {
+    for (i, o) in o.iter_mut().enumerate() {
+        if at(c, i) != out_is_true_value {
+            *o = at(other, i);
+        }
+    }
+}
+
+/// `out = cond ? out : other` (or `cond ? other : out`), in place.
+pub(crate) fn select_inplace(
+    cond: &HostData,
+    other: &HostData,
+    out_is_true_value: bool,
+    out: &mut HostData,
+) -> Result<(), String> {
+    let HostData::Bool(c) = cond else {
+        return Err("select needs a bool condition".into());
+    };
+    macro_rules! arm {
+        ($($v:ident),*) => {
+            match (other, out) {
+                $((HostData::$v(x), HostData::$v(o)) => select_inplace_slices(c, x, out_is_true_value, o),)*
+                (x, o) => return Err(format!("select in place on {} with {}", o.dtype(), x.dtype())),
+            }
+        };
+    }
+    arm!(F32, F64, BF16, F16, I64, I32, U8, Bool);
+    Ok(())
+}
+
 fn select_slices<T: Copy>(c: &[bool], a: &[T], b: &[T], o: &mut [T]) {
-    for (((o, c), a), b) in o.iter_mut().zip(c).zip(a).zip(b) {
-        *o = if *c { *a } else { *b };
+    for (i, o) in o.iter_mut().enumerate() {
+        *o = if at(c, i) { at(a, i) } else { at(b, i) };
     }
 }
 

@@ -73,3 +73,29 @@ pub(crate) fn eval(
     }
     Ok(())
 }
+
+/// True when `node` can write its output over input `position` (elementwise
+/// with the same dtype, so element `i` is read before it is written).
+pub(crate) fn can_run_in_place(node: &Node, position: usize) -> bool {
+    match node.op {
+        Op::Unary(_) | Op::Binary(_) => true,
+        Op::Select => position > 0,
+        _ => false,
+    }
+}
+
+/// Compute `node` in place: `out` holds input `position` on entry and the
+/// result on exit; `others` are the remaining inputs in order.
+pub(crate) fn eval_in_place(
+    node: &Node,
+    position: usize,
+    others: &[&HostData],
+    out: &mut HostData,
+) -> Result<(), String> {
+    match node.op {
+        Op::Unary(op) => elementwise::unary_inplace(op, out),
+        Op::Binary(op) => elementwise::binary_inplace(op, position == 0, others[0], out),
+        Op::Select if position > 0 => elementwise::select_inplace(others[0], others[1], position == 1, out),
+        _ => Err(format!("{} cannot run in place", node.op.name())),
+    }
+}
