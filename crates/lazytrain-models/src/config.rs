@@ -1,0 +1,212 @@
+//! Model configuration in Hugging Face's `config.json` field names.
+
+use crate::{ModelError, Result};
+use serde::{Deserialize, Serialize};
+use std::path::Path;
+
+/// The architectures lazytrain implements.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum ModelType {
+    /// BERT (`model_type: "bert"`).
+    Bert,
+    /// RoBERTa (`model_type: "roberta"`): positions start after the padding index.
+    Roberta,
+}
+
+impl ModelType {
+    /// The HF `model_type` string, also the base model's weight-name prefix.
+    pub fn name(self) -> &'static str {
+        match self {
+            ModelType::Bert => "bert",
+            ModelType::Roberta => "roberta",
+        }
+    }
+}
+
+fn default_hidden_act() -> String {
+    "gelu".into()
+}
+fn default_max_positions() -> usize {
+    512
+}
+fn default_type_vocab() -> usize {
+    2
+}
+fn default_eps() -> f64 {
+    1e-12
+}
+fn default_dropout() -> f64 {
+    0.1
+}
+fn default_init_range() -> f64 {
+    0.02
+}
+
+/// A BERT/RoBERTa configuration. Required: the sizes and `model_type`;
+/// everything else has Hugging Face's default.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct ModelConfig {
+    /// `bert` or `roberta`.
+    pub model_type: ModelType,
+    /// HF class names (`BertForMaskedLM`, ...).
+    #[serde(default)]
+    pub architectures: Vec<String>,
+    /// Vocabulary size.
+    pub vocab_size: usize,
+    /// Hidden size.
+    pub hidden_size: usize,
+    /// Transformer layers.
+    pub num_hidden_layers: usize,
+    /// Attention heads.
+    pub num_attention_heads: usize,
+    /// Feed-forward size.
+    pub intermediate_size: usize,
+    /// `gelu` (exact), `gelu_new` (tanh approximation) or `relu`.
+    #[serde(default = "default_hidden_act")]
+    pub hidden_act: String,
+    /// Dropout after embeddings, attention output and feed-forward.
+    #[serde(default = "default_dropout")]
+    pub hidden_dropout_prob: f64,
+    /// Dropout on attention probabilities.
+    #[serde(default = "default_dropout")]
+    pub attention_probs_dropout_prob: f64,
+    /// Position embedding rows.
+    #[serde(default = "default_max_positions")]
+    pub max_position_embeddings: usize,
+    /// Token-type embedding rows.
+    #[serde(default = "default_type_vocab")]
+    pub type_vocab_size: usize,
+    /// LayerNorm epsilon.
+    #[serde(default = "default_eps")]
+    pub layer_norm_eps: f64,
+    /// Std of the normal initialiser.
+    #[serde(default = "default_init_range")]
+    pub initializer_range: f64,
+    /// Padding token id.
+    #[serde(default)]
+    pub pad_token_id: i64,
+    /// Beginning-of-sequence id (RoBERTa).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub bos_token_id: Option<i64>,
+    /// End-of-sequence id (RoBERTa).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub eos_token_id: Option<i64>,
+    /// Label names by id, for classification.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub id2label: Option<std::collections::BTreeMap<String, String>>,
+    /// Label ids by name, for classification.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub label2id: Option<std::collections::BTreeMap<String, i64>>,
+}
+
+/// The preset names, `bert-*` and `roberta-*`.
+pub const PRESETS: [&str; 8] = [
+    "bert-tiny",
+    "bert-mini",
+    "bert-small",
+    "bert-base",
+    "roberta-tiny",
+    "roberta-mini",
+    "roberta-small",
+    "roberta-base",
+];
+
+impl ModelConfig {
+    /// A preset for from-scratch training: `bert-tiny` (2 layers, 128
+    /// hidden), `bert-mini` (4/256), `bert-small` (4/512), `bert-base`
+    /// (12/768), and the same sizes as `roberta-*`; heads = hidden / 64 and
+    /// the intermediate size is 4 × hidden.
+    pub fn preset(name: &str, vocab_size: usize) -> Result<ModelConfig> {
+        let (kind, size) = name.split_once('-').ok_or_else(|| unknown_preset(name))?;
+        let model_type = match kind {
+            "bert" => ModelType::Bert,
+            "roberta" => ModelType::Roberta,
+            _ => return Err(unknown_preset(name)),
+        };
+        let (layers, hidden) = match size {
+            "tiny" => (2, 128),
+            "mini" => (4, 256),
+            "small" => (4, 512),
+            "base" => (12, 768),
+            _ => return Err(unknown_preset(name)),
+        };
+        let roberta = model_type == ModelType::Roberta;
+        let config = ModelConfig {
+            model_type,
+            architectures: vec![if roberta { "RobertaForMaskedLM" } else { "BertForMaskedLM" }.into()],
+            vocab_size,
+            hidden_size: hidden,
+            num_hidden_layers: layers,
+            num_attention_heads: hidden / 64,
+            intermediate_size: 4 * hidden,
+            hidden_act: "gelu".into(),
+            hidden_dropout_prob: 0.1,
+            attention_probs_dropout_prob: 0.1,
+            max_position_embeddings: if roberta { 514 } else { 512 },
+            type_vocab_size: if roberta { 1 } else { 2 },
+            layer_norm_eps: if roberta { 1e-5 } else { 1e-12 },
+            initializer_range: 0.02,
+            pad_token_id: if roberta { 1 } else { 0 },
+            bos_token_id: roberta.then_some(0),
+            eos_token_id: roberta.then_some(2),
+            id2label: None,
+            label2id: None,
+        };
+        config.validate(&format!("preset {name}"))?;
+        Ok(config)
+    }
+
+    /// Read and check a Hugging Face `config.json`.
+    pub fn from_file(path: &Path) -> Result<ModelConfig> {
+        let where_ = path.display().to_string();
+        let text = std::fs::read_to_string(path)
+            .map_err(|e| ModelError::Io { path: where_.clone(), detail: format!("cannot read the config: {e}") })?;
+        let config: ModelConfig = serde_json::from_str(&text).map_err(|e| ModelError::Config {
+            path: where_.clone(),
+            detail: format!("{e} (model_type must be \"bert\" or \"roberta\"; the sizes vocab_size, hidden_size, num_hidden_layers, num_attention_heads and intermediate_size are required)"),
+        })?;
+        config.validate(&where_)?;
+        Ok(config)
+    }
+
+    /// The config as HF's `config.json` text.
+    pub fn to_json(&self) -> String {
+        serde_json::to_string_pretty(self).unwrap_or_default()
+    }
+
+    fn validate(&self, path: &str) -> Result<()> {
+        let bad = |detail: String| Err(ModelError::Config { path: path.to_string(), detail });
+        if self.num_attention_heads == 0 || self.hidden_size % self.num_attention_heads != 0 {
+            return bad(format!(
+                "hidden_size {} must be a multiple of num_attention_heads {}",
+                self.hidden_size, self.num_attention_heads
+            ));
+        }
+        if !matches!(self.hidden_act.as_str(), "gelu" | "gelu_new" | "relu") {
+            return bad(format!("hidden_act `{}` is not supported; use gelu, gelu_new or relu", self.hidden_act));
+        }
+        if self.vocab_size == 0 || self.hidden_size == 0 || self.max_position_embeddings == 0 {
+            return bad("vocab_size, hidden_size and max_position_embeddings must be positive".into());
+        }
+        if self.pad_token_id < 0 || self.pad_token_id as usize >= self.vocab_size {
+            return bad(format!("pad_token_id {} is outside the vocabulary of {}", self.pad_token_id, self.vocab_size));
+        }
+        Ok(())
+    }
+
+    /// The longest sequence the position embeddings allow.
+    pub fn max_sequence_length(&self) -> usize {
+        match self.model_type {
+            ModelType::Bert => self.max_position_embeddings,
+            ModelType::Roberta => self.max_position_embeddings.saturating_sub(self.pad_token_id as usize + 1),
+        }
+    }
+}
+
+fn unknown_preset(name: &str) -> ModelError {
+    ModelError::Config {
+        path: format!("preset {name}"),
+        detail: format!("unknown preset; choose one of {}", PRESETS.join(", ")),
+    }
+}

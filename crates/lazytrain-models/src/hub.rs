@@ -1,0 +1,133 @@
+//! Hugging Face model folders: `config.json` + `model.safetensors`, both ways.
+
+use crate::{ForMaskedLM, ForSequenceClassification, ModelConfig, ModelError, ModelType, Result};
+use lazytrain_core::{DType, Device};
+use lazytrain_nn::init::Initializer;
+use lazytrain_nn::state::{load_safetensors, save_safetensors, StateDict};
+use lazytrain_nn::{named_parameters, Module};
+use std::path::Path;
+
+/// Checkpoint tensors that are never parameters: tied decoder copies and old
+/// `position_ids` buffers.
+fn ignorable(name: &str) -> bool {
+    name.ends_with("position_ids")
+        || name.ends_with("predictions.decoder.weight")
+        || name.ends_with("predictions.decoder.bias")
+        || name.ends_with("lm_head.decoder.weight")
+        || name.ends_with("lm_head.decoder.bias")
+}
+
+/// Tensors a model may legitimately leave unused (another head, a pooler),
+/// which HF reports as a warning rather than an error.
+fn head_or_pooler(name: &str, base: &str) -> bool {
+    let name = name.strip_prefix(&format!("{base}.")).unwrap_or(name);
+    ["pooler.", "cls.", "lm_head.", "classifier."].iter().any(|p| name.starts_with(p))
+}
+
+/// Load `weights` (a safetensors file with HF names, with or without the
+/// `bert.`/`roberta.` prefix) into `module`. Every missing, unexpected or
+/// mis-shaped tensor is listed in one error; an unused pooler or head is
+/// returned as a warning, as is a missing parameter for which `fresh(name)`
+/// is true (it keeps its initial value). Half-precision checkpoints are
+/// widened to f32.
+pub fn load_weights(
+    module: &dyn Module,
+    model_type: ModelType,
+    weights: &Path,
+    device: &Device,
+    fresh: &dyn Fn(&str) -> bool,
+) -> Result<Vec<String>> {
+    let file = load_safetensors(weights, device)?;
+    let base = model_type.name();
+    let prefix = format!("{base}.");
+    let own = named_parameters(module);
+    let mut used = vec![false; file.len()];
+    let position = |name: &str| file.entries().iter().position(|(n, _)| n == name);
+    let mut problems = Vec::new();
+    let mut warnings = Vec::new();
+    let mut assignments = Vec::new();
+    for (name, param) in &own {
+        let found = position(name)
+            .or_else(|| name.strip_prefix(&prefix).and_then(position))
+            .or_else(|| position(&format!("{prefix}{name}")));
+        let Some(k) = found else {
+            if fresh(name) {
+                warnings.push(format!("{name} is not in the checkpoint and was newly initialised"));
+            } else {
+                problems.push(format!("  missing: {name} (expected {}{})", param.dtype(), param.shape()));
+            }
+            continue;
+        };
+        used[k] = true;
+        let value = &file.entries()[k].1;
+        if value.shape() != param.shape() || !value.dtype().is_float() {
+            problems.push(format!(
+                "  wrong shape: {name}: the model has {}{}, the checkpoint {}{}",
+                param.dtype(),
+                param.shape(),
+                value.dtype(),
+                value.shape()
+            ));
+            continue;
+        }
+        assignments.push((param.clone(), value.clone()));
+    }
+    for ((name, value), used) in file.entries().iter().zip(used) {
+        if used || ignorable(name) {
+            continue;
+        }
+        if head_or_pooler(name, base) {
+            warnings.push(format!("unused weight {name} ({}{}) was not loaded", value.dtype(), value.shape()));
+        } else {
+            problems.push(format!("  unexpected: {name} ({}{})", value.dtype(), value.shape()));
+        }
+    }
+    if !problems.is_empty() {
+        return Err(ModelError::Checkpoint { path: weights.display().to_string(), problems });
+    }
+    for (param, value) in assignments {
+        param.assign(&value.cast(DType::F32)?)?;
+    }
+    device.sync()?;
+    Ok(warnings)
+}
+
+/// Write `config.json` and `model.safetensors` (metadata `format: pt`, no
+/// tied decoder copy, no buffers) into `dir`, creating it.
+pub fn save_pretrained(dir: &Path, module: &dyn Module, config: &ModelConfig) -> Result<()> {
+    let io = |e: std::io::Error| ModelError::Io { path: dir.display().to_string(), detail: e.to_string() };
+    std::fs::create_dir_all(dir).map_err(io)?;
+    let state: StateDict = named_parameters(module).into_iter().collect();
+    save_safetensors(&dir.join("model.safetensors"), &state, &[("format", "pt")])?;
+    lazytrain_nn::state::write_atomically(&dir.join("config.json"), config.to_json().as_bytes())?;
+    Ok(())
+}
+
+/// Read a folder's `config.json`.
+pub fn load_config(dir: &Path) -> Result<ModelConfig> {
+    ModelConfig::from_file(&dir.join("config.json"))
+}
+
+/// A masked-LM model from a Hugging Face folder; returns it with the load warnings.
+pub fn load_masked_lm(dir: &Path, device: &Device) -> Result<(ForMaskedLM, Vec<String>)> {
+    let config = load_config(dir)?;
+    let model = ForMaskedLM::new(&mut Initializer::new(0, device), &config)?;
+    let warnings = load_weights(&model, config.model_type, &dir.join("model.safetensors"), device, &|_| false)?;
+    Ok((model, warnings))
+}
+
+/// A sequence classifier from a Hugging Face folder. A pretrained encoder
+/// without a classification head (e.g. a masked-LM export) gets a fresh head
+/// and pooler initialised from `seed`, reported in the warnings.
+pub fn load_sequence_classifier(
+    dir: &Path,
+    num_labels: usize,
+    seed: u64,
+    device: &Device,
+) -> Result<(ForSequenceClassification, Vec<String>)> {
+    let config = load_config(dir)?;
+    let model = ForSequenceClassification::new(&mut Initializer::new(seed, device), &config, num_labels)?;
+    let fresh = |name: &str| name.contains("classifier.") || name.contains("pooler.");
+    let warnings = load_weights(&model, config.model_type, &dir.join("model.safetensors"), device, &fresh)?;
+    Ok((model, warnings))
+}

@@ -1,0 +1,78 @@
+//! The bare encoder (`BertModel` / `RobertaModel`).
+
+use crate::embeddings::Embeddings;
+use crate::encoder::{rescale_init, Encoder};
+use crate::{ModelConfig, Result};
+use lazytrain_core::{DType, Tensor};
+use lazytrain_nn::init::Initializer;
+use lazytrain_nn::{Context, Linear, Module};
+
+/// Embeddings, encoder and an optional pooler (first token → dense → tanh).
+pub struct EncoderModel {
+    /// The configuration it was built from.
+    pub config: ModelConfig,
+    /// `embeddings`.
+    pub embeddings: Embeddings,
+    /// `encoder`.
+    pub encoder: Encoder,
+    /// `pooler.dense`, when the model has a pooler.
+    pub pooler: Option<Linear>,
+}
+
+impl EncoderModel {
+    /// A freshly initialised model (HF's `_init_weights`).
+    pub fn new(init: &mut Initializer, config: &ModelConfig, with_pooler: bool) -> Result<EncoderModel> {
+        let pooler = if with_pooler {
+            let mut dense = Linear::new(init, config.hidden_size, config.hidden_size, true)?;
+            rescale_init(&mut dense, config)?;
+            Some(dense)
+        } else {
+            None
+        };
+        Ok(EncoderModel {
+            config: config.clone(),
+            embeddings: Embeddings::new(init, config)?,
+            encoder: Encoder::new(init, config)?,
+            pooler,
+        })
+    }
+
+    /// HF's extended attention mask: `(1 - mask) * f32::MIN` as `[batch, 1, 1, seq]`.
+    fn additive_mask(attention_mask: &Tensor) -> Result<Tensor> {
+        let (b, s) = (attention_mask.dims()[0], attention_mask.dims()[1]);
+        let keep = attention_mask.cast(DType::F32)?;
+        Ok(keep.neg()?.add_scalar(1.0)?.mul_scalar(f32::MIN as f64)?.reshape([b, 1, 1, s])?)
+    }
+
+    /// The last hidden state `[batch, seq, hidden]` for `[batch, seq]` ids;
+    /// `attention_mask` is 1 for tokens and 0 for padding.
+    pub fn forward(
+        &self,
+        input_ids: &Tensor,
+        attention_mask: Option<&Tensor>,
+        token_type_ids: Option<&Tensor>,
+        ctx: &Context,
+    ) -> Result<Tensor> {
+        let x = self.embeddings.forward(input_ids, token_type_ids, ctx)?;
+        let mask = attention_mask.map(Self::additive_mask).transpose()?;
+        self.encoder.forward(&x, mask.as_ref(), ctx)
+    }
+
+    /// The pooled first-token representation `[batch, hidden]`.
+    pub fn pool(&self, hidden: &Tensor) -> Result<Option<Tensor>> {
+        let Some(dense) = &self.pooler else { return Ok(None) };
+        let (b, h) = (hidden.dims()[0], hidden.dims()[2]);
+        let first = hidden.narrow(1, 0, 1)?.reshape([b, h])?;
+        Ok(Some(dense.forward(&first)?.tanh()?))
+    }
+}
+
+impl Module for EncoderModel {
+    fn visit_parameters(&self, prefix: &str, visit: &mut dyn FnMut(String, &Tensor)) {
+        self.embeddings.visit_parameters(&format!("{prefix}embeddings."), visit);
+        self.encoder.visit_parameters(&format!("{prefix}encoder."), visit);
+        if let Some(p) = &self.pooler {
+            p.visit_parameters(&format!("{prefix}pooler.dense."), visit);
+        }
+    }
+}
