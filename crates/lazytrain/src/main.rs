@@ -1,6 +1,8 @@
 //! The `lazytrain` command line.
 
 mod bench_trace;
+mod cli_export;
+mod cli_pipelines;
 mod demo;
 
 use clap::{Parser, Subcommand};
@@ -21,13 +23,22 @@ enum Command {
     Demo(demo::DemoArgs),
     /// Measure tracing cost per node and the cut+hash+lookup time of a large graph.
     BenchTrace(bench_trace::BenchTraceArgs),
+    /// Predict masked tokens with a masked-LM model folder.
+    FillMask(cli_pipelines::FillMaskArgs),
+    /// Print the last hidden state of every token.
+    FeatureExtraction(cli_pipelines::FeatureArgs),
+    /// Re-write a masked-LM folder in the Hugging Face layout `transformers` loads.
+    Export(cli_export::ExportArgs),
 }
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
-    let result = match cli.command {
-        Command::Demo(args) => demo::run(&args),
-        Command::BenchTrace(args) => bench_trace::run(&args),
+    let result: Result<(), Box<dyn std::error::Error>> = match cli.command {
+        Command::Demo(args) => demo::run(&args).map_err(Into::into),
+        Command::BenchTrace(args) => bench_trace::run(&args).map_err(Into::into),
+        Command::FillMask(args) => cli_pipelines::fill_mask(&args).map_err(Into::into),
+        Command::FeatureExtraction(args) => cli_pipelines::feature_extraction(&args).map_err(Into::into),
+        Command::Export(args) => cli_export::run(&args).map_err(Into::into),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,

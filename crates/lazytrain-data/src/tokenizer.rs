@@ -1,0 +1,176 @@
+//! Hugging Face tokenizers (`tokenizer.json`) through the `tokenizers`
+//! crate, with the special tokens BERT and RoBERTa need and the side files
+//! (`tokenizer_config.json`, `special_tokens_map.json`) `AutoTokenizer` reads.
+
+use crate::{DataError, Result};
+use serde_json::json;
+use std::path::Path;
+use tokenizers::Tokenizer;
+
+/// Which special-token convention a tokenizer follows.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum TokenizerStyle {
+    /// `[PAD] [UNK] [CLS] [SEP] [MASK]`.
+    Bert,
+    /// `<s> <pad> </s> <unk> <mask>`.
+    Roberta,
+}
+
+impl TokenizerStyle {
+    /// The style's tokens in order: pad, unk, start (cls/bos), end (sep/eos), mask.
+    pub fn token_names(self) -> [&'static str; 5] {
+        match self {
+            TokenizerStyle::Bert => ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"],
+            TokenizerStyle::Roberta => ["<pad>", "<unk>", "<s>", "</s>", "<mask>"],
+        }
+    }
+}
+
+/// The special token ids of a tokenizer.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct SpecialTokens {
+    /// The convention.
+    pub style: TokenizerStyle,
+    /// Padding.
+    pub pad: u32,
+    /// Unknown.
+    pub unk: u32,
+    /// `[CLS]` / `<s>`.
+    pub start: u32,
+    /// `[SEP]` / `</s>`.
+    pub end: u32,
+    /// `[MASK]` / `<mask>`.
+    pub mask: u32,
+}
+
+/// A loaded tokenizer with its special tokens resolved.
+#[derive(Clone)]
+pub struct TextTokenizer {
+    inner: Tokenizer,
+    special: SpecialTokens,
+}
+
+fn tokenizer_error(path: &Path, detail: impl Into<String>) -> DataError {
+    DataError::Tokenizer { path: path.display().to_string(), detail: detail.into() }
+}
+
+impl TextTokenizer {
+    /// Wrap a `tokenizers` tokenizer, finding its special tokens (BERT style
+    /// when it has `[CLS]`, RoBERTa style when it has `<s>`).
+    pub fn new(inner: Tokenizer, origin: &Path) -> Result<TextTokenizer> {
+        let style = if inner.token_to_id("[CLS]").is_some() {
+            TokenizerStyle::Bert
+        } else if inner.token_to_id("<s>").is_some() {
+            TokenizerStyle::Roberta
+        } else {
+            return Err(tokenizer_error(
+                origin,
+                "has neither [CLS] (BERT style) nor <s> (RoBERTa style) in its vocabulary",
+            ));
+        };
+        let names = style.token_names();
+        let mut ids = [0u32; 5];
+        let mut missing = Vec::new();
+        for (slot, name) in ids.iter_mut().zip(names) {
+            match inner.token_to_id(name) {
+                Some(id) => *slot = id,
+                None => missing.push(name),
+            }
+        }
+        if !missing.is_empty() {
+            return Err(tokenizer_error(
+                origin,
+                format!(
+                    "lacks the special tokens {} that {style:?}-style models need; retrain it with them",
+                    missing.join(" ")
+                ),
+            ));
+        }
+        let [pad, unk, start, end, mask] = ids;
+        Ok(TextTokenizer { inner, special: SpecialTokens { style, pad, unk, start, end, mask } })
+    }
+
+    /// Load `tokenizer.json` from a file or from a folder containing one.
+    pub fn from_path(path: &Path) -> Result<TextTokenizer> {
+        let file = if path.is_dir() { path.join("tokenizer.json") } else { path.to_path_buf() };
+        if !file.exists() {
+            return Err(tokenizer_error(&file, "not found; a model folder needs a tokenizer.json"));
+        }
+        let inner =
+            Tokenizer::from_file(&file).map_err(|e| tokenizer_error(&file, format!("cannot be parsed: {e}")))?;
+        TextTokenizer::new(inner, &file)
+    }
+
+    /// The wrapped tokenizer.
+    pub fn inner(&self) -> &Tokenizer {
+        &self.inner
+    }
+
+    /// The special token ids.
+    pub fn special(&self) -> &SpecialTokens {
+        &self.special
+    }
+
+    /// The mask token's text (`[MASK]` or `<mask>`).
+    pub fn mask_token(&self) -> &'static str {
+        self.special.style.token_names()[4]
+    }
+
+    /// Vocabulary size including added tokens.
+    pub fn vocab_size(&self) -> usize {
+        self.inner.get_vocab_size(true)
+    }
+
+    /// Token ids of `text`, with the post-processor's special tokens when
+    /// `add_special_tokens` is set.
+    pub fn encode(&self, text: &str, add_special_tokens: bool) -> Result<Vec<u32>> {
+        let encoding = self
+            .inner
+            .encode(text, add_special_tokens)
+            .map_err(|e| DataError::Invalid(format!("cannot tokenize {text:?}: {e}")))?;
+        Ok(encoding.get_ids().to_vec())
+    }
+
+    /// Text of `ids` (special tokens dropped when `skip_special_tokens`).
+    pub fn decode(&self, ids: &[u32], skip_special_tokens: bool) -> Result<String> {
+        self.inner
+            .decode(ids, skip_special_tokens)
+            .map_err(|e| DataError::Invalid(format!("cannot decode {ids:?}: {e}")))
+    }
+
+    /// The token string of `id`.
+    pub fn id_to_token(&self, id: u32) -> Option<String> {
+        self.inner.id_to_token(id)
+    }
+
+    /// Write `tokenizer.json`, `tokenizer_config.json` and
+    /// `special_tokens_map.json` into `dir` (what `AutoTokenizer` loads).
+    pub fn save(&self, dir: &Path, model_max_length: usize) -> Result<()> {
+        let io = |p: &Path, e: String| DataError::Io { path: p.display().to_string(), detail: e };
+        std::fs::create_dir_all(dir).map_err(|e| io(dir, e.to_string()))?;
+        let file = dir.join("tokenizer.json");
+        self.inner.save(&file, false).map_err(|e| io(&file, e.to_string()))?;
+        let [pad, unk, start, end, mask] = self.special.style.token_names();
+        let (class, map) = match self.special.style {
+            TokenizerStyle::Bert => (
+                "BertTokenizerFast",
+                json!({"pad_token": pad, "unk_token": unk, "cls_token": start, "sep_token": end, "mask_token": mask}),
+            ),
+            TokenizerStyle::Roberta => (
+                "RobertaTokenizerFast",
+                json!({"bos_token": start, "eos_token": end, "cls_token": start, "sep_token": end,
+                       "pad_token": pad, "unk_token": unk, "mask_token": mask}),
+            ),
+        };
+        let mut config = map.clone();
+        config["tokenizer_class"] = json!(class);
+        config["model_max_length"] = json!(model_max_length);
+        let write = |name: &str, value: &serde_json::Value| {
+            let path = dir.join(name);
+            std::fs::write(&path, serde_json::to_string_pretty(value).unwrap_or_default())
+                .map_err(|e| io(&path, e.to_string()))
+        };
+        write("tokenizer_config.json", &config)?;
+        write("special_tokens_map.json", &map)
+    }
+}

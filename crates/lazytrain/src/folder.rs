@@ -1,0 +1,35 @@
+//! A Hugging Face model folder: model weights, config and tokenizer together.
+
+use crate::{Error, Result};
+use lazytrain_data::TextTokenizer;
+use lazytrain_models::{hub, ModelConfig, ModelType};
+use lazytrain_nn::Module;
+use std::path::Path;
+
+/// Refuse a RoBERTa model whose `pad_token_id` is not the tokenizer's pad id
+/// (its position ids are computed from it, so a mismatch silently corrupts
+/// every prediction); a BERT model's pad id must match too.
+pub fn check_pad_id(config: &ModelConfig, tokenizer: &TextTokenizer) -> Result<()> {
+    let pad = tokenizer.special().pad as i64;
+    if config.pad_token_id != pad {
+        let kind = match config.model_type {
+            ModelType::Bert => "BERT",
+            ModelType::Roberta => "RoBERTa",
+        };
+        return Err(Error::Input(format!(
+            "the {kind} config has pad_token_id {} but the tokenizer pads with id {pad}; set pad_token_id to {pad} in config.json",
+            config.pad_token_id
+        )));
+    }
+    Ok(())
+}
+
+/// Write a folder `transformers` loads with `AutoModelForMaskedLM` /
+/// `AutoTokenizer`: `config.json`, `model.safetensors`, `tokenizer.json`,
+/// `tokenizer_config.json` and `special_tokens_map.json`.
+pub fn save_folder(dir: &Path, module: &dyn Module, config: &ModelConfig, tokenizer: &TextTokenizer) -> Result<()> {
+    check_pad_id(config, tokenizer)?;
+    hub::save_pretrained(dir, module, config)?;
+    tokenizer.save(dir, config.max_sequence_length())?;
+    Ok(())
+}

@@ -1,0 +1,104 @@
+//! The fill-mask pipeline.
+
+use super::encode_batch;
+use crate::folder::check_pad_id;
+use crate::{Error, Result};
+use lazytrain_core::Device;
+use lazytrain_data::TextTokenizer;
+use lazytrain_models::{hub, ForMaskedLM};
+use lazytrain_nn::Context;
+use serde::Serialize;
+use std::path::Path;
+
+/// One candidate for one mask, as HF's pipeline reports it.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct MaskPrediction {
+    /// Softmax probability.
+    pub score: f32,
+    /// Token id.
+    pub token: u32,
+    /// The token as text.
+    pub token_str: String,
+    /// The input with this token in place of the mask.
+    pub sequence: String,
+}
+
+/// The predictions for one text: top-k per mask, in mask order.
+pub type TextPredictions = Vec<Vec<MaskPrediction>>;
+
+/// Predict masked tokens with a masked-LM model.
+pub struct FillMask {
+    model: ForMaskedLM,
+    tokenizer: TextTokenizer,
+    device: Device,
+}
+
+impl FillMask {
+    /// Load a model folder (config, weights, tokenizer).
+    pub fn from_dir(dir: &Path, device: &Device) -> Result<FillMask> {
+        let tokenizer = TextTokenizer::from_path(dir)?;
+        let (model, _warnings) = hub::load_masked_lm(dir, device)?;
+        check_pad_id(model.config(), &tokenizer)?;
+        Ok(FillMask { model, tokenizer, device: device.clone() })
+    }
+
+    /// Use an in-memory model and tokenizer.
+    pub fn new(model: ForMaskedLM, tokenizer: TextTokenizer, device: &Device) -> Result<FillMask> {
+        check_pad_id(model.config(), &tokenizer)?;
+        Ok(FillMask { model, tokenizer, device: device.clone() })
+    }
+
+    /// The tokenizer.
+    pub fn tokenizer(&self) -> &TextTokenizer {
+        &self.tokenizer
+    }
+
+    /// For each text, the `top_k` predictions for each mask token. As in HF, a
+    /// single mask's `sequence` drops special tokens; with several masks it
+    /// keeps them (the other masks stay visible).
+    pub fn predict(&self, texts: &[&str], top_k: usize) -> Result<Vec<TextPredictions>> {
+        let mask_id = self.tokenizer.special().mask;
+        for text in texts {
+            if !self.tokenizer.encode(text, true)?.contains(&mask_id) {
+                return Err(Error::Input(format!(
+                    "no mask token {} found in {text:?}; put {} where a word should be predicted",
+                    self.tokenizer.mask_token(),
+                    self.tokenizer.mask_token()
+                )));
+            }
+        }
+        let max_len = self.model.config().max_sequence_length();
+        let batch = encode_batch(&self.tokenizer, texts, max_len, &self.device)?;
+        let logits = self.model.forward(&batch.input_ids, Some(&batch.attention_mask), None, &Context::eval())?;
+        let values = logits.to_vec::<f32>()?;
+        let vocab = logits.dims()[2];
+        let mut out = Vec::with_capacity(texts.len());
+        for (b, ids) in batch.ids.iter().enumerate() {
+            let positions: Vec<usize> = ids.iter().enumerate().filter(|(_, &t)| t == mask_id).map(|(i, _)| i).collect();
+            let single = positions.len() == 1;
+            let mut per_mask = Vec::with_capacity(positions.len());
+            for &pos in &positions {
+                let row = &values[(b * batch.seq + pos) * vocab..(b * batch.seq + pos + 1) * vocab];
+                let max = row.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+                let exps: Vec<f64> = row.iter().map(|&v| ((v - max) as f64).exp()).collect();
+                let total: f64 = exps.iter().sum();
+                let mut order: Vec<usize> = (0..vocab).collect();
+                order.sort_by(|&a, &c| exps[c].total_cmp(&exps[a]).then(a.cmp(&c)));
+                let mut predictions = Vec::with_capacity(top_k);
+                for &token in order.iter().take(top_k) {
+                    let mut filled = ids.clone();
+                    filled[pos] = token as u32;
+                    predictions.push(MaskPrediction {
+                        score: (exps[token] / total) as f32,
+                        token: token as u32,
+                        token_str: self.tokenizer.decode(&[token as u32], false)?,
+                        sequence: self.tokenizer.decode(&filled, single)?,
+                    });
+                }
+                per_mask.push(predictions);
+            }
+            out.push(per_mask);
+        }
+        Ok(out)
+    }
+}

@@ -1,0 +1,101 @@
+//! Fill-mask and feature-extraction pipelines against `transformers`'
+//! pipelines (fixtures in lazytrain-models/tests/fixtures/pipelines.json).
+
+use lazytrain::folder::save_folder;
+use lazytrain::pipelines::{FeatureExtraction, FillMask};
+use lazytrain_core::Device;
+use lazytrain_data::TextTokenizer;
+use lazytrain_models::hub;
+use serde_json::Value;
+use std::path::{Path, PathBuf};
+
+fn fixtures() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("../lazytrain-models/tests/fixtures")
+}
+
+fn expected() -> Value {
+    serde_json::from_str(&std::fs::read_to_string(fixtures().join("pipelines.json")).unwrap()).unwrap()
+}
+
+/// HF returns a flat list for one mask and a list per mask for several.
+fn per_mask(v: &Value) -> Vec<Value> {
+    let list = v.as_array().unwrap();
+    if list[0].is_array() {
+        list.clone()
+    } else {
+        vec![v.clone()]
+    }
+}
+
+#[test]
+fn fill_mask_matches_transformers_batched_and_alone() {
+    let dev = Device::cpu();
+    let pipe = FillMask::from_dir(&fixtures().join("tiny-bert"), &dev).unwrap();
+    let want = expected();
+    let texts: Vec<&str> = want["fill_texts"].as_array().unwrap().iter().map(|t| t.as_str().unwrap()).collect();
+    let batched = pipe.predict(&texts, 3).unwrap();
+    for (i, text) in texts.iter().enumerate() {
+        let alone = pipe.predict(&[text], 3).unwrap();
+        assert_eq!(alone[0].len(), batched[i].len());
+        for (a, b) in alone[0].iter().flatten().zip(batched[i].iter().flatten()) {
+            assert_eq!((a.token, &a.sequence), (b.token, &b.sequence));
+            assert!((a.score - b.score).abs() < 1e-6, "padding changed a score");
+        }
+        let masks = per_mask(&want["fill"][i]);
+        assert_eq!(masks.len(), batched[i].len(), "{text}");
+        for (got_mask, want_mask) in batched[i].iter().zip(&masks) {
+            for (got, want) in got_mask.iter().zip(want_mask.as_array().unwrap()) {
+                assert_eq!(got.token as i64, want["token"].as_i64().unwrap(), "{text}");
+                assert_eq!(got.token_str, want["token_str"].as_str().unwrap());
+                assert_eq!(got.sequence, want["sequence"].as_str().unwrap());
+                assert!((got.score as f64 - want["score"].as_f64().unwrap()).abs() < 1e-4);
+            }
+        }
+    }
+}
+
+#[test]
+fn fill_mask_needs_a_mask() {
+    let pipe = FillMask::from_dir(&fixtures().join("tiny-bert"), &Device::cpu()).unwrap();
+    let msg = pipe.predict(&["the cat is big"], 5).err().unwrap().to_string();
+    assert!(msg.contains("no mask token [MASK]") && msg.contains("the cat is big"), "{msg}");
+}
+
+#[test]
+fn feature_extraction_matches_transformers() {
+    let dev = Device::cpu();
+    let pipe = FeatureExtraction::from_dir(&fixtures().join("tiny-bert"), &dev).unwrap();
+    let want = expected();
+    let texts: Vec<&str> = want["feature_texts"].as_array().unwrap().iter().map(|t| t.as_str().unwrap()).collect();
+    let got = pipe.extract(&texts).unwrap();
+    for (i, features) in got.iter().enumerate() {
+        let rows = want["features"][i][0].as_array().unwrap();
+        assert_eq!(features.len(), rows.len(), "tokens of {}", texts[i]);
+        for (g, w) in features.iter().zip(rows) {
+            for (a, b) in g.iter().zip(w.as_array().unwrap()) {
+                assert!((*a as f64 - b.as_f64().unwrap()).abs() < 1e-4);
+            }
+        }
+    }
+}
+
+#[test]
+fn exported_folders_load_back_and_pad_ids_are_checked() {
+    let dev = Device::cpu();
+    let src = fixtures().join("tiny-bert");
+    let (model, _) = hub::load_masked_lm(&src, &dev).unwrap();
+    let tokenizer = TextTokenizer::from_path(&src).unwrap();
+    let out = std::env::temp_dir().join(format!("lazytrain-export-{}", std::process::id()));
+    save_folder(&out, &model, model.config(), &tokenizer).unwrap();
+    for file in
+        ["config.json", "model.safetensors", "tokenizer.json", "tokenizer_config.json", "special_tokens_map.json"]
+    {
+        assert!(out.join(file).exists(), "{file}");
+    }
+    let a = FillMask::from_dir(&src, &dev).unwrap().predict(&["the capital of france is [MASK] ."], 5).unwrap();
+    let b = FillMask::from_dir(&out, &dev).unwrap().predict(&["the capital of france is [MASK] ."], 5).unwrap();
+    assert_eq!(a, b);
+    let (roberta, _) = hub::load_masked_lm(&fixtures().join("tiny-roberta"), &dev).unwrap();
+    let msg = save_folder(&out, &roberta, roberta.config(), &tokenizer).err().unwrap().to_string();
+    assert!(msg.contains("pad_token_id 1") && msg.contains("pads with id 0"), "{msg}");
+}
