@@ -19,6 +19,18 @@ pub enum DataError {
         /// What is wrong and how to fix it.
         detail: String,
     },
+    /// A record whose framing or checksum is wrong.
+    #[error("{path}: record {record} at byte {offset}: {detail}; the shard is corrupt (re-create it, or pass --skip-corrupt to skip bad records)")]
+    Corrupt {
+        /// The shard.
+        path: String,
+        /// Record index in the file.
+        record: usize,
+        /// Byte offset of the record header.
+        offset: u64,
+        /// What failed.
+        detail: String,
+    },
     /// Bad input text or arguments.
     #[error("{0}")]
     Invalid(String),

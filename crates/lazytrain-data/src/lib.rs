@@ -1,10 +1,27 @@
 //! # lazytrain-data
 //!
-//! The data side of training: Hugging Face tokenizers loaded and saved as
-//! `tokenizer.json` folders ([`tokenizer`]).
+//! The data side of training:
+//!
+//! - tokenizers: trained ([`train_tokenizer`]) and loaded/saved as
+//!   `tokenizer.json` folders ([`tokenizer`]);
+//! - `prepare`: documents ([`text`]) → fixed blocks → TFRecord shards of
+//!   `tf.train.Example`s ([`prepare`], [`tfrecord`], [`example`]);
+//! - reading: random access, seeded epoch shuffles, per-replica shares and
+//!   O(1) seeking ([`dataset`]), the MLM collator ([`collator`]) and the
+//!   prefetching [`loader::DeviceLoader`];
+//! - the embedded demo corpus ([`corpus`]).
 
+pub mod collator;
+pub mod corpus;
+pub mod dataset;
 mod error;
+pub mod example;
+pub mod loader;
+pub mod prepare;
+pub mod text;
+pub mod tfrecord;
 pub mod tokenizer;
+pub mod train_tokenizer;
 
 pub use error::{DataError, Result};
 pub use tokenizer::{SpecialTokens, TextTokenizer, TokenizerStyle};

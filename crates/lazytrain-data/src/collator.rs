@@ -1,0 +1,169 @@
+//! The masked-LM collator (Hugging Face's `DataCollatorForLanguageModeling`).
+
+use crate::{DataError, Result};
+use lazytrain_core::random::uniform_f32;
+
+/// A collated batch on the host: `[batch, seq]` row-major.
+#[derive(Clone, Debug, PartialEq)]
+pub struct HostBatch {
+    /// Inputs after masking.
+    pub input_ids: Vec<i64>,
+    /// 1 for tokens, 0 for padding.
+    pub attention_mask: Vec<i64>,
+    /// Original ids at chosen positions, -100 elsewhere.
+    pub labels: Vec<i64>,
+    /// Rows.
+    pub batch: usize,
+    /// Columns (the padded length).
+    pub seq: usize,
+}
+
+/// Chooses `mlm_probability` of the non-special tokens; of those 80 % become
+/// the mask token, 10 % a random token and 10 % stay unchanged. Randomness
+/// comes from `(seed, epoch, sample index)`, so a sample collates the same
+/// way however it was reached (directly or after a resume).
+#[derive(Clone, Debug)]
+pub struct MlmCollator {
+    /// The mask token id.
+    pub mask_id: u32,
+    /// The padding id.
+    pub pad_id: u32,
+    /// Ids never chosen (specials and padding).
+    pub special_ids: Vec<u32>,
+    /// Vocabulary size (random replacements are drawn from non-special ids).
+    pub vocab_size: usize,
+    /// Fraction of tokens to predict.
+    pub mlm_probability: f64,
+    /// Pad sequences up to a multiple of this (static shapes).
+    pub pad_to_multiple_of: usize,
+    /// The collator's seed.
+    pub seed: u64,
+}
+
+impl MlmCollator {
+    /// Collate `samples` (`(global sample index, token ids)`) drawn in `epoch`.
+    pub fn collate(&self, samples: &[(usize, Vec<i64>)], epoch: u64) -> Result<HostBatch> {
+        if samples.is_empty() {
+            return Err(DataError::Invalid("cannot collate an empty batch".into()));
+        }
+        if !(0.0..=1.0).contains(&self.mlm_probability) || self.vocab_size <= self.special_ids.len() {
+            return Err(DataError::Invalid(format!(
+                "mlm_probability must be in [0, 1] and the vocabulary larger than the special tokens (got {}, {})",
+                self.mlm_probability, self.vocab_size
+            )));
+        }
+        let longest = samples.iter().map(|(_, ids)| ids.len()).max().unwrap_or(0);
+        let multiple = self.pad_to_multiple_of.max(1);
+        let seq = longest.div_ceil(multiple) * multiple;
+        let mut batch = HostBatch {
+            input_ids: Vec::with_capacity(samples.len() * seq),
+            attention_mask: Vec::with_capacity(samples.len() * seq),
+            labels: Vec::with_capacity(samples.len() * seq),
+            batch: samples.len(),
+            seq,
+        };
+        let regular: Vec<u32> = (0..self.vocab_size as u32).filter(|t| !self.special_ids.contains(t)).collect();
+        let mut u = vec![0f32; 3 * seq];
+        for (index, ids) in samples {
+            uniform_f32(self.seed ^ epoch.wrapping_mul(0x9e37_79b9_7f4a_7c15), *index as u64, &mut u);
+            for pos in 0..seq {
+                let Some(&token) = ids.get(pos) else {
+                    batch.input_ids.push(self.pad_id as i64);
+                    batch.attention_mask.push(0);
+                    batch.labels.push(-100);
+                    continue;
+                };
+                batch.attention_mask.push(i64::from(token != self.pad_id as i64));
+                let special = token < 0 || self.special_ids.contains(&(token as u32));
+                if special || (u[3 * pos] as f64) >= self.mlm_probability {
+                    batch.input_ids.push(token);
+                    batch.labels.push(-100);
+                    continue;
+                }
+                batch.labels.push(token);
+                let action = u[3 * pos + 1];
+                batch.input_ids.push(if action < 0.8 {
+                    self.mask_id as i64
+                } else if action < 0.9 {
+                    let r = ((u[3 * pos + 2] as f64) * regular.len() as f64) as usize;
+                    regular[r.min(regular.len() - 1)] as i64
+                } else {
+                    token
+                });
+            }
+        }
+        Ok(batch)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn collator() -> MlmCollator {
+        MlmCollator {
+            mask_id: 4,
+            pad_id: 0,
+            special_ids: vec![0, 1, 2, 3, 4],
+            vocab_size: 1000,
+            mlm_probability: 0.15,
+            pad_to_multiple_of: 8,
+            seed: 42,
+        }
+    }
+
+    #[test]
+    fn masking_statistics_over_100k_tokens() {
+        let c = collator();
+        let (mut chosen, mut masked, mut random, mut kept, mut total, mut special_chosen) = (0, 0, 0, 0, 0, 0);
+        for batch in 0..100 {
+            let samples: Vec<(usize, Vec<i64>)> = (0..8)
+                .map(|i| {
+                    let index = batch * 8 + i;
+                    let mut ids: Vec<i64> = (0..125).map(|p| 5 + ((index * 131 + p * 17) % 995) as i64).collect();
+                    ids[0] = 2;
+                    ids[124] = 3;
+                    (index, ids)
+                })
+                .collect();
+            let b = c.collate(&samples, 0).unwrap();
+            assert_eq!(b.seq, 128, "padded to a multiple of 8");
+            for (i, (&input, &label)) in b.input_ids.iter().zip(&b.labels).enumerate() {
+                let original = samples[i / 128].1.get(i % 128).copied();
+                if let Some(orig) = original {
+                    if (orig as u32) < 5 {
+                        special_chosen += usize::from(label != -100);
+                        continue;
+                    }
+                    total += 1;
+                }
+                if label == -100 {
+                    continue;
+                }
+                chosen += 1;
+                match input {
+                    4 => masked += 1,
+                    x if x == label => kept += 1,
+                    _ => random += 1,
+                }
+            }
+        }
+        assert!(total >= 98_000);
+        assert_eq!(special_chosen, 0, "special tokens are never chosen");
+        let frac = chosen as f64 / total as f64;
+        assert!((frac - 0.15).abs() < 0.005, "masked fraction {frac}");
+        let (m, r, k) = (masked as f64 / chosen as f64, random as f64 / chosen as f64, kept as f64 / chosen as f64);
+        assert!((m - 0.8).abs() < 0.01 && (r - 0.1).abs() < 0.01 && (k - 0.1).abs() < 0.011, "{m} {r} {k}");
+    }
+
+    #[test]
+    fn same_seed_epoch_and_index_same_batch() {
+        let c = collator();
+        let s = vec![(17usize, (5..100).collect::<Vec<i64>>())];
+        assert_eq!(c.collate(&s, 3).unwrap(), c.collate(&s, 3).unwrap());
+        assert_ne!(c.collate(&s, 3).unwrap(), c.collate(&s, 4).unwrap());
+        let b = c.collate(&s, 3).unwrap();
+        assert_eq!(&b.attention_mask[95..], &[0; 1], "padding is masked out");
+        assert_eq!(b.labels[95], -100);
+    }
+}

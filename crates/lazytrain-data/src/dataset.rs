@@ -1,0 +1,189 @@
+//! Reading prepared shards: random access to every record, per-epoch
+//! seeded shuffles, disjoint per-replica shares, and O(1) seeking.
+
+use crate::example::decode_int64_example;
+use crate::tfrecord::{CorruptPolicy, RecordIndex};
+use crate::{DataError, Result};
+use std::fs::File;
+use std::path::{Path, PathBuf};
+use std::sync::Mutex;
+
+/// The shard files matching `spec`: a directory (its `{split}-*.tfrecord`
+/// files), a file name pattern with `*` in the last component, or a file.
+pub fn find_shards(spec: &Path, split: &str) -> Result<Vec<PathBuf>> {
+    let (dir, pattern) = if spec.is_dir() {
+        (spec.to_path_buf(), format!("{split}-*.tfrecord"))
+    } else if spec.to_string_lossy().contains('*') {
+        let dir = spec.parent().filter(|p| !p.as_os_str().is_empty()).unwrap_or(Path::new(".")).to_path_buf();
+        (dir, spec.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default())
+    } else {
+        return if spec.is_file() {
+            Ok(vec![spec.to_path_buf()])
+        } else {
+            Err(DataError::Io { path: spec.display().to_string(), detail: "no such shard file or folder".into() })
+        };
+    };
+    let (prefix, suffix) = pattern.split_once('*').unwrap_or((pattern.as_str(), ""));
+    let entries = std::fs::read_dir(&dir)
+        .map_err(|e| DataError::Io { path: dir.display().to_string(), detail: e.to_string() })?;
+    let mut files: Vec<PathBuf> = entries
+        .filter_map(|e| e.ok().map(|e| e.path()))
+        .filter(|p| {
+            let name = p.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
+            name.starts_with(prefix) && name.ends_with(suffix) && name.len() >= prefix.len() + suffix.len()
+        })
+        .collect();
+    files.sort();
+    if files.is_empty() {
+        return Err(DataError::Io {
+            path: dir.join(&pattern).display().to_string(),
+            detail: "no shards match; run `lazytrain prepare` or check the path".into(),
+        });
+    }
+    Ok(files)
+}
+
+struct Shard {
+    index: RecordIndex,
+    file: Mutex<File>,
+}
+
+/// Every record of a set of shards, addressable by a global index.
+pub struct ShardedDataset {
+    shards: Vec<Shard>,
+    starts: Vec<usize>,
+    len: usize,
+    skipped: u64,
+}
+
+impl ShardedDataset {
+    /// Index `files` (reading every record header).
+    pub fn open(files: &[PathBuf], policy: CorruptPolicy) -> Result<ShardedDataset> {
+        let mut shards = Vec::with_capacity(files.len());
+        let mut starts = Vec::with_capacity(files.len());
+        let mut len = 0;
+        let mut skipped = 0;
+        for path in files {
+            let index = RecordIndex::scan(path, policy)?;
+            let file = File::open(path)
+                .map_err(|e| DataError::Io { path: path.display().to_string(), detail: e.to_string() })?;
+            starts.push(len);
+            len += index.spans.len();
+            skipped += index.skipped;
+            shards.push(Shard { index, file: Mutex::new(file) });
+        }
+        Ok(ShardedDataset { shards, starts, len, skipped })
+    }
+
+    /// Records in all shards.
+    pub fn len(&self) -> usize {
+        self.len
+    }
+
+    /// True when there are no records.
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+
+    /// Records skipped as corrupt while indexing.
+    pub fn skipped(&self) -> u64 {
+        self.skipped
+    }
+
+    /// The int64 feature `name` of record `k` (global index).
+    pub fn feature(&self, k: usize, name: &str) -> Result<Vec<i64>> {
+        let shard = self.starts.partition_point(|&s| s <= k).saturating_sub(1);
+        let s = &self.shards[shard];
+        let bytes = {
+            let mut file = s.file.lock().unwrap_or_else(|p| p.into_inner());
+            s.index.read(&mut file, k - self.starts[shard])?
+        };
+        decode_int64_example(&bytes)?.into_iter().find(|(n, _)| n == name).map(|(_, v)| v).ok_or_else(|| {
+            DataError::Invalid(format!("record {k} of {} has no feature `{name}`", s.index.path.display()))
+        })
+    }
+}
+
+/// Which records one replica visits, epoch by epoch.
+///
+/// Epoch `e` visits a permutation of all records drawn from `(seed, e)`
+/// (or the identity without shuffling). Replica `r` of `n` takes positions
+/// `r, r + n, r + 2n, ...` of it, and every replica gets
+/// `floor(len / n)` samples, so replicas take equally many batches and their
+/// shares are disjoint. Seeking to sample `k` of epoch `e` is one lookup.
+#[derive(Clone, Debug)]
+pub struct EpochSampler {
+    len: usize,
+    seed: u64,
+    shuffle: bool,
+    replica: usize,
+    num_replicas: usize,
+    epoch: Option<(u64, Vec<u32>)>,
+}
+
+impl EpochSampler {
+    /// A sampler over `len` records for replica `replica` of `num_replicas`.
+    pub fn new(len: usize, seed: u64, shuffle: bool, replica: usize, num_replicas: usize) -> Result<EpochSampler> {
+        if num_replicas == 0 || replica >= num_replicas {
+            return Err(DataError::Invalid(format!("replica {replica} of {num_replicas} does not exist")));
+        }
+        if len < num_replicas {
+            return Err(DataError::Invalid(format!("{len} records cannot feed {num_replicas} replicas")));
+        }
+        Ok(EpochSampler { len, seed, shuffle, replica, num_replicas, epoch: None })
+    }
+
+    /// Samples this replica sees per epoch.
+    pub fn samples_per_epoch(&self) -> usize {
+        self.len / self.num_replicas
+    }
+
+    fn permutation(&mut self, epoch: u64) -> &[u32] {
+        if self.epoch.as_ref().map(|(e, _)| *e) != Some(epoch) {
+            let mut order: Vec<u32> = (0..self.len as u32).collect();
+            if self.shuffle {
+                let mut u = vec![0f32; self.len];
+                lazytrain_core::random::uniform_f32(self.seed, 0xe90c_0000 + epoch, &mut u);
+                for i in (1..self.len).rev() {
+                    let j = ((u[i] as f64) * (i + 1) as f64) as usize;
+                    order.swap(i, j.min(i));
+                }
+            }
+            self.epoch = Some((epoch, order));
+        }
+        &self.epoch.as_ref().expect("just set").1
+    }
+
+    /// The global record index of this replica's sample `k` in `epoch`.
+    pub fn record(&mut self, epoch: u64, k: usize) -> usize {
+        let (r, n) = (self.replica, self.num_replicas);
+        self.permutation(epoch)[r + k * n] as usize
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn replicas_split_an_epoch_disjointly() {
+        let n = 103;
+        let mut seen = Vec::new();
+        for r in 0..4 {
+            let mut s = EpochSampler::new(n, 7, true, r, 4).unwrap();
+            assert_eq!(s.samples_per_epoch(), 25);
+            seen.extend((0..25).map(|k| s.record(2, k)));
+        }
+        let mut sorted = seen.clone();
+        sorted.sort_unstable();
+        sorted.dedup();
+        assert_eq!(sorted.len(), 100, "no overlap, 3 records dropped");
+        let mut a = EpochSampler::new(n, 7, true, 0, 1).unwrap();
+        let first: Vec<usize> = (0..n).map(|k| a.record(0, k)).collect();
+        let second: Vec<usize> = (0..n).map(|k| a.record(1, k)).collect();
+        assert_ne!(first, second, "each epoch is shuffled anew");
+        let mut sorted = first.clone();
+        sorted.sort_unstable();
+        assert_eq!(sorted, (0..n).collect::<Vec<_>>());
+    }
+}

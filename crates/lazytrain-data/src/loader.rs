@@ -1,0 +1,141 @@
+//! `DeviceLoader`: reads, collates and uploads batch n+1 on a background
+//! thread while step n runs, and marks the step boundary between batches the
+//! way PyTorch/XLA's `MpDeviceLoader` does.
+
+use crate::collator::{HostBatch, MlmCollator};
+use crate::dataset::{EpochSampler, ShardedDataset};
+use crate::{DataError, Result};
+use lazytrain_core::{Device, Tensor};
+use std::sync::mpsc::{sync_channel, Receiver};
+use std::sync::Arc;
+use std::thread::JoinHandle;
+
+/// A batch on the device.
+pub struct DeviceBatch {
+    /// `[batch, seq]` i64 inputs.
+    pub input_ids: Tensor,
+    /// `[batch, seq]` i64, 1 for tokens.
+    pub attention_mask: Tensor,
+    /// `[batch, seq]` i64 labels, -100 where nothing is predicted.
+    pub labels: Tensor,
+    /// The epoch it belongs to.
+    pub epoch: u64,
+    /// This replica's sample index (within the epoch) of its first row.
+    pub first_sample: usize,
+    /// Labelled tokens in the batch.
+    pub label_count: usize,
+}
+
+/// Where a loader starts and how long it runs.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct LoaderPlan {
+    /// Rows per batch.
+    pub batch_size: usize,
+    /// Batches prepared ahead (at least 1).
+    pub prefetch: usize,
+    /// The epoch to start in.
+    pub start_epoch: u64,
+    /// The sample (of this replica, in that epoch) to start at.
+    pub start_sample: usize,
+    /// Stop after this many batches (`None`: run until `epochs` are done).
+    pub max_batches: Option<u64>,
+    /// Epochs to run in total (counting from 0).
+    pub epochs: u64,
+}
+
+/// Iterates device batches; each `next()` after the first marks the step
+/// boundary (`Device::mark_step`) before handing over the prefetched batch.
+pub struct DeviceLoader {
+    rx: Receiver<Result<DeviceBatch>>,
+    device: Device,
+    yielded: bool,
+    worker: Option<JoinHandle<()>>,
+}
+
+fn upload(host: HostBatch, device: &Device, epoch: u64, first_sample: usize) -> Result<DeviceBatch> {
+    let shape = [host.batch, host.seq];
+    let label_count = host.labels.iter().filter(|&&l| l != -100).count();
+    Ok(DeviceBatch {
+        input_ids: Tensor::from_vec(host.input_ids, shape, device)?,
+        attention_mask: Tensor::from_vec(host.attention_mask, shape, device)?,
+        labels: Tensor::from_vec(host.labels, shape, device)?,
+        epoch,
+        first_sample,
+        label_count,
+    })
+}
+
+impl DeviceLoader {
+    /// Start the background worker.
+    pub fn new(
+        dataset: Arc<ShardedDataset>,
+        mut sampler: EpochSampler,
+        collator: MlmCollator,
+        plan: LoaderPlan,
+        device: &Device,
+    ) -> Result<DeviceLoader> {
+        let per_epoch = sampler.samples_per_epoch() / plan.batch_size.max(1);
+        if plan.batch_size == 0 || per_epoch == 0 {
+            return Err(DataError::Invalid(format!(
+                "batch size {} with {} samples per replica leaves no full batch",
+                plan.batch_size,
+                sampler.samples_per_epoch()
+            )));
+        }
+        let (tx, rx) = sync_channel(plan.prefetch.max(1));
+        let dev = device.clone();
+        let worker = std::thread::Builder::new()
+            .name("lazytrain-loader".into())
+            .spawn(move || {
+                let mut produced = 0u64;
+                let (mut epoch, mut sample) = (plan.start_epoch, plan.start_sample);
+                while epoch < plan.epochs && plan.max_batches.is_none_or(|m| produced < m) {
+                    if sample + plan.batch_size > per_epoch * plan.batch_size {
+                        epoch += 1;
+                        sample = 0;
+                        continue;
+                    }
+                    let batch = (sample..sample + plan.batch_size)
+                        .map(|k| {
+                            let record = sampler.record(epoch, k);
+                            dataset.feature(record, "input_ids").map(|ids| (record, ids))
+                        })
+                        .collect::<Result<Vec<_>>>()
+                        .and_then(|rows| collator.collate(&rows, epoch))
+                        .and_then(|host| upload(host, &dev, epoch, sample));
+                    let failed = batch.is_err();
+                    if tx.send(batch).is_err() || failed {
+                        return;
+                    }
+                    produced += 1;
+                    sample += plan.batch_size;
+                }
+            })
+            .map_err(|e| DataError::Invalid(format!("cannot start the loader thread: {e}")))?;
+        Ok(DeviceLoader { rx, device: device.clone(), yielded: false, worker: Some(worker) })
+    }
+}
+
+impl Iterator for DeviceLoader {
+    type Item = Result<DeviceBatch>;
+
+    fn next(&mut self) -> Option<Result<DeviceBatch>> {
+        if self.yielded {
+            if let Err(e) = self.device.mark_step() {
+                return Some(Err(e.into()));
+            }
+        }
+        match self.rx.recv() {
+            Ok(batch) => {
+                self.yielded = true;
+                Some(batch)
+            }
+            Err(_) => {
+                if let Some(worker) = self.worker.take() {
+                    let _ = worker.join();
+                }
+                None
+            }
+        }
+    }
+}

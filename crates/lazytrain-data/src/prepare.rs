@@ -1,0 +1,202 @@
+//! `prepare`: tokenize documents, pack them into fixed blocks (Hugging Face
+//! `group_texts` semantics), split train/validation and write TFRecord shards
+//! with a `manifest.json`.
+
+use crate::example::encode_int64_example;
+use crate::tfrecord::RecordWriter;
+use crate::tokenizer::TextTokenizer;
+use crate::{DataError, Result};
+use serde::{Deserialize, Serialize};
+use std::path::Path;
+
+/// Options for [`prepare`].
+#[derive(Clone, Debug)]
+pub struct PrepareOptions {
+    /// Tokens per block.
+    pub block_size: usize,
+    /// Training shards.
+    pub num_shards: usize,
+    /// Fraction of blocks held out for validation (chosen by seed).
+    pub validation_fraction: f64,
+    /// Seed of the train/validation split.
+    pub seed: u64,
+    /// Draw a progress bar on stderr.
+    pub progress: bool,
+}
+
+/// One shard file and its record count.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ShardInfo {
+    /// File name inside the output folder.
+    pub file: String,
+    /// Records (blocks) in it.
+    pub records: u64,
+}
+
+/// What `prepare` wrote, saved as `manifest.json` beside the shards.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct Manifest {
+    /// Tokens per block.
+    pub block_size: usize,
+    /// Training shards.
+    pub train: Vec<ShardInfo>,
+    /// Validation shards.
+    pub validation: Vec<ShardInfo>,
+    /// Masked CRC32C of the tokenizer's `tokenizer.json`, hex.
+    pub tokenizer_hash: String,
+    /// The tokenizer's vocabulary size.
+    pub vocab_size: usize,
+    /// Seed of the split.
+    pub seed: u64,
+    /// Documents read.
+    pub documents: u64,
+    /// Tokens after concatenation (separators included).
+    pub tokens: u64,
+    /// Tokens dropped as the final partial block.
+    pub dropped_tokens: u64,
+}
+
+impl Manifest {
+    /// Read `manifest.json` from a prepared folder.
+    pub fn read(dir: &Path) -> Result<Manifest> {
+        let path = dir.join("manifest.json");
+        let text = std::fs::read_to_string(&path).map_err(|e| DataError::Io {
+            path: path.display().to_string(),
+            detail: format!("cannot read the manifest ({e}); run `lazytrain prepare` first"),
+        })?;
+        serde_json::from_str(&text)
+            .map_err(|e| DataError::Io { path: path.display().to_string(), detail: e.to_string() })
+    }
+
+    /// Training records in all shards.
+    pub fn train_records(&self) -> u64 {
+        self.train.iter().map(|s| s.records).sum()
+    }
+}
+
+/// Concatenate token sequences, each followed by `separator`, and cut the
+/// stream into `block_size` blocks; the final partial block is dropped.
+/// Returns the blocks and the number of dropped tokens.
+pub fn pack_blocks(sequences: &[Vec<u32>], separator: u32, block_size: usize) -> (Vec<Vec<u32>>, usize) {
+    let mut blocks = Vec::new();
+    let mut current = Vec::with_capacity(block_size);
+    for seq in sequences {
+        for &t in seq.iter().chain(std::iter::once(&separator)) {
+            current.push(t);
+            if current.len() == block_size {
+                blocks.push(std::mem::replace(&mut current, Vec::with_capacity(block_size)));
+            }
+        }
+    }
+    (blocks, current.len())
+}
+
+fn progress_bar(len: u64, enabled: bool, what: &str) -> indicatif::ProgressBar {
+    if !enabled {
+        return indicatif::ProgressBar::hidden();
+    }
+    let bar = indicatif::ProgressBar::new(len);
+    let style = indicatif::ProgressStyle::with_template("{msg:>12} [{bar:30}] {pos}/{len} ({per_sec}, eta {eta})")
+        .map(|s| s.progress_chars("=> "))
+        .unwrap_or_else(|_| indicatif::ProgressStyle::default_bar());
+    bar.set_style(style);
+    bar.set_message(what.to_string());
+    bar
+}
+
+/// Tokenize `documents` (in parallel), pack, split and write shards into
+/// `out_dir`; returns the manifest (also written as `manifest.json`).
+pub fn prepare(
+    tokenizer: &TextTokenizer,
+    documents: &[String],
+    out_dir: &Path,
+    options: &PrepareOptions,
+) -> Result<Manifest> {
+    if options.block_size < 2 || options.num_shards == 0 || !(0.0..1.0).contains(&options.validation_fraction) {
+        return Err(DataError::Invalid(format!(
+            "need block_size >= 2, num_shards >= 1 and validation_fraction in [0, 1), got {}, {}, {}",
+            options.block_size, options.num_shards, options.validation_fraction
+        )));
+    }
+    let io = |p: &Path, e: std::io::Error| DataError::Io { path: p.display().to_string(), detail: e.to_string() };
+    std::fs::create_dir_all(out_dir).map_err(|e| io(out_dir, e))?;
+    let bar = progress_bar(documents.len() as u64, options.progress, "tokenizing");
+    let mut sequences = Vec::with_capacity(documents.len());
+    for chunk in documents.chunks(4096) {
+        let encodings = tokenizer
+            .inner()
+            .encode_batch(chunk.to_vec(), false)
+            .map_err(|e| DataError::Invalid(format!("tokenization failed: {e}")))?;
+        sequences.extend(encodings.iter().map(|e| e.get_ids().to_vec()));
+        bar.inc(chunk.len() as u64);
+    }
+    bar.finish_and_clear();
+    let (blocks, dropped) = pack_blocks(&sequences, tokenizer.special().end, options.block_size);
+    if blocks.is_empty() {
+        return Err(DataError::Invalid(format!(
+            "the input has {dropped} tokens, fewer than one block of {}; add text or lower --block-size",
+            options.block_size
+        )));
+    }
+    let mut held_out = vec![0f32; blocks.len()];
+    lazytrain_core::random::uniform_f32(options.seed, 0x5eed, &mut held_out);
+    let validation_shards = usize::from(options.validation_fraction > 0.0);
+    let name = |split: &str, i: usize, n: usize| format!("{split}-{i:05}-of-{n:05}.tfrecord");
+    let mut train: Vec<(String, RecordWriter)> = (0..options.num_shards)
+        .map(|i| {
+            let file = name("train", i, options.num_shards);
+            RecordWriter::create(&out_dir.join(&file)).map(|w| (file, w))
+        })
+        .collect::<Result<_>>()?;
+    let mut validation: Vec<(String, RecordWriter)> = (0..validation_shards)
+        .map(|i| {
+            let file = name("validation", i, validation_shards);
+            RecordWriter::create(&out_dir.join(&file)).map(|w| (file, w))
+        })
+        .collect::<Result<_>>()?;
+    let ones = vec![1i64; options.block_size];
+    let bar = progress_bar(blocks.len() as u64, options.progress, "writing");
+    let mut train_count = 0usize;
+    for (block, u) in blocks.iter().zip(&held_out) {
+        let ids: Vec<i64> = block.iter().map(|&t| t as i64).collect();
+        let record = encode_int64_example(&[("input_ids", &ids), ("attention_mask", &ones)]);
+        if (*u as f64) < options.validation_fraction {
+            validation[0].1.write(&record)?;
+        } else {
+            train[train_count % options.num_shards].1.write(&record)?;
+            train_count += 1;
+        }
+        bar.inc(1);
+    }
+    bar.finish_and_clear();
+    let finish = |writers: Vec<(String, RecordWriter)>| -> Result<Vec<ShardInfo>> {
+        writers.into_iter().map(|(file, w)| w.finish().map(|records| ShardInfo { file, records })).collect()
+    };
+    let tokenizer_json = tokenizer.inner().to_string(false).map_err(|e| DataError::Invalid(e.to_string()))?;
+    let manifest = Manifest {
+        block_size: options.block_size,
+        train: finish(train)?,
+        validation: finish(validation)?,
+        tokenizer_hash: format!("{:08x}", crate::tfrecord::masked_crc32c(tokenizer_json.as_bytes())),
+        vocab_size: tokenizer.vocab_size(),
+        seed: options.seed,
+        documents: documents.len() as u64,
+        tokens: (blocks.len() * options.block_size + dropped) as u64,
+        dropped_tokens: dropped as u64,
+    };
+    let text = serde_json::to_string_pretty(&manifest).map_err(|e| DataError::Invalid(e.to_string()))?;
+    std::fs::write(out_dir.join("manifest.json"), text).map_err(|e| io(&out_dir.join("manifest.json"), e))?;
+    Ok(manifest)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn packing_follows_group_texts() {
+        let (blocks, dropped) = pack_blocks(&[vec![1, 2, 3], vec![4, 5], vec![6]], 0, 4);
+        assert_eq!(blocks, vec![vec![1, 2, 3, 0], vec![4, 5, 0, 6]]);
+        assert_eq!(dropped, 1);
+    }
+}

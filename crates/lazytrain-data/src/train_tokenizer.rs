@@ -1,0 +1,156 @@
+//! Training a tokenizer with the `tokenizers` crate.
+
+use crate::tokenizer::{TextTokenizer, TokenizerStyle};
+use crate::{DataError, Result};
+use std::path::Path;
+use tokenizers::decoders::byte_level::ByteLevel as ByteLevelDecoder;
+use tokenizers::decoders::metaspace::Metaspace as MetaspaceDecoder;
+use tokenizers::decoders::wordpiece::WordPiece as WordPieceDecoder;
+use tokenizers::models::bpe::{BpeTrainer, BPE};
+use tokenizers::models::unigram::{Unigram, UnigramTrainer};
+use tokenizers::models::wordpiece::{WordPiece, WordPieceTrainer};
+use tokenizers::models::{ModelWrapper, TrainerWrapper};
+use tokenizers::normalizers::{BertNormalizer, NormalizerWrapper, NFC};
+use tokenizers::pre_tokenizers::bert::BertPreTokenizer;
+use tokenizers::pre_tokenizers::byte_level::ByteLevel;
+use tokenizers::pre_tokenizers::metaspace::{Metaspace, PrependScheme};
+use tokenizers::pre_tokenizers::PreTokenizerWrapper;
+use tokenizers::processors::roberta::RobertaProcessing;
+use tokenizers::processors::template::TemplateProcessing;
+use tokenizers::processors::PostProcessorWrapper;
+use tokenizers::{AddedToken, DecoderWrapper, Tokenizer};
+
+/// The subword model to train.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum SubwordModel {
+    /// SentencePiece-style unigram LM (Metaspace pre-tokenizer).
+    Unigram,
+    /// BERT's WordPiece (`##` continuations).
+    WordPiece,
+    /// Byte-level BPE, as GPT-2 and RoBERTa use.
+    Bpe,
+}
+
+impl SubwordModel {
+    /// Parse `unigram`, `wordpiece` or `bpe`.
+    pub fn parse(name: &str) -> Result<SubwordModel> {
+        match name {
+            "unigram" => Ok(SubwordModel::Unigram),
+            "wordpiece" => Ok(SubwordModel::WordPiece),
+            "bpe" => Ok(SubwordModel::Bpe),
+            other => {
+                Err(DataError::Invalid(format!("unknown tokenizer model `{other}`; choose unigram, wordpiece or bpe")))
+            }
+        }
+    }
+}
+
+impl TokenizerStyle {
+    /// Parse `bert` or `roberta`.
+    pub fn parse(name: &str) -> Result<TokenizerStyle> {
+        match name {
+            "bert" => Ok(TokenizerStyle::Bert),
+            "roberta" => Ok(TokenizerStyle::Roberta),
+            other => Err(DataError::Invalid(format!("unknown tokenizer style `{other}`; choose bert or roberta"))),
+        }
+    }
+
+    /// Special tokens in vocabulary order (ids 0..5).
+    fn vocabulary_order(self) -> [&'static str; 5] {
+        match self {
+            TokenizerStyle::Bert => ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"],
+            TokenizerStyle::Roberta => ["<s>", "<pad>", "</s>", "<unk>", "<mask>"],
+        }
+    }
+}
+
+fn train_error(e: impl std::fmt::Display) -> DataError {
+    DataError::Invalid(format!("tokenizer training failed: {e}"))
+}
+
+/// Train a `model` tokenizer of about `vocab_size` tokens on `documents`,
+/// with `style`'s special tokens at ids 0–4 and its post-processor
+/// (`[CLS] A [SEP]` or `<s> A </s>`).
+pub fn train_tokenizer(
+    documents: &[String],
+    model: SubwordModel,
+    vocab_size: usize,
+    style: TokenizerStyle,
+) -> Result<TextTokenizer> {
+    if vocab_size < 16 {
+        return Err(DataError::Invalid(format!("a vocabulary of {vocab_size} tokens is too small; use at least 16")));
+    }
+    let specials: Vec<AddedToken> =
+        style.vocabulary_order().iter().map(|t| AddedToken::from(t.to_string(), true).lstrip(*t == "<mask>")).collect();
+    let unk = style.token_names()[1].to_string();
+    let (model_wrapper, mut trainer): (ModelWrapper, TrainerWrapper) = match model {
+        SubwordModel::Unigram => (
+            Unigram::default().into(),
+            UnigramTrainer::builder()
+                .vocab_size(vocab_size as u32)
+                .special_tokens(specials.clone())
+                .unk_token(Some(unk.clone()))
+                .show_progress(false)
+                .build()
+                .map_err(train_error)?
+                .into(),
+        ),
+        SubwordModel::WordPiece => (
+            WordPiece::builder().unk_token(unk.clone()).build().map_err(train_error)?.into(),
+            WordPieceTrainer::builder()
+                .vocab_size(vocab_size)
+                .special_tokens(specials.clone())
+                .show_progress(false)
+                .build()
+                .into(),
+        ),
+        SubwordModel::Bpe => (
+            BPE::default().into(),
+            BpeTrainer::builder()
+                .vocab_size(vocab_size)
+                .special_tokens(specials.clone())
+                .initial_alphabet(ByteLevel::alphabet().into_iter().collect())
+                .show_progress(false)
+                .build()
+                .into(),
+        ),
+    };
+    let mut tokenizer = Tokenizer::new(model_wrapper);
+    let normalizer: NormalizerWrapper = match style {
+        TokenizerStyle::Bert => BertNormalizer::new(true, true, None, true).into(),
+        TokenizerStyle::Roberta => NFC.into(),
+    };
+    tokenizer.with_normalizer(Some(normalizer));
+    let (pre, decoder): (PreTokenizerWrapper, DecoderWrapper) = match model {
+        SubwordModel::Unigram => (
+            Metaspace::new('▁', PrependScheme::Always, true).into(),
+            MetaspaceDecoder::new('▁', PrependScheme::Always, true).into(),
+        ),
+        SubwordModel::WordPiece => (BertPreTokenizer.into(), WordPieceDecoder::default().into()),
+        SubwordModel::Bpe => (ByteLevel::new(false, true, true).into(), ByteLevelDecoder::default().into()),
+    };
+    tokenizer.with_pre_tokenizer(Some(pre));
+    tokenizer.with_decoder(Some(decoder));
+    tokenizer.train(&mut trainer, documents.iter()).map_err(train_error)?;
+    let id = |t: &str| tokenizer.token_to_id(t).ok_or_else(|| train_error(format!("{t} is missing after training")));
+    let post: PostProcessorWrapper = match style {
+        TokenizerStyle::Bert => {
+            let (cls, sep) = (id("[CLS]")?, id("[SEP]")?);
+            TemplateProcessing::builder()
+                .try_single("[CLS] $A [SEP]")
+                .map_err(train_error)?
+                .try_pair("[CLS] $A [SEP] $B:1 [SEP]:1")
+                .map_err(train_error)?
+                .special_tokens(vec![("[CLS]", cls), ("[SEP]", sep)])
+                .build()
+                .map_err(train_error)?
+                .into()
+        }
+        TokenizerStyle::Roberta => RobertaProcessing::new(("</s>".into(), id("</s>")?), ("<s>".into(), id("<s>")?))
+            .trim_offsets(true)
+            .add_prefix_space(false)
+            .into(),
+    };
+    tokenizer.with_post_processor(Some(post));
+    TextTokenizer::new(tokenizer, Path::new("<trained>"))
+}

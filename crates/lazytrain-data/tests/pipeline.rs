@@ -1,0 +1,186 @@
+//! The data path end to end: tokenizer training, prepare, TFRecord
+//! integrity, sharded reading with resume, and the prefetching loader.
+
+use lazytrain_core::Device;
+use lazytrain_data::collator::MlmCollator;
+use lazytrain_data::corpus::demo_corpus;
+use lazytrain_data::dataset::{find_shards, EpochSampler, ShardedDataset};
+use lazytrain_data::loader::{DeviceLoader, LoaderPlan};
+use lazytrain_data::prepare::{prepare, Manifest, PrepareOptions};
+use lazytrain_data::tfrecord::{CorruptPolicy, RecordIndex};
+use lazytrain_data::train_tokenizer::{train_tokenizer, SubwordModel};
+use lazytrain_data::{TextTokenizer, TokenizerStyle};
+use std::path::PathBuf;
+use std::sync::Arc;
+
+fn tmp(name: &str) -> PathBuf {
+    let dir = std::env::temp_dir().join(format!("lazytrain-data-{}-{name}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    dir
+}
+
+fn corpus() -> Vec<String> {
+    demo_corpus(0, 24, 3000).sentences
+}
+
+#[test]
+fn tokenizers_train_in_every_model_and_style() {
+    let docs = corpus();
+    for model in [SubwordModel::WordPiece, SubwordModel::Unigram, SubwordModel::Bpe] {
+        for style in [TokenizerStyle::Bert, TokenizerStyle::Roberta] {
+            let tok = train_tokenizer(&docs, model, 400, style).unwrap();
+            let names = style.token_names();
+            let s = tok.special();
+            assert_eq!(
+                [s.pad, s.unk, s.start, s.end, s.mask].map(|id| tok.id_to_token(id).unwrap()),
+                names.map(String::from),
+                "{model:?} {style:?}"
+            );
+            assert!([s.pad, s.unk, s.start, s.end, s.mask].iter().all(|&id| id < 5), "specials come first");
+            let ids = tok.encode(&docs[0], true).unwrap();
+            assert_eq!((ids[0], *ids.last().unwrap()), (s.start, s.end), "post-processor wraps the text");
+            let text = tok.decode(&ids, true).unwrap();
+            assert_eq!(text.replace(' ', ""), docs[0].replace(' ', ""), "{model:?} {style:?} decodes back");
+            let dir = tmp(&format!("tok-{model:?}-{style:?}"));
+            tok.save(&dir, 512).unwrap();
+            let again = TextTokenizer::from_path(&dir).unwrap();
+            assert_eq!(again.encode(&docs[1], true).unwrap(), tok.encode(&docs[1], true).unwrap());
+            for f in ["tokenizer.json", "tokenizer_config.json", "special_tokens_map.json"] {
+                assert!(dir.join(f).exists());
+            }
+        }
+    }
+}
+
+#[test]
+fn a_tokenizer_without_special_tokens_is_refused() {
+    let dir = tmp("plain-tok");
+    let tok = train_tokenizer(&corpus(), SubwordModel::WordPiece, 200, TokenizerStyle::Bert).unwrap();
+    let json = tok.inner().to_string(false).unwrap().replace("[MASK]", "[MSK]");
+    std::fs::write(dir.join("tokenizer.json"), json).unwrap();
+    let msg = TextTokenizer::from_path(&dir).err().unwrap().to_string();
+    assert!(msg.contains("[MASK]") && msg.contains("special tokens"), "{msg}");
+}
+
+fn prepared(name: &str, shards: usize) -> (PathBuf, TextTokenizer, Manifest) {
+    let tok = train_tokenizer(&corpus(), SubwordModel::WordPiece, 300, TokenizerStyle::Bert).unwrap();
+    let dir = tmp(name);
+    let options =
+        PrepareOptions { block_size: 32, num_shards: shards, validation_fraction: 0.1, seed: 1, progress: false };
+    let manifest = prepare(&tok, &corpus(), &dir, &options).unwrap();
+    (dir, tok, manifest)
+}
+
+#[test]
+fn prepare_writes_blocks_that_read_back() {
+    let (dir, tok, manifest) = prepared("prepare", 3);
+    assert_eq!(manifest.train.len(), 3);
+    assert_eq!(manifest.train[0].file, "train-00000-of-00003.tfrecord");
+    assert_eq!(Manifest::read(&dir).unwrap(), manifest);
+    let total = manifest.train_records() + manifest.validation.iter().map(|s| s.records).sum::<u64>();
+    assert_eq!(total * 32 + manifest.dropped_tokens, manifest.tokens);
+    let val = manifest.validation[0].records as f64 / total as f64;
+    assert!((val - 0.1).abs() < 0.04, "validation share {val}");
+    let data = ShardedDataset::open(&find_shards(&dir, "train").unwrap(), CorruptPolicy::Fail).unwrap();
+    assert_eq!(data.len() as u64, manifest.train_records());
+    let ids = data.feature(0, "input_ids").unwrap();
+    assert_eq!(ids.len(), 32);
+    assert!(ids.contains(&(tok.special().end as i64)) || data.len() > 1);
+    assert_eq!(data.feature(0, "attention_mask").unwrap(), vec![1; 32]);
+    let glob = dir.join("train-*-of-00003.tfrecord");
+    assert_eq!(find_shards(&glob, "train").unwrap().len(), 3);
+}
+
+#[test]
+fn corrupt_and_truncated_shards_are_reported() {
+    let (dir, _, _) = prepared("corrupt", 1);
+    let shard = dir.join("train-00000-of-00001.tfrecord");
+    let bytes = std::fs::read(&shard).unwrap();
+    let spans = RecordIndex::scan(&shard, CorruptPolicy::Fail).unwrap().spans;
+    let mut flipped = bytes.clone();
+    flipped[spans[2].offset as usize + 20] ^= 0x40; // inside the data of record 2
+    std::fs::write(&shard, &flipped).unwrap();
+    let data = ShardedDataset::open(std::slice::from_ref(&shard), CorruptPolicy::Fail).unwrap();
+    let msg = data.feature(2, "input_ids").err().unwrap().to_string();
+    assert!(
+        msg.contains("record 2") && msg.contains(&format!("byte {}", spans[2].offset)) && msg.contains("checksum"),
+        "{msg}"
+    );
+    let mut header = bytes.clone();
+    header[spans[3].offset as usize + 1] ^= 0x01; // the length of record 3
+    std::fs::write(&shard, &header).unwrap();
+    let msg = ShardedDataset::open(std::slice::from_ref(&shard), CorruptPolicy::Fail).err().unwrap().to_string();
+    assert!(msg.contains("record 3") && msg.contains("--skip-corrupt"), "{msg}");
+    let skipping = ShardedDataset::open(std::slice::from_ref(&shard), CorruptPolicy::Skip).unwrap();
+    assert_eq!((skipping.len(), skipping.skipped()), (3, 1));
+    std::fs::write(&shard, &bytes[..bytes.len() - 5]).unwrap();
+    let msg = ShardedDataset::open(&[shard], CorruptPolicy::Skip).err().unwrap().to_string();
+    assert!(msg.contains("truncated"), "{msg}");
+}
+
+fn collator(tok: &TextTokenizer) -> MlmCollator {
+    let s = tok.special();
+    MlmCollator {
+        mask_id: s.mask,
+        pad_id: s.pad,
+        special_ids: vec![s.pad, s.unk, s.start, s.end, s.mask],
+        vocab_size: tok.vocab_size(),
+        mlm_probability: 0.15,
+        pad_to_multiple_of: 8,
+        seed: 9,
+    }
+}
+
+fn collect(loader: DeviceLoader) -> Vec<(u64, usize, Vec<i64>, Vec<i64>)> {
+    loader
+        .map(|b| {
+            let b = b.unwrap();
+            (b.epoch, b.first_sample, b.input_ids.to_vec::<i64>().unwrap(), b.labels.to_vec::<i64>().unwrap())
+        })
+        .collect()
+}
+
+#[test]
+fn the_loader_resumes_exactly_and_marks_steps() {
+    let (dir, tok, _) = prepared("loader", 2);
+    let data = Arc::new(ShardedDataset::open(&find_shards(&dir, "train").unwrap(), CorruptPolicy::Fail).unwrap());
+    let dev = Device::cpu();
+    let plan = LoaderPlan { batch_size: 4, prefetch: 2, start_epoch: 0, start_sample: 0, max_batches: None, epochs: 2 };
+    let sampler = || EpochSampler::new(data.len(), 5, true, 0, 1).unwrap();
+    let full = collect(DeviceLoader::new(data.clone(), sampler(), collator(&tok), plan, &dev).unwrap());
+    let per_epoch = data.len() / 4;
+    assert_eq!(full.len(), 2 * per_epoch);
+    let k = per_epoch + 3;
+    let resumed_plan = LoaderPlan { start_epoch: full[k].0, start_sample: full[k].1, ..plan };
+    let resumed = collect(DeviceLoader::new(data.clone(), sampler(), collator(&tok), resumed_plan, &dev).unwrap());
+    assert_eq!(resumed, full[k..].to_vec(), "seeking to sample k continues the same sequence");
+    assert_ne!(full[0].2, full[per_epoch].2, "epochs are reshuffled");
+    // Each batch after the first marked a step; a step that traced work runs it.
+    let mut loader =
+        DeviceLoader::new(data.clone(), sampler(), collator(&tok), LoaderPlan { max_batches: Some(3), ..plan }, &dev)
+            .unwrap();
+    let mut sums = Vec::new();
+    while let Some(batch) = loader.next() {
+        sums.push(batch.unwrap().input_ids.sum_all().unwrap());
+    }
+    assert!(sums.iter().all(|s| !s.is_pending()), "the loader's step barrier materialised every step");
+    assert_eq!(dev.metrics().forced_sync_count(), 0);
+}
+
+#[test]
+fn replicas_read_disjoint_shares() {
+    let (dir, _, _) = prepared("replicas", 2);
+    let data = ShardedDataset::open(&find_shards(&dir, "train").unwrap(), CorruptPolicy::Fail).unwrap();
+    let n = data.len();
+    let mut all = Vec::new();
+    for r in 0..3 {
+        let mut s = EpochSampler::new(n, 11, true, r, 3).unwrap();
+        all.extend((0..s.samples_per_epoch()).map(|k| s.record(0, k)));
+    }
+    let mut unique = all.clone();
+    unique.sort_unstable();
+    unique.dedup();
+    assert_eq!(unique.len(), all.len(), "no overlap");
+    assert_eq!(all.len(), n / 3 * 3, "everything but the remainder");
+}
