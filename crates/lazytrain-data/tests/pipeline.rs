@@ -157,11 +157,11 @@ fn the_loader_resumes_exactly_and_marks_steps() {
     assert_eq!(resumed, full[k..].to_vec(), "seeking to sample k continues the same sequence");
     assert_ne!(full[0].2, full[per_epoch].2, "epochs are reshuffled");
     // Each batch after the first marked a step; a step that traced work runs it.
-    let mut loader =
+    let loader =
         DeviceLoader::new(data.clone(), sampler(), collator(&tok), LoaderPlan { max_batches: Some(3), ..plan }, &dev)
             .unwrap();
     let mut sums = Vec::new();
-    while let Some(batch) = loader.next() {
+    for batch in loader {
         sums.push(batch.unwrap().input_ids.sum_all().unwrap());
     }
     assert!(sums.iter().all(|s| !s.is_pending()), "the loader's step barrier materialised every step");
