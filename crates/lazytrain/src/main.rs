@@ -1,6 +1,7 @@
 //! The `lazytrain` command line.
 
 mod bench_trace;
+mod cli_data;
 mod cli_export;
 mod cli_pipelines;
 mod demo;
@@ -29,6 +30,12 @@ enum Command {
     FeatureExtraction(cli_pipelines::FeatureArgs),
     /// Re-write a masked-LM folder in the Hugging Face layout `transformers` loads.
     Export(cli_export::ExportArgs),
+    /// Train a tokenizer (unigram, wordpiece or bpe) on text files.
+    TrainTokenizer(cli_data::TrainTokenizerArgs),
+    /// Tokenize text into fixed blocks and write TFRecord shards.
+    Prepare(cli_data::PrepareArgs),
+    /// Measure how many sequences per second the DeviceLoader delivers.
+    BenchLoader(cli_data::BenchLoaderArgs),
 }
 
 fn main() -> ExitCode {
@@ -39,6 +46,9 @@ fn main() -> ExitCode {
         Command::FillMask(args) => cli_pipelines::fill_mask(&args).map_err(Into::into),
         Command::FeatureExtraction(args) => cli_pipelines::feature_extraction(&args).map_err(Into::into),
         Command::Export(args) => cli_export::run(&args).map_err(Into::into),
+        Command::TrainTokenizer(args) => cli_data::train(&args).map_err(Into::into),
+        Command::Prepare(args) => cli_data::run_prepare(&args).map_err(Into::into),
+        Command::BenchLoader(args) => cli_data::bench_loader(&args).map_err(Into::into),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,

@@ -1,0 +1,160 @@
+//! `lazytrain train-tokenizer` and `lazytrain prepare`.
+
+use clap::Args;
+use lazytrain_data::prepare::{prepare, PrepareOptions};
+use lazytrain_data::text::read_all_documents;
+use lazytrain_data::train_tokenizer::{train_tokenizer, SubwordModel};
+use lazytrain_data::{TextTokenizer, TokenizerStyle};
+use std::path::PathBuf;
+use std::time::Instant;
+
+/// Options for `lazytrain train-tokenizer`.
+#[derive(Args)]
+pub struct TrainTokenizerArgs {
+    /// Text files (one document per line; `.gz` allowed).
+    #[arg(long, required = true, num_args = 1..)]
+    files: Vec<PathBuf>,
+    /// unigram, wordpiece or bpe.
+    #[arg(long, default_value = "unigram")]
+    model: String,
+    /// Target vocabulary size.
+    #[arg(long, default_value_t = 8192)]
+    vocab_size: usize,
+    /// bert ([CLS] [SEP] [MASK] ...) or roberta (<s> </s> <mask> ...).
+    #[arg(long, default_value = "bert")]
+    style: String,
+    /// Maximum sequence length recorded in tokenizer_config.json.
+    #[arg(long, default_value_t = 512)]
+    model_max_length: usize,
+    /// Output folder.
+    #[arg(long)]
+    output: PathBuf,
+}
+
+/// Train and save a tokenizer.
+pub fn train(args: &TrainTokenizerArgs) -> lazytrain::Result<()> {
+    let start = Instant::now();
+    let model = SubwordModel::parse(&args.model)?;
+    let style = TokenizerStyle::parse(&args.style)?;
+    let docs = read_all_documents(&args.files)?;
+    let tokenizer = train_tokenizer(&docs, model, args.vocab_size, style)?;
+    tokenizer.save(&args.output, args.model_max_length)?;
+    println!(
+        "trained a {} {:?}-style tokenizer ({} tokens) on {} documents in {:.1} s -> {}",
+        args.model,
+        style,
+        tokenizer.vocab_size(),
+        docs.len(),
+        start.elapsed().as_secs_f64(),
+        args.output.display()
+    );
+    Ok(())
+}
+
+/// Options for `lazytrain prepare`.
+#[derive(Args)]
+pub struct PrepareArgs {
+    /// A tokenizer folder (or tokenizer.json).
+    #[arg(long)]
+    tokenizer: PathBuf,
+    /// Text files (one document per line; `.gz` allowed).
+    #[arg(long, required = true, num_args = 1..)]
+    files: Vec<PathBuf>,
+    /// Tokens per block.
+    #[arg(long, default_value_t = 128)]
+    block_size: usize,
+    /// Training shards.
+    #[arg(long, default_value_t = 8)]
+    num_shards: usize,
+    /// Fraction of blocks held out for validation.
+    #[arg(long, default_value_t = 0.01)]
+    validation_fraction: f64,
+    /// Seed of the split.
+    #[arg(long, default_value_t = 42)]
+    seed: u64,
+    /// Output folder.
+    #[arg(long)]
+    output: PathBuf,
+}
+
+/// Tokenize, pack and shard.
+pub fn run_prepare(args: &PrepareArgs) -> lazytrain::Result<()> {
+    let start = Instant::now();
+    let tokenizer = TextTokenizer::from_path(&args.tokenizer)?;
+    let docs = read_all_documents(&args.files)?;
+    let options = PrepareOptions {
+        block_size: args.block_size,
+        num_shards: args.num_shards,
+        validation_fraction: args.validation_fraction,
+        seed: args.seed,
+        progress: true,
+    };
+    let manifest = prepare(&tokenizer, &docs, &args.output, &options)?;
+    println!(
+        "{} documents, {} tokens -> {} train and {} validation blocks of {} ({} tokens dropped) in {:.1} s -> {}",
+        manifest.documents,
+        manifest.tokens,
+        manifest.train_records(),
+        manifest.validation.iter().map(|s| s.records).sum::<u64>(),
+        manifest.block_size,
+        manifest.dropped_tokens,
+        start.elapsed().as_secs_f64(),
+        args.output.display()
+    );
+    Ok(())
+}
+
+/// Options for `lazytrain bench-loader`.
+#[derive(Args)]
+pub struct BenchLoaderArgs {
+    /// A prepared folder (shards + manifest).
+    #[arg(long)]
+    data: PathBuf,
+    /// The tokenizer the data was prepared with.
+    #[arg(long)]
+    tokenizer: PathBuf,
+    /// Rows per batch.
+    #[arg(long, default_value_t = 32)]
+    batch_size: usize,
+    /// Batches to time.
+    #[arg(long, default_value_t = 200)]
+    batches: u64,
+}
+
+/// Time the DeviceLoader alone: read, collate, upload.
+pub fn bench_loader(args: &BenchLoaderArgs) -> lazytrain::Result<()> {
+    use lazytrain_data::collator::MlmCollator;
+    use lazytrain_data::dataset::{find_shards, EpochSampler, ShardedDataset};
+    use lazytrain_data::loader::{DeviceLoader, LoaderPlan};
+    use lazytrain_data::tfrecord::CorruptPolicy;
+    let tokenizer = TextTokenizer::from_path(&args.tokenizer)?;
+    let data = std::sync::Arc::new(ShardedDataset::open(&find_shards(&args.data, "train")?, CorruptPolicy::Fail)?);
+    let s = tokenizer.special();
+    let collator = MlmCollator {
+        mask_id: s.mask,
+        pad_id: s.pad,
+        special_ids: vec![s.pad, s.unk, s.start, s.end, s.mask],
+        vocab_size: tokenizer.vocab_size(),
+        mlm_probability: 0.15,
+        pad_to_multiple_of: 8,
+        seed: 0,
+    };
+    let device = lazytrain_core::Device::cpu();
+    let plan = LoaderPlan {
+        batch_size: args.batch_size,
+        prefetch: 2,
+        start_epoch: 0,
+        start_sample: 0,
+        max_batches: Some(args.batches),
+        epochs: u64::MAX,
+    };
+    let sampler = EpochSampler::new(data.len(), 0, true, 0, 1)?;
+    let start = Instant::now();
+    let mut rows = 0usize;
+    for batch in DeviceLoader::new(data, sampler, collator, plan, &device)? {
+        rows += batch?.input_ids.dims()[0];
+    }
+    let secs = start.elapsed().as_secs_f64();
+    println!("{{\"sequences\": {rows}, \"seconds\": {secs:.3}, \"sequences_per_s\": {:.1}}}", rows as f64 / secs);
+    Ok(())
+}
