@@ -103,10 +103,12 @@ fn corrupt(path: &Path, record: usize, offset: u64, what: &str) -> DataError {
 }
 
 impl RecordIndex {
-    /// Scan `path`. A truncated last record is always an error (a shard cut
-    /// short by a crash must not silently lose data); a header whose CRC
-    /// fails is an error or, with [`CorruptPolicy::Skip`], ends the scan of
-    /// this file (nothing after it can be framed) and is counted.
+    /// Scan `path`, checking every header and data CRC. A truncated last
+    /// record is always an error (a shard cut short by a crash must not
+    /// silently lose data). A record whose data CRC fails is an error or,
+    /// with [`CorruptPolicy::Skip`], skipped and counted; a header whose CRC
+    /// fails is an error or, with `Skip`, ends the scan of this file (nothing
+    /// after it can be framed) and is counted.
     pub fn scan(path: &Path, policy: CorruptPolicy) -> Result<RecordIndex> {
         let mut file = File::open(path).map_err(|e| io_error(path, format!("cannot open: {e}")))?;
         let size = file.metadata().map_err(|e| io_error(path, e.to_string()))?.len();
@@ -114,6 +116,7 @@ impl RecordIndex {
         let mut skipped = 0;
         let mut offset = 0u64;
         let mut header = [0u8; 12];
+        let mut data = Vec::new();
         while offset < size {
             let record = spans.len() + skipped as usize;
             if size - offset < 12 {
@@ -136,7 +139,16 @@ impl RecordIndex {
             if size - offset - 12 < len + 4 {
                 return Err(corrupt(path, record, offset, "truncated record data (the file ends mid-record)"));
             }
-            spans.push(RecordSpan { offset, len });
+            data.resize(len as usize + 4, 0);
+            file.read_exact(&mut data).map_err(|e| io_error(path, e.to_string()))?;
+            let stored = u32::from_le_bytes(data[len as usize..].try_into().expect("4 bytes"));
+            if masked_crc32c(&data[..len as usize]) == stored {
+                spans.push(RecordSpan { offset, len });
+            } else if policy == CorruptPolicy::Fail {
+                return Err(corrupt(path, record, offset, "data checksum mismatch"));
+            } else {
+                skipped += 1;
+            }
             offset += 12 + len + 4;
         }
         Ok(RecordIndex { path: path.to_path_buf(), spans, skipped })

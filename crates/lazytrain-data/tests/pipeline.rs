@@ -101,12 +101,13 @@ fn corrupt_and_truncated_shards_are_reported() {
     let mut flipped = bytes.clone();
     flipped[spans[2].offset as usize + 20] ^= 0x40; // inside the data of record 2
     std::fs::write(&shard, &flipped).unwrap();
-    let data = ShardedDataset::open(std::slice::from_ref(&shard), CorruptPolicy::Fail).unwrap();
-    let msg = data.feature(2, "input_ids").err().unwrap().to_string();
+    let msg = ShardedDataset::open(std::slice::from_ref(&shard), CorruptPolicy::Fail).err().unwrap().to_string();
     assert!(
         msg.contains("record 2") && msg.contains(&format!("byte {}", spans[2].offset)) && msg.contains("checksum"),
         "{msg}"
     );
+    let skipping = ShardedDataset::open(std::slice::from_ref(&shard), CorruptPolicy::Skip).unwrap();
+    assert_eq!((skipping.len(), skipping.skipped()), (spans.len() - 1, 1), "a bad record is skipped and counted");
     let mut header = bytes.clone();
     header[spans[3].offset as usize + 1] ^= 0x01; // the length of record 3
     std::fs::write(&shard, &header).unwrap();
