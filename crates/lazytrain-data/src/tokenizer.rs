@@ -5,6 +5,7 @@
 use crate::{DataError, Result};
 use serde_json::json;
 use std::path::Path;
+use tokenizers::models::ModelWrapper;
 use tokenizers::Tokenizer;
 
 /// Which special-token convention a tokenizer follows.
@@ -151,16 +152,19 @@ impl TextTokenizer {
         let file = dir.join("tokenizer.json");
         self.inner.save(&file, false).map_err(|e| io(&file, e.to_string()))?;
         let [pad, unk, start, end, mask] = self.special.style.token_names();
-        let (class, map) = match self.special.style {
-            TokenizerStyle::Bert => (
-                "BertTokenizerFast",
-                json!({"pad_token": pad, "unk_token": unk, "cls_token": start, "sep_token": end, "mask_token": mask}),
-            ),
-            TokenizerStyle::Roberta => (
-                "RobertaTokenizerFast",
-                json!({"bos_token": start, "eos_token": end, "cls_token": start, "sep_token": end,
+        // The model-specific classes rebuild their own pipeline from the
+        // vocabulary; anything else must load tokenizer.json as it is.
+        let class = match (self.inner.get_model(), self.special.style) {
+            (ModelWrapper::WordPiece(_), TokenizerStyle::Bert) => "BertTokenizerFast",
+            (ModelWrapper::BPE(_), TokenizerStyle::Roberta) => "RobertaTokenizerFast",
+            _ => "PreTrainedTokenizerFast",
+        };
+        let map = match self.special.style {
+            TokenizerStyle::Bert => {
+                json!({"pad_token": pad, "unk_token": unk, "cls_token": start, "sep_token": end, "mask_token": mask})
+            }
+            TokenizerStyle::Roberta => json!({"bos_token": start, "eos_token": end, "cls_token": start, "sep_token": end,
                        "pad_token": pad, "unk_token": unk, "mask_token": mask}),
-            ),
         };
         let mut config = map.clone();
         config["tokenizer_class"] = json!(class);
