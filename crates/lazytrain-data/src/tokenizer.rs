@@ -163,8 +163,10 @@ impl TextTokenizer {
             TokenizerStyle::Bert => {
                 json!({"pad_token": pad, "unk_token": unk, "cls_token": start, "sep_token": end, "mask_token": mask})
             }
-            TokenizerStyle::Roberta => json!({"bos_token": start, "eos_token": end, "cls_token": start, "sep_token": end,
-                       "pad_token": pad, "unk_token": unk, "mask_token": mask}),
+            TokenizerStyle::Roberta => {
+                json!({"bos_token": start, "eos_token": end, "cls_token": start, "sep_token": end,
+                       "pad_token": pad, "unk_token": unk, "mask_token": mask})
+            }
         };
         let mut config = map.clone();
         config["tokenizer_class"] = json!(class);

@@ -1,6 +1,7 @@
 //! The `lazytrain` command line.
 
 mod bench_trace;
+mod cli_bench;
 mod cli_data;
 mod cli_export;
 mod cli_pipelines;
@@ -36,6 +37,8 @@ enum Command {
     Prepare(cli_data::PrepareArgs),
     /// Measure how many sequences per second the DeviceLoader delivers.
     BenchLoader(cli_data::BenchLoaderArgs),
+    /// Time the BERT masked-LM training step of the PyTorch anchor benchmark.
+    Bench(cli_bench::BenchArgs),
 }
 
 fn main() -> ExitCode {
@@ -49,6 +52,7 @@ fn main() -> ExitCode {
         Command::TrainTokenizer(args) => cli_data::train(&args).map_err(Into::into),
         Command::Prepare(args) => cli_data::run_prepare(&args).map_err(Into::into),
         Command::BenchLoader(args) => cli_data::bench_loader(&args).map_err(Into::into),
+        Command::Bench(args) => cli_bench::run(&args).map_err(Into::into),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,

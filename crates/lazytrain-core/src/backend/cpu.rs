@@ -2,7 +2,7 @@
 //! `gemm` for matmuls.
 
 use super::plan::{MemoryPlan, Operand};
-use super::{Backend, Executable, ExecutableStats};
+use super::{profile, Backend, Executable, ExecutableStats};
 use crate::error::{Error, Result};
 use crate::ir::{Graph, Node, Op};
 use crate::kernels::{self, MatmulKernel};
@@ -30,6 +30,8 @@ struct CpuExecutable {
     outputs: Vec<Operand>,
     num_params: usize,
     plan: MemoryPlan,
+    /// Intermediate buffers kept between runs.
+    pool: std::sync::Mutex<Vec<Option<HostData>>>,
 }
 
 impl Backend for CpuBackend {
@@ -57,7 +59,7 @@ impl Backend for CpuBackend {
             }
         }
         let outputs = graph.outputs.iter().map(|id| plan.operands[id.index()]).collect();
-        Ok(Arc::new(CpuExecutable { steps, outputs, num_params: graph.num_params, plan }))
+        Ok(Arc::new(CpuExecutable { steps, outputs, num_params: graph.num_params, plan, pool: Default::default() }))
     }
 }
 
@@ -100,7 +102,11 @@ impl Executable for CpuExecutable {
                 detail: format!("the executable takes {} inputs, {} were given", self.num_params, inputs.len()),
             });
         }
-        let mut slots: Vec<Option<HostData>> = vec![None; self.plan.slots.len()];
+        // Reuse the previous run's intermediate buffers: no allocation and no
+        // page faults in steady state.
+        let mut slots: Vec<Option<HostData>> =
+            self.pool.lock().map(|mut p| std::mem::take(&mut *p)).unwrap_or_default();
+        slots.resize(self.plan.slots.len(), None);
         let mut inputs: Vec<Option<Arc<Buffer>>> = inputs.into_iter().map(Some).collect();
         for &(k, slot) in &self.plan.donated {
             // Take the memory over when nothing else holds it; copy otherwise.
@@ -121,6 +127,7 @@ impl Executable for CpuExecutable {
                     Operand::Slot(s) => slots[s].as_ref().expect("the plan places every input before its reader"),
                 })
                 .collect();
+            let started = profile::enabled().then(std::time::Instant::now);
             let result = match step.in_place {
                 Some(position) => kernels::eval_in_place(&step.node, position, &operands, &mut out),
                 None => {
@@ -130,6 +137,9 @@ impl Executable for CpuExecutable {
                 }
             };
             result.map_err(|detail| Error::Execution { node: step.node_index, op: step.node.op.name(), detail })?;
+            if let Some(t) = started {
+                profile::record(profile::kind_of(&step.node.op), t.elapsed().as_nanos() as u64);
+            }
             slots[step.slot] = Some(out);
         }
         let mut taken: Vec<Option<Arc<Buffer>>> = vec![None; slots.len()];
@@ -143,6 +153,9 @@ impl Executable for CpuExecutable {
                     .clone(),
             })
             .collect();
+        if let Ok(mut pool) = self.pool.lock() {
+            *pool = slots;
+        }
         Ok(outputs)
     }
 

@@ -5,6 +5,7 @@
 
 mod cpu;
 mod plan;
+pub mod profile;
 
 pub use cpu::CpuBackend;
 pub use plan::{MemoryPlan, Operand};

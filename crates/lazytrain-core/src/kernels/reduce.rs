@@ -17,7 +17,66 @@ fn out_strides(in_shape: &[usize], axes: &[usize]) -> Vec<usize> {
     s
 }
 
+/// How the reduced axes sit in the shape: `rows x inner` with the inner
+/// block reduced (trailing axes) or the rows reduced (leading axes).
+enum Layout {
+    /// Reduce each contiguous row of `inner` elements.
+    Trailing { inner: usize },
+    /// Reduce `outer` rows of `inner` elements into one row.
+    Leading { outer: usize, inner: usize },
+    /// Any other axis set.
+    General,
+}
+
+fn layout(in_shape: &[usize], axes: &[usize]) -> Layout {
+    let rank = in_shape.len();
+    let k = axes.len();
+    let numel: usize = in_shape.iter().product();
+    if k > 0 && axes.iter().enumerate().all(|(i, &a)| a == rank - k + i) {
+        return Layout::Trailing { inner: in_shape[rank - k..].iter().product::<usize>().max(1) };
+    }
+    if k > 0 && axes.iter().enumerate().all(|(i, &a)| a == i) {
+        let outer: usize = in_shape[..k].iter().product();
+        return Layout::Leading { outer, inner: numel / outer.max(1) };
+    }
+    Layout::General
+}
+
 fn reduce_float<T: FloatLike>(op: ReduceOp, x: &[T], in_shape: &[usize], axes: &[usize], o: &mut [T]) {
+    match (layout(in_shape, axes), op) {
+        (Layout::Trailing { inner }, ReduceOp::Sum) => {
+            for (o, row) in o.iter_mut().zip(x.chunks_exact(inner)) {
+                *o = T::narrow(T::Math::from_f64(row.iter().map(|v| v.widen().to_f64()).sum()));
+            }
+            return;
+        }
+        (Layout::Trailing { inner }, ReduceOp::Max) => {
+            for (o, row) in o.iter_mut().zip(x.chunks_exact(inner)) {
+                let mut m = T::Math::NEG_INFINITY;
+                for v in row {
+                    let v = v.widen();
+                    if v > m || v.is_nan() {
+                        m = v;
+                    }
+                }
+                *o = T::narrow(m);
+            }
+            return;
+        }
+        (Layout::Leading { outer, inner }, ReduceOp::Sum) if outer > 0 => {
+            let mut acc = vec![0f64; inner];
+            for row in x.chunks_exact(inner) {
+                for (a, v) in acc.iter_mut().zip(row) {
+                    *a += v.widen().to_f64();
+                }
+            }
+            for (o, a) in o.iter_mut().zip(acc) {
+                *o = T::narrow(T::Math::from_f64(a));
+            }
+            return;
+        }
+        _ => {}
+    }
     let strides = out_strides(in_shape, axes);
     match op {
         ReduceOp::Sum => {

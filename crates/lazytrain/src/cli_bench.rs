@@ -1,0 +1,143 @@
+//! `lazytrain bench`: the BERT masked-LM training step of
+//! `../shared/anchors/bench_torch_mlm.py`, run by lazytrain.
+
+use clap::Args;
+use lazytrain_core::{Device, Tensor};
+use lazytrain_models::{ForMaskedLM, ModelConfig, ModelType};
+use lazytrain_nn::init::Initializer;
+use lazytrain_nn::optim::{AdamW, AdamWConfig, Optimizer, ParamGroup};
+use lazytrain_nn::{named_parameters, Context};
+use std::time::Instant;
+
+/// Options for `lazytrain bench`.
+#[derive(Args)]
+pub struct BenchArgs {
+    /// tiny, mini, small or base (the anchor's configurations).
+    #[arg(long, default_value = "tiny")]
+    model: String,
+    /// Timed steps (after 3 warm-up steps).
+    #[arg(long, default_value_t = 10)]
+    steps: usize,
+    /// Print one JSON line.
+    #[arg(long)]
+    json: bool,
+}
+
+const SEQ: usize = 128;
+
+/// `(layers, hidden, heads, vocab, batch)` as in the anchor script.
+fn anchor_config(name: &str) -> Option<(usize, usize, usize, usize, usize)> {
+    Some(match name {
+        "tiny" => (2, 128, 2, 8192, 32),
+        "mini" => (4, 256, 4, 8192, 32),
+        "small" => (4, 512, 8, 8192, 16),
+        "base" => (12, 768, 12, 30522, 8),
+        _ => return None,
+    })
+}
+
+/// Model FLOPs per token, the anchor's formula: `6 N_mm + 12 L S H`.
+fn flops_per_token(layers: usize, hidden: usize, vocab: usize) -> f64 {
+    let (l, h, v) = (layers as f64, hidden as f64, vocab as f64);
+    let n_mm = l * 12.0 * h * h + h * h + v * h;
+    6.0 * n_mm + 12.0 * l * SEQ as f64 * h
+}
+
+/// The f32 GEMM throughput of this machine (GFLOP/s), measured with the
+/// same `gemm` kernels the CPU backend uses.
+fn gemm_peak_gflops(device: &Device) -> lazytrain_core::Result<f64> {
+    let n = 512;
+    let a = Tensor::from_vec(vec![0.5f32; n * n], [n, n], device)?;
+    let b = Tensor::from_vec(vec![0.25f32; n * n], [n, n], device)?;
+    let mut best = f64::MAX;
+    for _ in 0..5 {
+        let start = Instant::now();
+        let c = a.matmul(&b)?;
+        device.sync()?;
+        best = best.min(start.elapsed().as_secs_f64());
+        drop(c);
+    }
+    Ok(2.0 * (n * n * n) as f64 / best / 1e9)
+}
+
+fn peak_rss_mb() -> f64 {
+    std::fs::read_to_string("/proc/self/status")
+        .ok()
+        .and_then(|s| s.lines().find(|l| l.starts_with("VmHWM:")).map(str::to_string))
+        .and_then(|l| l.split_whitespace().nth(1).and_then(|kb| kb.parse::<f64>().ok()))
+        .map_or(0.0, |kb| kb / 1024.0)
+}
+
+/// Run the benchmark and print the figures.
+pub fn run(args: &BenchArgs) -> lazytrain::Result<()> {
+    let Some((layers, hidden, heads, vocab, batch)) = anchor_config(&args.model) else {
+        return Err(lazytrain::Error::Input(format!(
+            "unknown bench model `{}`; choose tiny, mini, small or base",
+            args.model
+        )));
+    };
+    let device = Device::cpu();
+    let mut config = ModelConfig::preset("bert-tiny", vocab)?;
+    config.model_type = ModelType::Bert;
+    config.hidden_size = hidden;
+    config.num_hidden_layers = layers;
+    config.num_attention_heads = heads;
+    config.intermediate_size = 4 * hidden;
+    let model = ForMaskedLM::new(&mut Initializer::new(0, &device), &config)?;
+    let params = named_parameters(&model);
+    let n_params: usize = params.iter().map(|(_, p)| p.numel()).sum();
+    let mut opt = AdamW::new(
+        vec![ParamGroup { params, weight_decay: 0.01 }],
+        AdamWConfig { lr: 1e-4, ..AdamWConfig::default() },
+    )?;
+    let mut u = vec![0f32; 2 * batch * SEQ];
+    lazytrain_core::random::uniform_f32(0, 0, &mut u);
+    let ids: Vec<i64> = u[..batch * SEQ].iter().map(|&x| 5 + (x * (vocab - 5) as f32) as i64).collect();
+    let masked: Vec<bool> = u[batch * SEQ..].iter().map(|&x| x < 0.15).collect();
+    let labels: Vec<i64> = ids.iter().zip(&masked).map(|(&t, &m)| if m { t } else { -100 }).collect();
+    let inputs: Vec<i64> = ids.iter().zip(&masked).map(|(&t, &m)| if m { 4 } else { t }).collect();
+    let input_ids = Tensor::from_vec(inputs, [batch, SEQ], &device)?;
+    let labels = Tensor::from_vec(labels, [batch, SEQ], &device)?;
+    let mut times = Vec::new();
+    let mut first_loss = f32::NAN;
+    for step in 0..args.steps + 3 {
+        let start = Instant::now();
+        let ctx = Context::train(&device, 0, step as i64)?;
+        let loss = model.loss(&model.forward(&input_ids, None, None, &ctx)?, &labels)?;
+        loss.backward()?;
+        opt.step()?;
+        opt.zero_grad();
+        device.mark_step()?;
+        let value = loss.item::<f32>()?;
+        times.push(start.elapsed().as_secs_f64());
+        if step == 0 {
+            first_loss = value;
+        }
+    }
+    let first_step_s = times[0];
+    let mut timed = times[3..].to_vec();
+    timed.sort_by(f64::total_cmp);
+    let median = timed[timed.len() / 2];
+    let tokens = (batch * SEQ) as f64;
+    let gflops = flops_per_token(layers, hidden, vocab) * tokens / median / 1e9;
+    let m = device.metrics();
+    let peak = gemm_peak_gflops(&device)?;
+    let report = serde_json::json!({
+        "framework": "lazytrain", "config": args.model, "batch": batch, "seq": SEQ, "params": n_params,
+        "first_step_s": (first_step_s * 1000.0).round() / 1000.0, "first_loss": first_loss,
+        "compile_ms": (m.compile_ms * 100.0).round() / 100.0,
+        "step_ms_median": (median * 1e5).round() / 100.0, "tokens_per_s": (tokens / median * 10.0).round() / 10.0,
+        "model_gflops": (gflops * 100.0).round() / 100.0, "gemm_peak_gflops": (peak * 100.0).round() / 100.0,
+        "mfu": (gflops / peak * 1000.0).round() / 1000.0, "compiles": m.compiles, "cache_hits": m.cache_hits,
+        "peak_rss_mb": peak_rss_mb().round(),
+    });
+    if lazytrain_core::backend::profile::enabled() {
+        eprint!("{}", lazytrain_core::backend::profile::report());
+    }
+    if args.json {
+        println!("{report}");
+    } else {
+        println!("{}", serde_json::to_string_pretty(&report).unwrap_or_default());
+    }
+    Ok(())
+}
