@@ -50,7 +50,7 @@ pub struct Manifest {
     pub seed: u64,
     /// Documents read.
     pub documents: u64,
-    /// Tokens after concatenation (separators included).
+    /// Tokens after concatenation (special tokens included).
     pub tokens: u64,
     /// Tokens dropped as the final partial block.
     pub dropped_tokens: u64,
@@ -74,14 +74,14 @@ impl Manifest {
     }
 }
 
-/// Concatenate token sequences, each followed by `separator`, and cut the
-/// stream into `block_size` blocks; the final partial block is dropped.
-/// Returns the blocks and the number of dropped tokens.
-pub fn pack_blocks(sequences: &[Vec<u32>], separator: u32, block_size: usize) -> (Vec<Vec<u32>>, usize) {
+/// Concatenate token sequences and cut the stream into `block_size`
+/// blocks; the final partial block is dropped (HF `group_texts`). Returns
+/// the blocks and the number of dropped tokens.
+pub fn pack_blocks(sequences: &[Vec<u32>], block_size: usize) -> (Vec<Vec<u32>>, usize) {
     let mut blocks = Vec::new();
     let mut current = Vec::with_capacity(block_size);
     for seq in sequences {
-        for &t in seq.iter().chain(std::iter::once(&separator)) {
+        for &t in seq {
             current.push(t);
             if current.len() == block_size {
                 blocks.push(std::mem::replace(&mut current, Vec::with_capacity(block_size)));
@@ -125,13 +125,13 @@ pub fn prepare(
     for chunk in documents.chunks(4096) {
         let encodings = tokenizer
             .inner()
-            .encode_batch(chunk.to_vec(), false)
+            .encode_batch(chunk.to_vec(), true)
             .map_err(|e| DataError::Invalid(format!("tokenization failed: {e}")))?;
         sequences.extend(encodings.iter().map(|e| e.get_ids().to_vec()));
         bar.inc(chunk.len() as u64);
     }
     bar.finish_and_clear();
-    let (blocks, dropped) = pack_blocks(&sequences, tokenizer.special().end, options.block_size);
+    let (blocks, dropped) = pack_blocks(&sequences, options.block_size);
     if blocks.is_empty() {
         return Err(DataError::Invalid(format!(
             "the input has {dropped} tokens, fewer than one block of {}; add text or lower --block-size",
@@ -195,8 +195,8 @@ mod tests {
 
     #[test]
     fn packing_follows_group_texts() {
-        let (blocks, dropped) = pack_blocks(&[vec![1, 2, 3], vec![4, 5], vec![6]], 0, 4);
-        assert_eq!(blocks, vec![vec![1, 2, 3, 0], vec![4, 5, 0, 6]]);
-        assert_eq!(dropped, 1);
+        let (blocks, dropped) = pack_blocks(&[vec![9, 1, 2, 3, 8], vec![9, 4, 5, 8], vec![9, 6, 8]], 4);
+        assert_eq!(blocks, vec![vec![9, 1, 2, 3], vec![8, 9, 4, 5], vec![8, 9, 6, 8]]);
+        assert_eq!(dropped, 0);
     }
 }

@@ -50,6 +50,11 @@ impl RecordWriter {
         Ok(())
     }
 
+    /// Push buffered records to the file (readers such as TensorBoard see them).
+    pub fn flush(&mut self) -> Result<()> {
+        self.out.flush().map_err(|e| io_error(&self.path, format!("cannot flush: {e}")))
+    }
+
     /// Records written so far.
     pub fn records(&self) -> u64 {
         self.records

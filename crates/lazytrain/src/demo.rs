@@ -1,49 +1,139 @@
-//! `lazytrain demo`: fit a linear model by gradient descent, every step one
-//! lazily traced graph that compiles once and then hits the cache.
+//! `lazytrain demo`: the whole workflow on the embedded corpus — train a
+//! tokenizer, prepare shards, train a small RoBERTa masked LM, evaluate,
+//! save a Hugging Face folder, and answer fill-mask questions about facts
+//! the model has learned.
 
+use crate::cli_train::{build_model, open_split};
 use clap::Args;
-use lazytrain_core::{metrics, DType, Device, Tensor};
+use lazytrain::pipelines::FillMask;
+use lazytrain::trainer::{install_interrupt_handler, IntervalStrategy, Trainer, TrainingArguments};
+use lazytrain_core::{metrics, Device};
+use lazytrain_data::corpus::demo_corpus;
+use lazytrain_data::prepare::{prepare, PrepareOptions};
+use lazytrain_data::train_tokenizer::{train_tokenizer, SubwordModel};
+use lazytrain_data::TokenizerStyle;
+use std::path::PathBuf;
+use std::time::Instant;
 
 /// Options for `lazytrain demo`.
 #[derive(Args)]
 pub struct DemoArgs {
-    /// Training steps.
-    #[arg(long, default_value_t = 100)]
-    steps: usize,
-    /// Peak learning rate (decays linearly to zero; fed as a graph input).
-    #[arg(long, default_value_t = 0.5)]
-    lr: f32,
-    /// Seed of the in-graph random data.
+    /// Where the corpus, tokenizer, shards, checkpoints and model go.
+    #[arg(long, default_value = "lazytrain-demo")]
+    output_dir: PathBuf,
+    /// Optimizer steps.
+    #[arg(long, default_value_t = 600)]
+    max_steps: i64,
+    /// Sentences in the generated corpus.
+    #[arg(long, default_value_t = 60_000)]
+    sentences: usize,
+    /// Countries (facts) in the generated lexicon.
+    #[arg(long, default_value_t = 24)]
+    countries: usize,
+    /// Seed of everything.
     #[arg(long, default_value_t = 0)]
-    seed: i64,
+    seed: u64,
+    /// Price of this machine per hour, to report the run's cost.
+    #[arg(long)]
+    price_per_hour: Option<f64>,
 }
 
-const FEATURES: usize = 8;
-const BATCH: usize = 64;
+/// Run the demo and print a report.
+pub fn run(args: &DemoArgs) -> lazytrain::Result<()> {
+    let start = Instant::now();
+    let out = &args.output_dir;
+    std::fs::create_dir_all(out).map_err(|e| lazytrain::Error::Input(format!("{}: {e}", out.display())))?;
+    let corpus = demo_corpus(args.seed, args.countries, args.sentences);
+    std::fs::write(out.join("corpus.txt"), corpus.sentences.join("\n"))
+        .map_err(|e| lazytrain::Error::Input(format!("{}: {e}", out.display())))?;
+    println!(
+        "1/5 corpus: {} sentences about {} countries -> {}",
+        corpus.sentences.len(),
+        corpus.countries.len(),
+        out.join("corpus.txt").display()
+    );
 
-/// Run the demo and print the loss curve and the metrics report.
-pub fn run(args: &DemoArgs) -> lazytrain_core::Result<()> {
-    let dev = Device::cpu();
-    let true_w: Vec<f32> = (0..FEATURES).map(|i| (i as f32 - 3.5) / 2.0).collect();
-    let true_w = Tensor::from_vec(true_w, [FEATURES, 1], &dev)?;
-    let mut w = Tensor::from_vec(vec![0f32; FEATURES], [FEATURES, 1], &dev)?;
-    let mut last_loss = f32::NAN;
-    for step in 0..args.steps {
-        let seed = Tensor::scalar(args.seed.wrapping_mul(1_000_003).wrapping_add(step as i64), &dev);
-        let lr = Tensor::scalar(args.lr * (1.0 - step as f32 / args.steps as f32), &dev);
-        let x = Tensor::rand_uniform([BATCH, FEATURES], DType::F32, &seed)?.mul_scalar(2.0)?.add_scalar(-1.0)?;
-        let y = x.matmul(&true_w)?;
-        let residual = x.matmul(&w)?.sub(&y)?;
-        let loss = residual.square()?.mean_all()?;
-        let grad = x.matmul_transposed(&residual, true, false)?.mul_scalar(2.0 / BATCH as f64)?;
-        w = w.sub(&grad.mul(&lr)?)?;
-        dev.mark_step()?;
-        last_loss = loss.item::<f32>()?;
-        if step % 10 == 0 || step + 1 == args.steps {
-            println!("step {step:4}  loss {last_loss:.6}");
-        }
+    let tokenizer = train_tokenizer(&corpus.sentences, SubwordModel::Bpe, 600, TokenizerStyle::Roberta)?;
+    tokenizer.save(&out.join("tokenizer"), 512)?;
+    println!("2/5 tokenizer: byte-level BPE, {} tokens", tokenizer.vocab_size());
+
+    let block_size = 64;
+    let options =
+        PrepareOptions { block_size, num_shards: 2, validation_fraction: 0.02, seed: args.seed, progress: false };
+    let manifest = prepare(&tokenizer, &corpus.sentences, &out.join("data"), &options)?;
+    println!("3/5 data: {} training blocks of {block_size} tokens", manifest.train_records());
+
+    let device = Device::cpu();
+    let training = TrainingArguments {
+        output_dir: out.join("model").display().to_string(),
+        overwrite_output_dir: true,
+        max_steps: args.max_steps,
+        per_device_train_batch_size: 32,
+        per_device_eval_batch_size: 32,
+        learning_rate: 2e-3,
+        weight_decay: 0.01,
+        warmup_steps: 0.05,
+        logging_steps: 50,
+        eval_strategy: IntervalStrategy::Steps,
+        eval_steps: Some((args.max_steps.max(1) as u64).div_ceil(2)),
+        save_steps: args.max_steps.max(1) as u64,
+        save_total_limit: Some(1),
+        seed: args.seed,
+        report_to: vec!["jsonl".into(), "tensorboard".into()],
+        ..TrainingArguments::default()
+    };
+    let train = open_split(&out.join("data"), "train", false)?;
+    let eval = open_split(&out.join("data"), "validation", false)?;
+    let model = build_model("roberta-tiny", &tokenizer, args.seed, &device)?;
+    install_interrupt_handler();
+    let mut trainer =
+        Trainer::new(training, model, tokenizer, train, Some(eval), block_size, &device)?.with_progress_bar(true);
+    let result = trainer.train()?;
+    let m = trainer.evaluate()?;
+    println!(
+        "4/5 training: {} steps, loss {:.3} -> {:.3}; eval loss {:.3}, perplexity {:.2}, masked-token accuracy {:.3}",
+        result.global_step,
+        result.losses.first().copied().unwrap_or(f32::NAN),
+        result.losses.last().copied().unwrap_or(f32::NAN),
+        m.loss,
+        m.perplexity,
+        m.accuracy
+    );
+
+    let pipe = FillMask::from_dir(&out.join("model"), &device)?;
+    let questions: Vec<_> = corpus.countries.iter().take(6).collect();
+    let texts: Vec<String> = questions.iter().map(|c| format!("the capital of {} is <mask> .", c.name)).collect();
+    let refs: Vec<&str> = texts.iter().map(String::as_str).collect();
+    let answers = pipe.predict(&refs, 3)?;
+    println!("5/5 fill-mask with the saved model ({}):", out.join("model").display());
+    let mut correct = 0;
+    for ((country, text), per_mask) in questions.iter().zip(&texts).zip(&answers) {
+        let top = &per_mask[0];
+        let guess = top[0].token_str.trim();
+        let ok = guess == country.capital;
+        correct += usize::from(ok);
+        let others: Vec<String> = top[1..].iter().map(|p| format!("{} {:.2}", p.token_str.trim(), p.score)).collect();
+        println!(
+            "  {text:<44} -> {guess:<8} {:.2} {}  (also: {})",
+            top[0].score,
+            if ok { "correct" } else { "WRONG" },
+            others.join(", ")
+        );
     }
-    println!("final loss {last_loss:.6}");
-    println!("{}", metrics::report());
+    let wall = start.elapsed().as_secs_f64();
+    let report = metrics::snapshot();
+    println!("run report:");
+    println!("  steps              {}", result.global_step);
+    println!("  tokens/s           {:.0}", result.tokens_per_second);
+    println!(
+        "  compiles           {} ({:.1} ms), cache hits {}",
+        report.compiles, report.compile_ms, report.cache_hits
+    );
+    println!("  forced syncs       {}", report.forced_sync_count());
+    println!("  wall time          {wall:.1} s");
+    if let Some(price) = args.price_per_hour {
+        println!("  cost               {:.4} at {price}/hour", price * wall / 3600.0);
+    }
+    println!("  answers correct    {correct}/{}", questions.len());
     Ok(())
 }

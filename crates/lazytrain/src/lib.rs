@@ -1,11 +1,13 @@
 //! # lazytrain
 //!
-//! The user-facing layer: Hugging Face model folders with their tokenizers
-//! ([`folder`]) and inference pipelines ([`pipelines`]: fill-mask and
-//! feature extraction), used by the `lazytrain` CLI.
+//! The user-facing layer: the [`trainer::Trainer`] driven by
+//! [`trainer::TrainingArguments`], Hugging Face model folders with their
+//! tokenizers ([`folder`]) and inference pipelines ([`pipelines`]: fill-mask
+//! and feature extraction), used by the `lazytrain` CLI.
 
 mod error;
 pub mod folder;
 pub mod pipelines;
+pub mod trainer;
 
 pub use error::{Error, Result};

@@ -5,6 +5,7 @@ mod cli_bench;
 mod cli_data;
 mod cli_export;
 mod cli_pipelines;
+mod cli_train;
 mod demo;
 
 use clap::{Parser, Subcommand};
@@ -20,9 +21,11 @@ struct Cli {
 
 #[derive(Subcommand)]
 enum Command {
-    /// The end-to-end demo: today, gradient-descent linear regression run as
-    /// one cached graph per step (the MLM training demo arrives with the Trainer).
+    /// The end-to-end demo on the embedded corpus: tokenizer, shards, a small
+    /// RoBERTa MLM trained and evaluated, fill-mask answers from the saved model.
     Demo(demo::DemoArgs),
+    /// Train a masked-LM model with the Trainer (HF TrainingArguments as flags or a config file).
+    Train(cli_train::TrainArgs),
     /// Measure tracing cost per node and the cut+hash+lookup time of a large graph.
     BenchTrace(bench_trace::BenchTraceArgs),
     /// Predict masked tokens with a masked-LM model folder.
@@ -45,6 +48,7 @@ fn main() -> ExitCode {
     let cli = Cli::parse();
     let result: Result<(), Box<dyn std::error::Error>> = match cli.command {
         Command::Demo(args) => demo::run(&args).map_err(Into::into),
+        Command::Train(args) => cli_train::run(&args).map_err(Into::into),
         Command::BenchTrace(args) => bench_trace::run(&args).map_err(Into::into),
         Command::FillMask(args) => cli_pipelines::fill_mask(&args).map_err(Into::into),
         Command::FeatureExtraction(args) => cli_pipelines::feature_extraction(&args).map_err(Into::into),

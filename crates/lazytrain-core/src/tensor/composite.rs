@@ -53,6 +53,21 @@ impl Tensor {
     /// `ignore_index` (PyTorch's `reduction="mean"`: NaN when all are ignored).
     #[track_caller]
     pub fn cross_entropy(&self, labels: &Tensor, ignore_index: i64) -> Result<Tensor> {
+        let (total, count) = self.cross_entropy_parts(labels, ignore_index)?;
+        total.div(&count)
+    }
+
+    /// The summed cross-entropy over the targets that are not `ignore_index`
+    /// (PyTorch's `reduction="sum"`), for losses normalised by a token count
+    /// known outside the batch (gradient accumulation).
+    #[track_caller]
+    pub fn cross_entropy_sum(&self, labels: &Tensor, ignore_index: i64) -> Result<Tensor> {
+        Ok(self.cross_entropy_parts(labels, ignore_index)?.0)
+    }
+
+    /// `(summed loss, number of counted targets)`.
+    #[track_caller]
+    fn cross_entropy_parts(&self, labels: &Tensor, ignore_index: i64) -> Result<(Tensor, Tensor)> {
         let loc = Location::caller();
         let leading = &self.dims()[..self.rank().saturating_sub(1)];
         if self.rank() < 1 || labels.dims() != leading || !matches!(labels.dtype(), DType::I64 | DType::I32) {
@@ -77,6 +92,6 @@ impl Tensor {
         let picked = logp.gather(1, &safe.reshape([n, 1])?)?.reshape([n])?;
         let weights = valid.cast(self.dtype())?;
         let total = picked.mul(&weights)?.sum_all()?.neg()?;
-        total.div(&weights.sum_all()?)
+        Ok((total, weights.sum_all()?))
     }
 }

@@ -1,0 +1,231 @@
+//! `lazytrain train`: the Trainer from the command line.
+
+use clap::Args;
+use lazytrain::trainer::{install_interrupt_handler, Trainer, TrainingArguments};
+use lazytrain::Result;
+use lazytrain_core::Device;
+use lazytrain_data::dataset::{find_shards, ShardedDataset};
+use lazytrain_data::prepare::Manifest;
+use lazytrain_data::tfrecord::CorruptPolicy;
+use lazytrain_data::TextTokenizer;
+use lazytrain_models::{hub, ForMaskedLM, ModelConfig};
+use lazytrain_nn::init::Initializer;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+/// Every `TrainingArguments` field as an optional flag (kebab-case).
+#[derive(Args, Default)]
+pub struct TrainingFlags {
+    #[arg(long)]
+    output_dir: Option<String>,
+    #[arg(long)]
+    overwrite_output_dir: Option<bool>,
+    #[arg(long)]
+    do_train: Option<bool>,
+    #[arg(long)]
+    do_eval: Option<bool>,
+    #[arg(long, allow_hyphen_values = true)]
+    max_steps: Option<i64>,
+    #[arg(long)]
+    num_train_epochs: Option<f64>,
+    #[arg(long)]
+    per_device_train_batch_size: Option<usize>,
+    #[arg(long)]
+    per_device_eval_batch_size: Option<usize>,
+    #[arg(long)]
+    gradient_accumulation_steps: Option<usize>,
+    #[arg(long)]
+    learning_rate: Option<f64>,
+    #[arg(long)]
+    weight_decay: Option<f64>,
+    #[arg(long)]
+    adam_beta1: Option<f64>,
+    #[arg(long)]
+    adam_beta2: Option<f64>,
+    #[arg(long)]
+    adam_epsilon: Option<f64>,
+    #[arg(long)]
+    max_grad_norm: Option<f64>,
+    #[arg(long)]
+    lr_scheduler_type: Option<String>,
+    #[arg(long)]
+    warmup_steps: Option<f64>,
+    #[arg(long)]
+    logging_steps: Option<u64>,
+    #[arg(long)]
+    logging_first_step: Option<bool>,
+    #[arg(long)]
+    eval_strategy: Option<String>,
+    #[arg(long)]
+    eval_steps: Option<u64>,
+    #[arg(long)]
+    save_strategy: Option<String>,
+    #[arg(long)]
+    save_steps: Option<u64>,
+    #[arg(long)]
+    save_total_limit: Option<usize>,
+    #[arg(long)]
+    seed: Option<u64>,
+    #[arg(long)]
+    bf16: Option<bool>,
+    #[arg(long)]
+    dataloader_drop_last: Option<bool>,
+    #[arg(long)]
+    resume_from_checkpoint: Option<String>,
+    #[arg(long)]
+    report_to: Option<String>,
+    #[arg(long)]
+    num_replicas: Option<usize>,
+    #[arg(long)]
+    mlm_probability: Option<f64>,
+    #[arg(long)]
+    dataloader_prefetch: Option<usize>,
+    #[arg(long)]
+    skip_corrupt: Option<bool>,
+    #[arg(long)]
+    early_stopping_patience: Option<u64>,
+}
+
+impl TrainingFlags {
+    /// `(snake_case key, value)` for every flag that was given.
+    fn overrides(&self) -> Vec<(String, String)> {
+        let mut out = Vec::new();
+        let mut put = |k: &str, v: Option<String>| {
+            if let Some(v) = v {
+                out.push((k.to_string(), v));
+            }
+        };
+        let s = |v: &Option<String>| v.as_ref().map(|x| serde_json::json!(x).to_string());
+        put("output_dir", self.output_dir.clone());
+        put("overwrite_output_dir", self.overwrite_output_dir.map(|v| v.to_string()));
+        put("do_train", self.do_train.map(|v| v.to_string()));
+        put("do_eval", self.do_eval.map(|v| v.to_string()));
+        put("max_steps", self.max_steps.map(|v| v.to_string()));
+        put("num_train_epochs", self.num_train_epochs.map(|v| v.to_string()));
+        put("per_device_train_batch_size", self.per_device_train_batch_size.map(|v| v.to_string()));
+        put("per_device_eval_batch_size", self.per_device_eval_batch_size.map(|v| v.to_string()));
+        put("gradient_accumulation_steps", self.gradient_accumulation_steps.map(|v| v.to_string()));
+        put("learning_rate", self.learning_rate.map(|v| v.to_string()));
+        put("weight_decay", self.weight_decay.map(|v| v.to_string()));
+        put("adam_beta1", self.adam_beta1.map(|v| v.to_string()));
+        put("adam_beta2", self.adam_beta2.map(|v| v.to_string()));
+        put("adam_epsilon", self.adam_epsilon.map(|v| v.to_string()));
+        put("max_grad_norm", self.max_grad_norm.map(|v| v.to_string()));
+        put("lr_scheduler_type", self.lr_scheduler_type.clone());
+        put("warmup_steps", self.warmup_steps.map(|v| v.to_string()));
+        put("logging_steps", self.logging_steps.map(|v| v.to_string()));
+        put("logging_first_step", self.logging_first_step.map(|v| v.to_string()));
+        put("eval_strategy", s(&self.eval_strategy));
+        put("eval_steps", self.eval_steps.map(|v| v.to_string()));
+        put("save_strategy", s(&self.save_strategy));
+        put("save_steps", self.save_steps.map(|v| v.to_string()));
+        put("save_total_limit", self.save_total_limit.map(|v| v.to_string()));
+        put("seed", self.seed.map(|v| v.to_string()));
+        put("bf16", self.bf16.map(|v| v.to_string()));
+        put("dataloader_drop_last", self.dataloader_drop_last.map(|v| v.to_string()));
+        put("resume_from_checkpoint", self.resume_from_checkpoint.clone());
+        put("report_to", self.report_to.clone());
+        put("num_replicas", self.num_replicas.map(|v| v.to_string()));
+        put("mlm_probability", self.mlm_probability.map(|v| v.to_string()));
+        put("dataloader_prefetch", self.dataloader_prefetch.map(|v| v.to_string()));
+        put("skip_corrupt", self.skip_corrupt.map(|v| v.to_string()));
+        put("early_stopping_patience", self.early_stopping_patience.map(|v| v.to_string()));
+        out
+    }
+}
+
+/// Options for `lazytrain train`.
+#[derive(Args)]
+pub struct TrainArgs {
+    /// TrainingArguments as TOML or JSON (flags override it).
+    #[arg(long)]
+    config: Option<PathBuf>,
+    /// A preset to train from scratch (bert-tiny ... roberta-base) or a model folder to fine-tune.
+    #[arg(long)]
+    model: String,
+    /// The tokenizer folder (defaults to the model folder).
+    #[arg(long)]
+    tokenizer: Option<PathBuf>,
+    /// Prepared training data (a `prepare` output folder).
+    #[arg(long)]
+    train_data: PathBuf,
+    /// Prepared data whose validation shards are used for evaluation.
+    #[arg(long)]
+    eval_data: Option<PathBuf>,
+    #[command(flatten)]
+    flags: TrainingFlags,
+}
+
+/// Build a model: a preset sized to the tokenizer, or a folder's weights.
+pub fn build_model(spec: &str, tokenizer: &TextTokenizer, seed: u64, device: &Device) -> Result<ForMaskedLM> {
+    let dir = Path::new(spec);
+    if dir.join("config.json").is_file() {
+        let (model, warnings) = hub::load_masked_lm(dir, device)?;
+        for w in warnings {
+            eprintln!("warning: {w}");
+        }
+        return Ok(model);
+    }
+    let mut config = ModelConfig::preset(spec, tokenizer.vocab_size())?;
+    let s = tokenizer.special();
+    config.pad_token_id = s.pad as i64;
+    if config.bos_token_id.is_some() {
+        config.bos_token_id = Some(s.start as i64);
+        config.eos_token_id = Some(s.end as i64);
+    }
+    Ok(ForMaskedLM::new(&mut Initializer::new(seed, device), &config)?)
+}
+
+/// Open prepared shards of `split` in `dir`.
+pub fn open_split(dir: &Path, split: &str, skip_corrupt: bool) -> Result<Arc<ShardedDataset>> {
+    let policy = if skip_corrupt { CorruptPolicy::Skip } else { CorruptPolicy::Fail };
+    let data = ShardedDataset::open(&find_shards(dir, split)?, policy)?;
+    if data.skipped() > 0 {
+        eprintln!("warning: skipped {} corrupt records in {}", data.skipped(), dir.display());
+    }
+    Ok(Arc::new(data))
+}
+
+/// Resolve arguments from the config file and flags.
+pub fn resolve_args(config: Option<&Path>, flags: &TrainingFlags) -> Result<TrainingArguments> {
+    let base = match config {
+        Some(path) => TrainingArguments::from_file(path)?,
+        None => TrainingArguments::default(),
+    };
+    base.with_overrides(&flags.overrides())
+}
+
+/// Run `lazytrain train`.
+pub fn run(args: &TrainArgs) -> Result<()> {
+    let training = resolve_args(args.config.as_deref(), &args.flags)?;
+    let device = Device::cpu();
+    let tokenizer_dir = args.tokenizer.clone().unwrap_or_else(|| PathBuf::from(&args.model));
+    let tokenizer = TextTokenizer::from_path(&tokenizer_dir)?;
+    let manifest = Manifest::read(&args.train_data)?;
+    let train = open_split(&args.train_data, "train", training.skip_corrupt)?;
+    let eval = match &args.eval_data {
+        Some(dir) => Some(open_split(dir, "validation", training.skip_corrupt)?),
+        None => None,
+    };
+    let model = build_model(&args.model, &tokenizer, training.seed, &device)?;
+    install_interrupt_handler();
+    let mut trainer =
+        Trainer::new(training, model, tokenizer, train, eval, manifest.block_size, &device)?.with_progress_bar(true);
+    let out = trainer.train()?;
+    if out.interrupted {
+        println!("interrupted: saved a checkpoint at step {} in {}", out.global_step, trainer.args.output_dir);
+        return Ok(());
+    }
+    println!(
+        "trained {} steps in {:.1} s ({:.0} tokens/s), mean loss {:.4}; model saved to {}",
+        out.global_step, out.seconds, out.tokens_per_second, out.training_loss, trainer.args.output_dir
+    );
+    if trainer.args.do_eval {
+        let m = trainer.evaluate()?;
+        println!(
+            "eval: loss {:.4}, perplexity {:.2}, accuracy {:.3} over {} masked tokens",
+            m.loss, m.perplexity, m.accuracy, m.tokens
+        );
+    }
+    Ok(())
+}

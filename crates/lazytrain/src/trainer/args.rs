@@ -1,0 +1,223 @@
+//! `TrainingArguments`: Hugging Face's names and defaults, from TOML or JSON,
+//! overridden by flags, validated with messages that list the valid choices.
+
+use crate::{Error, Result};
+use serde::{Deserialize, Serialize};
+use std::path::Path;
+
+/// When to evaluate or save.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum IntervalStrategy {
+    /// Never.
+    No,
+    /// Every `*_steps` optimizer steps.
+    Steps,
+    /// At the end of every epoch.
+    Epoch,
+}
+
+/// Training hyperparameters, named and defaulted as in `transformers`.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct TrainingArguments {
+    /// Where checkpoints, logs and the final model go.
+    pub output_dir: String,
+    /// Allow writing into a non-empty `output_dir` without resuming.
+    pub overwrite_output_dir: bool,
+    /// Train (the `train` command always does).
+    pub do_train: bool,
+    /// Evaluate on the eval data.
+    pub do_eval: bool,
+    /// Total optimizer steps; overrides `num_train_epochs` when > 0.
+    pub max_steps: i64,
+    /// Epochs when `max_steps` is not set.
+    pub num_train_epochs: f64,
+    /// Sequences per replica per micro-batch.
+    pub per_device_train_batch_size: usize,
+    /// Sequences per replica per eval batch.
+    pub per_device_eval_batch_size: usize,
+    /// Micro-batches per optimizer step.
+    pub gradient_accumulation_steps: usize,
+    /// Peak learning rate.
+    pub learning_rate: f64,
+    /// Decoupled weight decay (not applied to biases and LayerNorm weights).
+    pub weight_decay: f64,
+    /// AdamW β₁.
+    pub adam_beta1: f64,
+    /// AdamW β₂.
+    pub adam_beta2: f64,
+    /// AdamW ε.
+    pub adam_epsilon: f64,
+    /// Global gradient-norm clip (0 disables).
+    pub max_grad_norm: f64,
+    /// `linear`, `cosine`, `constant` or `constant_with_warmup`.
+    pub lr_scheduler_type: String,
+    /// Warmup steps, or a fraction of the total steps when below 1.
+    pub warmup_steps: f64,
+    /// Log every this many steps.
+    pub logging_steps: u64,
+    /// Log the first step too.
+    pub logging_first_step: bool,
+    /// `no`, `steps` or `epoch`.
+    pub eval_strategy: IntervalStrategy,
+    /// Evaluate every this many steps (defaults to `logging_steps`).
+    pub eval_steps: Option<u64>,
+    /// `no`, `steps` or `epoch`.
+    pub save_strategy: IntervalStrategy,
+    /// Save every this many steps.
+    pub save_steps: u64,
+    /// Keep at most this many checkpoints (oldest deleted first).
+    pub save_total_limit: Option<usize>,
+    /// Seed of initialisation, data order, masking and dropout.
+    pub seed: u64,
+    /// bf16 mixed precision.
+    pub bf16: bool,
+    /// Drop the last partial batch (training batches are always full, as on XLA).
+    pub dataloader_drop_last: bool,
+    /// `true` (the latest valid checkpoint in `output_dir`) or a checkpoint path.
+    pub resume_from_checkpoint: Option<String>,
+    /// Any of `jsonl`, `tensorboard`, or `none`.
+    pub report_to: Vec<String>,
+    /// Data-parallel replicas.
+    pub num_replicas: usize,
+    /// Fraction of tokens the MLM collator predicts.
+    pub mlm_probability: f64,
+    /// Batches the loader prepares ahead.
+    pub dataloader_prefetch: usize,
+    /// Skip corrupt records instead of failing.
+    pub skip_corrupt: bool,
+    /// Stop when the eval loss has not improved for this many evaluations.
+    pub early_stopping_patience: Option<u64>,
+}
+
+impl Default for TrainingArguments {
+    fn default() -> TrainingArguments {
+        TrainingArguments {
+            output_dir: "lazytrain-output".into(),
+            overwrite_output_dir: false,
+            do_train: true,
+            do_eval: false,
+            max_steps: -1,
+            num_train_epochs: 3.0,
+            per_device_train_batch_size: 8,
+            per_device_eval_batch_size: 8,
+            gradient_accumulation_steps: 1,
+            learning_rate: 5e-5,
+            weight_decay: 0.0,
+            adam_beta1: 0.9,
+            adam_beta2: 0.999,
+            adam_epsilon: 1e-8,
+            max_grad_norm: 1.0,
+            lr_scheduler_type: "linear".into(),
+            warmup_steps: 0.0,
+            logging_steps: 500,
+            logging_first_step: false,
+            eval_strategy: IntervalStrategy::No,
+            eval_steps: None,
+            save_strategy: IntervalStrategy::Steps,
+            save_steps: 500,
+            save_total_limit: None,
+            seed: 42,
+            bf16: false,
+            dataloader_drop_last: false,
+            resume_from_checkpoint: None,
+            report_to: vec!["jsonl".into()],
+            num_replicas: 1,
+            mlm_probability: 0.15,
+            dataloader_prefetch: 2,
+            skip_corrupt: false,
+            early_stopping_patience: None,
+        }
+    }
+}
+
+fn invalid(detail: String) -> Error {
+    Error::Input(format!("invalid training arguments: {detail}"))
+}
+
+impl TrainingArguments {
+    /// Read a `.toml` or `.json` file (unknown keys are errors that list the valid ones).
+    pub fn from_file(path: &Path) -> Result<TrainingArguments> {
+        let text = std::fs::read_to_string(path)
+            .map_err(|e| Error::Input(format!("{}: cannot read the config: {e}", path.display())))?;
+        let parsed = match path.extension().and_then(|e| e.to_str()) {
+            Some("toml") => toml::from_str(&text).map_err(|e| e.to_string()),
+            Some("json") => serde_json::from_str(&text).map_err(|e| e.to_string()),
+            _ => return Err(Error::Input(format!("{}: use a .toml or .json config file", path.display()))),
+        };
+        parsed.map_err(|e| Error::Input(format!("{}: {e}", path.display())))
+    }
+
+    /// Apply `key=value` overrides (keys in snake_case, as in the file).
+    pub fn with_overrides(self, overrides: &[(String, String)]) -> Result<TrainingArguments> {
+        let mut value = serde_json::to_value(&self).map_err(|e| invalid(e.to_string()))?;
+        for (key, raw) in overrides {
+            let parsed = match (key.as_str(), raw.as_str()) {
+                ("report_to", r) => serde_json::json!(r.split(',').map(str::trim).collect::<Vec<_>>()),
+                ("resume_from_checkpoint" | "output_dir" | "lr_scheduler_type", r) => serde_json::json!(r),
+                (_, r) => serde_json::from_str(r).unwrap_or_else(|_| serde_json::json!(r)),
+            };
+            value[key] = parsed;
+        }
+        serde_json::from_value(value).map_err(|e| invalid(e.to_string()))
+    }
+
+    /// Reject invalid values and combinations. `has_eval_data` says whether
+    /// evaluation data was given.
+    pub fn validate(&self, has_eval_data: bool) -> Result<()> {
+        let schedulers = ["linear", "cosine", "constant", "constant_with_warmup"];
+        if !schedulers.contains(&self.lr_scheduler_type.as_str()) {
+            return Err(invalid(format!(
+                "lr_scheduler_type `{}`; choose one of {}",
+                self.lr_scheduler_type,
+                schedulers.join(", ")
+            )));
+        }
+        for r in &self.report_to {
+            if !["jsonl", "tensorboard", "none"].contains(&r.as_str()) {
+                return Err(invalid(format!("report_to `{r}`; choose from jsonl, tensorboard, none")));
+            }
+        }
+        if (self.eval_strategy != IntervalStrategy::No || self.do_eval) && !has_eval_data {
+            return Err(invalid("evaluation is on (eval_strategy or do_eval) but no eval data was given; pass --eval-data DIR or set eval_strategy = \"no\"".into()));
+        }
+        if self.early_stopping_patience.is_some() && self.eval_strategy == IntervalStrategy::No {
+            return Err(invalid("early_stopping_patience needs eval_strategy `steps` or `epoch`".into()));
+        }
+        if self.per_device_train_batch_size == 0
+            || self.per_device_eval_batch_size == 0
+            || self.gradient_accumulation_steps == 0
+        {
+            return Err(invalid("batch sizes and gradient_accumulation_steps must be at least 1".into()));
+        }
+        if self.max_steps <= 0 && self.num_train_epochs <= 0.0 {
+            return Err(invalid("set max_steps > 0 or num_train_epochs > 0".into()));
+        }
+        if self.learning_rate <= 0.0 || self.warmup_steps < 0.0 || self.max_grad_norm < 0.0 {
+            return Err(invalid("learning_rate must be positive; warmup_steps and max_grad_norm not negative".into()));
+        }
+        if self.save_strategy == IntervalStrategy::Steps && self.save_steps == 0 || self.logging_steps == 0 {
+            return Err(invalid("save_steps and logging_steps must be at least 1".into()));
+        }
+        if self.bf16 {
+            return Err(invalid("bf16 mixed precision is not available yet; set bf16 = false".into()));
+        }
+        if self.num_replicas != 1 {
+            return Err(invalid(format!(
+                "num_replicas = {} needs data-parallel replicas, which are not available yet; use 1",
+                self.num_replicas
+            )));
+        }
+        Ok(())
+    }
+
+    /// Warmup steps for a run of `total` steps.
+    pub fn warmup_for(&self, total: u64) -> u64 {
+        if self.warmup_steps < 1.0 {
+            (self.warmup_steps * total as f64).ceil() as u64
+        } else {
+            self.warmup_steps as u64
+        }
+    }
+}

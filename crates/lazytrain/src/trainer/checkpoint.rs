@@ -1,0 +1,127 @@
+//! Checkpoints: `checkpoint-{step}/` written whole or not at all.
+//!
+//! Files go into a temporary sibling folder, each fsynced; `trainer_state.json`
+//! comes last; then the folder is renamed into place. A crash leaves either
+//! the previous checkpoints or the new complete one, and a folder without
+//! `trainer_state.json` is never taken for a checkpoint.
+
+use super::args::TrainingArguments;
+use super::state::{RngState, SchedulerState, TrainerState};
+use crate::folder::save_folder;
+use crate::{Error, Result};
+use lazytrain_data::TextTokenizer;
+use lazytrain_models::ForMaskedLM;
+use lazytrain_nn::optim::Optimizer;
+use lazytrain_nn::state::{save_safetensors, write_atomically};
+use std::path::{Path, PathBuf};
+
+/// What goes into a checkpoint.
+pub struct CheckpointContents<'a> {
+    /// The model (saved as a Hugging Face folder with its tokenizer).
+    pub model: &'a ForMaskedLM,
+    /// The tokenizer.
+    pub tokenizer: &'a TextTokenizer,
+    /// The optimizer (moments and step count).
+    pub optimizer: &'a dyn Optimizer,
+    /// The LR schedule.
+    pub scheduler: &'a SchedulerState,
+    /// The random state.
+    pub rng: &'a RngState,
+    /// The trainer state.
+    pub state: &'a TrainerState,
+    /// The arguments.
+    pub args: &'a TrainingArguments,
+}
+
+fn json_file(path: &Path, value: &impl serde::Serialize) -> Result<()> {
+    let text = serde_json::to_string_pretty(value).map_err(|e| Error::Input(e.to_string()))?;
+    Ok(write_atomically(path, text.as_bytes())?)
+}
+
+/// The step of a `checkpoint-{step}` folder name.
+fn step_of(path: &Path) -> Option<u64> {
+    path.file_name()?.to_str()?.strip_prefix("checkpoint-")?.parse().ok()
+}
+
+/// Complete checkpoints in `output_dir`, oldest first.
+pub fn checkpoints(output_dir: &Path) -> Vec<PathBuf> {
+    let Ok(entries) = std::fs::read_dir(output_dir) else { return Vec::new() };
+    let mut found: Vec<(u64, PathBuf)> = entries
+        .filter_map(|e| e.ok().map(|e| e.path()))
+        .filter(|p| p.join("trainer_state.json").is_file())
+        .filter_map(|p| step_of(&p).map(|s| (s, p)))
+        .collect();
+    found.sort();
+    found.into_iter().map(|(_, p)| p).collect()
+}
+
+/// The newest complete checkpoint, if any.
+pub fn latest_checkpoint(output_dir: &Path) -> Option<PathBuf> {
+    checkpoints(output_dir).pop()
+}
+
+/// Write `checkpoint-{step}` into `output_dir` atomically; returns its path.
+/// On failure (a full disk, say) the temporary folder is removed and every
+/// earlier checkpoint is left as it was.
+pub fn save_checkpoint(output_dir: &Path, contents: &CheckpointContents) -> Result<PathBuf> {
+    let step = contents.state.global_step;
+    let final_dir = output_dir.join(format!("checkpoint-{step}"));
+    let tmp = output_dir.join(format!(".checkpoint-{step}.tmp-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&tmp);
+    let written = write_into(&tmp, contents).and_then(|()| {
+        if final_dir.exists() {
+            std::fs::remove_dir_all(&final_dir).map_err(|e| Error::Input(format!("{}: {e}", final_dir.display())))?;
+        }
+        std::fs::rename(&tmp, &final_dir).map_err(|e| Error::Input(format!("{}: {e}", final_dir.display())))?;
+        if let Ok(d) = std::fs::File::open(output_dir) {
+            let _ = d.sync_all();
+        }
+        Ok(())
+    });
+    if let Err(e) = written {
+        let _ = std::fs::remove_dir_all(&tmp);
+        let previous = latest_checkpoint(output_dir)
+            .map_or("no earlier checkpoint exists".to_string(), |p| format!("{} is intact", p.display()));
+        return Err(Error::Input(format!("saving checkpoint-{step} failed ({e}); {previous}")));
+    }
+    Ok(final_dir)
+}
+
+fn write_into(dir: &Path, c: &CheckpointContents) -> Result<()> {
+    save_folder(dir, c.model, c.model.config(), c.tokenizer)?;
+    if std::env::var("LAZYTRAIN_FAULT_INJECT").is_ok_and(|v| v == "abort-during-save") {
+        // Fault injection for the crash-safety test: die like SIGKILL would,
+        // halfway through a checkpoint.
+        std::process::abort();
+    }
+    save_safetensors(&dir.join("optimizer.safetensors"), &c.optimizer.state_dict(), &[("format", "lazytrain")])?;
+    json_file(&dir.join("scheduler.json"), c.scheduler)?;
+    json_file(&dir.join("rng_state.json"), c.rng)?;
+    json_file(&dir.join("training_args.json"), c.args)?;
+    json_file(&dir.join("trainer_state.json"), c.state)
+}
+
+/// Delete the oldest checkpoints beyond `limit` (keeping the best one, as HF does).
+pub fn rotate(output_dir: &Path, limit: usize, best: Option<&str>) -> Result<()> {
+    let all = checkpoints(output_dir);
+    let mut excess = all.len().saturating_sub(limit.max(1));
+    for path in all {
+        if excess == 0 {
+            break;
+        }
+        if best.is_some_and(|b| Path::new(b) == path) {
+            continue;
+        }
+        std::fs::remove_dir_all(&path).map_err(|e| Error::Input(format!("{}: {e}", path.display())))?;
+        excess -= 1;
+    }
+    Ok(())
+}
+
+/// Read a JSON file of a checkpoint.
+pub fn read_json<T: serde::de::DeserializeOwned>(dir: &Path, name: &str) -> Result<T> {
+    let path = dir.join(name);
+    let text = std::fs::read_to_string(&path)
+        .map_err(|e| Error::Input(format!("{}: cannot read ({e}); is this a complete checkpoint?", path.display())))?;
+    serde_json::from_str(&text).map_err(|e| Error::Input(format!("{}: {e}", path.display())))
+}

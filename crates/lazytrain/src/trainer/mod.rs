@@ -1,0 +1,550 @@
+//! The `Trainer`: Hugging Face's training loop on lazy tensors.
+//!
+//! Each optimizer step (all its gradient-accumulation micro-batches, the
+//! backward passes, clipping and the AdamW update) is one traced graph,
+//! compiled once. The `DeviceLoader` prepares the next batches while a step
+//! runs. Checkpoints hold everything needed to continue bit for bit.
+
+pub mod args;
+pub mod callbacks;
+pub mod checkpoint;
+pub mod events;
+mod logs;
+pub mod state;
+
+pub use args::{IntervalStrategy, TrainingArguments};
+pub use callbacks::{Control, EarlyStopping, TrainerCallback};
+pub use state::{RngState, SchedulerState, TrainerState};
+
+use crate::{Error, Result};
+use checkpoint::{latest_checkpoint, read_json, rotate, save_checkpoint, CheckpointContents};
+use lazytrain_core::{DType, Device, Tensor};
+use lazytrain_data::collator::{HostBatch, MlmCollator};
+use lazytrain_data::dataset::{EpochSampler, ShardedDataset};
+use lazytrain_data::loader::{DeviceBatch, DeviceLoader, LoaderPlan};
+use lazytrain_data::TextTokenizer;
+use lazytrain_models::{hub, ForMaskedLM};
+use lazytrain_nn::optim::{clip_grad_norm, decay_groups, AdamW, AdamWConfig, LrSchedule, Optimizer, ScheduleKind};
+use lazytrain_nn::state::load_safetensors;
+use lazytrain_nn::{named_parameters, Context};
+use logs::LogSinks;
+use serde_json::{json, Value};
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::Instant;
+
+/// Set by Ctrl-C: the loop saves a checkpoint and returns.
+static INTERRUPTED: AtomicBool = AtomicBool::new(false);
+
+/// Install the Ctrl-C handler (once per process).
+pub fn install_interrupt_handler() {
+    static INSTALLED: std::sync::Once = std::sync::Once::new();
+    INSTALLED.call_once(|| {
+        let _ = ctrlc::set_handler(|| INTERRUPTED.store(true, Ordering::SeqCst));
+    });
+}
+
+/// Evaluation results.
+#[derive(Clone, Debug, PartialEq)]
+pub struct EvalMetrics {
+    /// Mean cross-entropy per masked token.
+    pub loss: f64,
+    /// `exp(loss)`.
+    pub perplexity: f64,
+    /// Masked tokens whose top prediction is the label.
+    pub accuracy: f64,
+    /// Masked tokens evaluated.
+    pub tokens: u64,
+}
+
+/// How a training run ended.
+#[derive(Clone, Debug, PartialEq)]
+pub struct TrainOutput {
+    /// Optimizer steps done.
+    pub global_step: u64,
+    /// Mean training loss over the steps of this run.
+    pub training_loss: f64,
+    /// Every step's loss in this run.
+    pub losses: Vec<f32>,
+    /// Ctrl-C stopped the run (after saving).
+    pub interrupted: bool,
+    /// Wall time of the loop.
+    pub seconds: f64,
+    /// Training tokens per second (all micro-batches).
+    pub tokens_per_second: f64,
+}
+
+/// Trains a masked-LM model.
+pub struct Trainer {
+    /// The arguments.
+    pub args: TrainingArguments,
+    /// The model.
+    pub model: ForMaskedLM,
+    /// Its tokenizer.
+    pub tokenizer: TextTokenizer,
+    /// The run's state.
+    pub state: TrainerState,
+    device: Device,
+    train: Arc<ShardedDataset>,
+    eval: Option<Arc<ShardedDataset>>,
+    callbacks: Vec<Box<dyn TrainerCallback>>,
+    block_size: usize,
+    show_progress: bool,
+}
+
+impl Trainer {
+    /// A trainer over prepared shards (`block_size` tokens per record).
+    pub fn new(
+        args: TrainingArguments,
+        model: ForMaskedLM,
+        tokenizer: TextTokenizer,
+        train: Arc<ShardedDataset>,
+        eval: Option<Arc<ShardedDataset>>,
+        block_size: usize,
+        device: &Device,
+    ) -> Result<Trainer> {
+        args.validate(eval.is_some())?;
+        crate::folder::check_pad_id(model.config(), &tokenizer)?;
+        let max = model.config().max_sequence_length();
+        if block_size > max {
+            return Err(Error::Input(format!(
+                "the data has blocks of {block_size} tokens but the model accepts at most {max} positions; prepare the data with --block-size {max} or less"
+            )));
+        }
+        if tokenizer.vocab_size() > model.config().vocab_size {
+            return Err(Error::Input(format!(
+                "the tokenizer has {} tokens but the model's vocab_size is {}",
+                tokenizer.vocab_size(),
+                model.config().vocab_size
+            )));
+        }
+        let mut callbacks: Vec<Box<dyn TrainerCallback>> = Vec::new();
+        if let Some(patience) = args.early_stopping_patience {
+            callbacks.push(Box::new(EarlyStopping::new(patience, 0.0)));
+        }
+        Ok(Trainer {
+            args,
+            model,
+            tokenizer,
+            state: TrainerState::default(),
+            device: device.clone(),
+            train,
+            eval,
+            callbacks,
+            block_size,
+            show_progress: false,
+        })
+    }
+
+    /// Draw a progress bar while training.
+    pub fn with_progress_bar(mut self, show: bool) -> Trainer {
+        self.show_progress = show;
+        self
+    }
+
+    /// Add a callback.
+    pub fn add_callback(&mut self, callback: Box<dyn TrainerCallback>) {
+        self.callbacks.push(callback);
+    }
+
+    /// The device.
+    pub fn device(&self) -> &Device {
+        &self.device
+    }
+
+    fn collator(&self, seed: u64) -> MlmCollator {
+        let s = self.tokenizer.special();
+        MlmCollator {
+            mask_id: s.mask,
+            pad_id: s.pad,
+            special_ids: vec![s.pad, s.unk, s.start, s.end, s.mask],
+            vocab_size: self.tokenizer.vocab_size(),
+            mlm_probability: self.args.mlm_probability,
+            pad_to_multiple_of: 8,
+            seed,
+        }
+    }
+
+    fn batches_per_epoch(&self) -> Result<u64> {
+        let sampler = EpochSampler::new(self.train.len(), self.args.seed, true, 0, 1)?;
+        let per = (sampler.samples_per_epoch() / self.args.per_device_train_batch_size) as u64;
+        if per < self.args.gradient_accumulation_steps as u64 {
+            return Err(Error::Input(format!(
+                "{} training blocks give {per} batches of {} per epoch, fewer than one optimizer step; add data or lower the batch size",
+                self.train.len(),
+                self.args.per_device_train_batch_size
+            )));
+        }
+        Ok(per)
+    }
+
+    /// Total optimizer steps of the run.
+    pub fn total_steps(&self) -> Result<u64> {
+        if self.args.max_steps > 0 {
+            return Ok(self.args.max_steps as u64);
+        }
+        let steps_per_epoch = self.batches_per_epoch()? / self.args.gradient_accumulation_steps as u64;
+        Ok(((self.args.num_train_epochs * steps_per_epoch as f64).ceil() as u64).max(1))
+    }
+
+    fn schedule(&self, total: u64) -> Result<LrSchedule> {
+        let kind = ScheduleKind::parse(&self.args.lr_scheduler_type)?;
+        Ok(LrSchedule {
+            kind,
+            base_lr: self.args.learning_rate,
+            warmup_steps: self.args.warmup_for(total),
+            total_steps: total,
+        })
+    }
+
+    fn optimizer(&self) -> Result<AdamW> {
+        let config = AdamWConfig {
+            lr: self.args.learning_rate,
+            beta1: self.args.adam_beta1,
+            beta2: self.args.adam_beta2,
+            eps: self.args.adam_epsilon,
+        };
+        Ok(AdamW::new(decay_groups(named_parameters(&self.model), self.args.weight_decay), config)?)
+    }
+
+    /// Where a resumed run should continue from, per `resume_from_checkpoint`.
+    fn resume_dir(&self) -> Result<Option<PathBuf>> {
+        let output = Path::new(&self.args.output_dir);
+        match self.args.resume_from_checkpoint.as_deref() {
+            None | Some("false") => Ok(None),
+            Some("true") => latest_checkpoint(output).map(Some).ok_or_else(|| {
+                Error::Input(format!(
+                    "resume_from_checkpoint = true but {} holds no complete checkpoint",
+                    output.display()
+                ))
+            }),
+            Some(path) => {
+                let dir = PathBuf::from(path);
+                if dir.join("trainer_state.json").is_file() {
+                    Ok(Some(dir))
+                } else {
+                    Err(Error::Input(format!("{path} is not a complete checkpoint (no trainer_state.json)")))
+                }
+            }
+        }
+    }
+
+    fn check_output_dir(&self) -> Result<()> {
+        let output = Path::new(&self.args.output_dir);
+        let has_checkpoints = latest_checkpoint(output).is_some();
+        if has_checkpoints && !self.args.overwrite_output_dir && self.args.resume_from_checkpoint.is_none() {
+            return Err(Error::Input(format!(
+                "{} already holds checkpoints; pass --resume-from-checkpoint true to continue, or --overwrite-output-dir true to start over",
+                output.display()
+            )));
+        }
+        std::fs::create_dir_all(output).map_err(|e| Error::Input(format!("{}: {e}", output.display())))
+    }
+
+    /// Run the loop: returns when `max_steps` are done, a callback stops it,
+    /// or Ctrl-C (after a checkpoint). A NaN/Inf loss stops with an error
+    /// naming the step; the last good checkpoint stays as it was.
+    pub fn train(&mut self) -> Result<TrainOutput> {
+        self.check_output_dir()?;
+        let total = self.total_steps()?;
+        let schedule = self.schedule(total)?;
+        let mut optimizer = self.optimizer()?;
+        let output_dir = PathBuf::from(&self.args.output_dir);
+        self.state = TrainerState {
+            max_steps: total,
+            logging_steps: self.args.logging_steps,
+            eval_steps: self.args.eval_steps.unwrap_or(self.args.logging_steps),
+            save_steps: self.args.save_steps,
+            train_batch_size: self.args.per_device_train_batch_size,
+            num_train_epochs: self.args.num_train_epochs,
+            ..TrainerState::default()
+        };
+        if let Some(dir) = self.resume_dir()? {
+            self.restore(&dir, &mut optimizer)?;
+        }
+        let mut sinks = LogSinks::open(&output_dir, &self.args.report_to)?;
+        let accumulation = self.args.gradient_accumulation_steps;
+        let batch_size = self.args.per_device_train_batch_size;
+        let batches_per_epoch = self.batches_per_epoch()?;
+        let remaining = total.saturating_sub(self.state.global_step);
+        let sampler = EpochSampler::new(self.train.len(), self.args.seed, true, 0, 1)?;
+        let plan = LoaderPlan {
+            batch_size,
+            prefetch: self.args.dataloader_prefetch,
+            start_epoch: self.state.data_epoch,
+            start_sample: self.state.data_sample,
+            max_batches: Some(remaining * accumulation as u64),
+            epochs: u64::MAX,
+        };
+        let mut loader =
+            DeviceLoader::new(self.train.clone(), sampler, self.collator(self.args.seed), plan, &self.device)?;
+        let params: Vec<Tensor> = named_parameters(&self.model).into_iter().map(|(_, t)| t).collect();
+        let bar = progress_bar(total, self.show_progress);
+        bar.set_position(self.state.global_step);
+        for cb in &mut self.callbacks {
+            cb.on_train_begin(&self.state);
+        }
+        let start = Instant::now();
+        let mut losses = Vec::new();
+        let (mut logged_loss, mut logged_steps, mut tokens) = (0f64, 0u64, 0u64);
+        let mut interrupted = false;
+        while self.state.global_step < total {
+            let mut window: Vec<DeviceBatch> = Vec::with_capacity(accumulation);
+            for _ in 0..accumulation {
+                match loader.next() {
+                    Some(batch) => window.push(batch?),
+                    None => break,
+                }
+            }
+            if window.len() < accumulation {
+                break;
+            }
+            let step = self.state.global_step;
+            let labelled: usize = window.iter().map(|b| b.label_count).sum();
+            let scale = Tensor::scalar(1.0f32 / labelled.max(1) as f32, &self.device);
+            let ctx = Context::train(&self.device, self.args.seed as i64, step as i64)?;
+            let mut step_loss: Option<Tensor> = None;
+            for batch in &window {
+                let logits = self.model.forward(&batch.input_ids, Some(&batch.attention_mask), None, &ctx)?;
+                let loss = logits.cross_entropy_sum(&batch.labels, -100)?.mul(&scale)?;
+                loss.backward()?;
+                step_loss = Some(match step_loss {
+                    Some(l) => l.add(&loss)?,
+                    None => loss,
+                });
+            }
+            if self.args.max_grad_norm > 0.0 {
+                clip_grad_norm(&params, self.args.max_grad_norm)?;
+            }
+            let lr = schedule.lr_at(step);
+            optimizer.set_lr(lr);
+            optimizer.step()?;
+            optimizer.zero_grad();
+            self.device.mark_step()?;
+            let loss_value = step_loss.map_or(Ok(f32::NAN), |l| l.item::<f32>())?;
+            if !loss_value.is_finite() {
+                bar.abandon();
+                let kept = latest_checkpoint(&output_dir).map_or("no checkpoint was saved".to_string(), |p| {
+                    format!("the last good checkpoint is {}", p.display())
+                });
+                return Err(Error::Input(format!(
+                    "the loss became {loss_value} at step {}; training stopped ({kept}); lower the learning rate or check the data",
+                    step + 1
+                )));
+            }
+            let last = window.last().expect("a full window");
+            let next_sample = last.first_sample + batch_size;
+            (self.state.data_epoch, self.state.data_sample) =
+                if next_sample + batch_size > (batches_per_epoch as usize) * batch_size {
+                    (last.epoch + 1, 0)
+                } else {
+                    (last.epoch, next_sample)
+                };
+            self.state.global_step += 1;
+            self.state.epoch = (self.state.data_epoch as f64)
+                + self.state.data_sample as f64 / (batches_per_epoch as usize * batch_size) as f64;
+            losses.push(loss_value);
+            logged_loss += loss_value as f64;
+            logged_steps += 1;
+            tokens += (window.len() * batch_size * self.block_size) as u64;
+            let gs = self.state.global_step;
+            let mut control = Control::default();
+            for cb in &mut self.callbacks {
+                control.should_stop |= cb.on_step_end(&self.state).should_stop;
+            }
+            let elapsed = start.elapsed().as_secs_f64().max(1e-9);
+            bar.set_position(gs);
+            bar.set_message(format!("loss {loss_value:.4} lr {lr:.2e} {:.0} tok/s", tokens as f64 / elapsed));
+            if gs % self.args.logging_steps == 0 || (self.args.logging_first_step && gs == 1) || gs == total {
+                let entry = json!({
+                    "loss": logged_loss / logged_steps as f64, "learning_rate": lr, "epoch": self.state.epoch,
+                    "step": gs, "tokens_per_second": tokens as f64 / elapsed,
+                });
+                (logged_loss, logged_steps) = (0.0, 0);
+                self.log(entry, &mut sinks)?;
+            }
+            let epoch_ended = self.state.data_sample == 0;
+            let due = |strategy: IntervalStrategy, every: u64| match strategy {
+                IntervalStrategy::No => false,
+                IntervalStrategy::Steps => gs % every.max(1) == 0,
+                IntervalStrategy::Epoch => epoch_ended,
+            };
+            if due(self.args.eval_strategy, self.state.eval_steps) {
+                let metrics = self.evaluate_and_log(&mut sinks)?;
+                for cb in &mut self.callbacks {
+                    control.should_stop |= cb.on_evaluate(&self.state, &metrics).should_stop;
+                }
+            }
+            interrupted = INTERRUPTED.swap(false, Ordering::SeqCst);
+            if interrupted || due(self.args.save_strategy, self.args.save_steps) {
+                self.checkpoint(&optimizer, &schedule, &output_dir)?;
+            }
+            if interrupted || control.should_stop {
+                break;
+            }
+        }
+        bar.finish_and_clear();
+        drop(loader);
+        for cb in &mut self.callbacks {
+            cb.on_train_end(&self.state);
+        }
+        let seconds = start.elapsed().as_secs_f64();
+        if !interrupted {
+            crate::folder::save_folder(&output_dir, &self.model, self.model.config(), &self.tokenizer)?;
+            let text = serde_json::to_string_pretty(&self.state).map_err(|e| Error::Input(e.to_string()))?;
+            lazytrain_nn::state::write_atomically(&output_dir.join("trainer_state.json"), text.as_bytes())?;
+        }
+        let training_loss = losses.iter().map(|&l| l as f64).sum::<f64>() / losses.len().max(1) as f64;
+        Ok(TrainOutput {
+            global_step: self.state.global_step,
+            training_loss,
+            losses,
+            interrupted,
+            seconds,
+            tokens_per_second: tokens as f64 / seconds.max(1e-9),
+        })
+    }
+
+    fn log(&mut self, entry: Value, sinks: &mut LogSinks) -> Result<()> {
+        sinks.write(&entry)?;
+        for cb in &mut self.callbacks {
+            cb.on_log(&self.state, &entry);
+        }
+        self.state.log_history.push(entry);
+        Ok(())
+    }
+
+    fn evaluate_and_log(&mut self, sinks: &mut LogSinks) -> Result<Value> {
+        let start = Instant::now();
+        let m = self.evaluate()?;
+        if self.state.best_metric.is_none_or(|b| m.loss < b) {
+            self.state.best_metric = Some(m.loss);
+        }
+        let entry = json!({
+            "eval_loss": m.loss, "eval_perplexity": m.perplexity, "eval_accuracy": m.accuracy,
+            "eval_runtime": start.elapsed().as_secs_f64(), "epoch": self.state.epoch, "step": self.state.global_step,
+        });
+        self.log(entry.clone(), sinks)?;
+        Ok(entry)
+    }
+
+    fn checkpoint(&mut self, optimizer: &AdamW, schedule: &LrSchedule, output_dir: &Path) -> Result<PathBuf> {
+        let scheduler = SchedulerState {
+            lr_scheduler_type: self.args.lr_scheduler_type.clone(),
+            base_lr: schedule.base_lr,
+            warmup_steps: schedule.warmup_steps,
+            total_steps: schedule.total_steps,
+            last_step: self.state.global_step,
+        };
+        let rng = RngState {
+            seed: self.args.seed,
+            dropout_step: self.state.global_step,
+            data_epoch: self.state.data_epoch,
+            data_sample: self.state.data_sample,
+        };
+        let contents = CheckpointContents {
+            model: &self.model,
+            tokenizer: &self.tokenizer,
+            optimizer,
+            scheduler: &scheduler,
+            rng: &rng,
+            state: &self.state,
+            args: &self.args,
+        };
+        let path = save_checkpoint(output_dir, &contents)?;
+        if let Some(limit) = self.args.save_total_limit {
+            rotate(output_dir, limit, self.state.best_model_checkpoint.as_deref())?;
+        }
+        for cb in &mut self.callbacks {
+            cb.on_save(&self.state, &path);
+        }
+        Ok(path)
+    }
+
+    /// Restore weights, optimizer, schedule position, RNG and data position.
+    fn restore(&mut self, dir: &Path, optimizer: &mut AdamW) -> Result<()> {
+        hub::load_weights(
+            &self.model,
+            self.model.config().model_type,
+            &dir.join("model.safetensors"),
+            &self.device,
+            &|_| false,
+        )?;
+        optimizer.load_state_dict(&load_safetensors(&dir.join("optimizer.safetensors"), &self.device)?)?;
+        let saved: TrainerState = read_json(dir, "trainer_state.json")?;
+        let rng: RngState = read_json(dir, "rng_state.json")?;
+        if rng.seed != self.args.seed {
+            return Err(Error::Input(format!(
+                "{} was trained with seed {}, not {}; resume with the same seed to continue the same run",
+                dir.display(),
+                rng.seed,
+                self.args.seed
+            )));
+        }
+        let max_steps = self.state.max_steps;
+        self.state = TrainerState { max_steps, ..saved };
+        self.device.sync()?;
+        Ok(())
+    }
+
+    /// Evaluate on the eval data: mean loss per masked token, perplexity and
+    /// masked-token accuracy. Every batch has the same shape (the last one is
+    /// padded with rows that predict nothing), so evaluation compiles once.
+    pub fn evaluate(&mut self) -> Result<EvalMetrics> {
+        let Some(eval) = self.eval.clone() else {
+            return Err(Error::Input("no eval data was given; pass --eval-data DIR".into()));
+        };
+        let bs = self.args.per_device_eval_batch_size;
+        let collator = self.collator(self.args.seed ^ 0xe7a1);
+        let ctx = Context::eval();
+        let (mut loss_sum, mut count, mut correct) = (0f64, 0f64, 0f64);
+        for first in (0..eval.len()).step_by(bs) {
+            let mut rows = Vec::with_capacity(bs);
+            for k in first..(first + bs).min(eval.len()) {
+                rows.push((k, eval.feature(k, "input_ids")?));
+            }
+            let mut host = collator.collate(&rows, 0)?;
+            pad_rows(&mut host, bs, self.tokenizer.special().pad as i64);
+            let shape = [host.batch, host.seq];
+            let ids = Tensor::from_vec(host.input_ids, shape, &self.device)?;
+            let mask = Tensor::from_vec(host.attention_mask, shape, &self.device)?;
+            let labels = Tensor::from_vec(host.labels, shape, &self.device)?;
+            let logits = self.model.forward(&ids, Some(&mask), None, &ctx)?;
+            let loss = logits.cross_entropy_sum(&labels, -100)?;
+            let valid = labels.ne_scalar(-100.0)?;
+            let safe = Tensor::select(&valid, &labels, &Tensor::zeros([], DType::I64, &self.device)?)?;
+            let picked = logits.gather(-1, &safe.unsqueeze(-1)?)?.squeeze(-1)?;
+            let best = logits.max(&[-1], false)?;
+            let hits = picked.ge(&best)?.cast(DType::F32)?.mul(&valid.cast(DType::F32)?)?.sum_all()?;
+            let n = valid.cast(DType::F32)?.sum_all()?;
+            self.device.mark_step()?;
+            loss_sum += loss.item::<f32>()? as f64;
+            correct += hits.item::<f32>()? as f64;
+            count += n.item::<f32>()? as f64;
+        }
+        let loss = loss_sum / count.max(1.0);
+        Ok(EvalMetrics { loss, perplexity: loss.exp(), accuracy: correct / count.max(1.0), tokens: count as u64 })
+    }
+}
+
+/// Pad a host batch to `rows` rows of padding that predict nothing.
+fn pad_rows(host: &mut HostBatch, rows: usize, pad: i64) {
+    let missing = rows.saturating_sub(host.batch) * host.seq;
+    host.input_ids.extend(std::iter::repeat_n(pad, missing));
+    host.attention_mask.extend(std::iter::repeat_n(0, missing));
+    host.labels.extend(std::iter::repeat_n(-100, missing));
+    host.batch = host.batch.max(rows);
+}
+
+fn progress_bar(total: u64, show: bool) -> indicatif::ProgressBar {
+    if !show {
+        return indicatif::ProgressBar::hidden();
+    }
+    let bar = indicatif::ProgressBar::new(total);
+    let style = indicatif::ProgressStyle::with_template("step {pos}/{len} [{bar:30}] {msg} eta {eta}")
+        .map(|s| s.progress_chars("=> "))
+        .unwrap_or_else(|_| indicatif::ProgressStyle::default_bar());
+    bar.set_style(style);
+    bar
+}

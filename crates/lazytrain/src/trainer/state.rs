@@ -1,0 +1,64 @@
+//! What a run remembers: `trainer_state.json`, `scheduler.json`, `rng_state.json`.
+
+use serde::{Deserialize, Serialize};
+
+/// Hugging Face's `TrainerState`, plus the data position for exact resume.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct TrainerState {
+    /// Optimizer steps done.
+    pub global_step: u64,
+    /// Fractional epochs done.
+    pub epoch: f64,
+    /// Steps the run will take.
+    pub max_steps: u64,
+    /// Logging interval.
+    pub logging_steps: u64,
+    /// Evaluation interval.
+    pub eval_steps: u64,
+    /// Save interval.
+    pub save_steps: u64,
+    /// Sequences per micro-batch.
+    pub train_batch_size: usize,
+    /// Epochs the run was asked for.
+    pub num_train_epochs: f64,
+    /// Every log and evaluation, in order.
+    pub log_history: Vec<serde_json::Value>,
+    /// The best eval loss so far.
+    pub best_metric: Option<f64>,
+    /// The checkpoint that had it.
+    pub best_model_checkpoint: Option<String>,
+    /// Epoch of the next batch to read.
+    pub data_epoch: u64,
+    /// Sample (within that epoch) of the next batch to read.
+    pub data_sample: usize,
+}
+
+/// The LR schedule's state (`scheduler.json`).
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct SchedulerState {
+    /// HF scheduler name.
+    pub lr_scheduler_type: String,
+    /// Peak learning rate.
+    pub base_lr: f64,
+    /// Warmup steps.
+    pub warmup_steps: u64,
+    /// Total steps.
+    pub total_steps: u64,
+    /// Steps taken.
+    pub last_step: u64,
+}
+
+/// Everything random in a run derives from these (`rng_state.json`):
+/// dropout masks from `(seed, step)`, data order from `(seed, epoch)`,
+/// MLM masking from `(seed, epoch, sample)`.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct RngState {
+    /// The run's seed.
+    pub seed: u64,
+    /// The dropout step counter of the next step.
+    pub dropout_step: u64,
+    /// Data epoch of the next batch.
+    pub data_epoch: u64,
+    /// Data sample of the next batch.
+    pub data_sample: usize,
+}
