@@ -44,10 +44,9 @@ impl LogSinks {
             if let Some(map) = entry.as_object() {
                 for (key, value) in map {
                     if let (Some(v), false) = (value.as_f64(), matches!(key.as_str(), "step" | "epoch")) {
-                        let tag = if key.starts_with("eval_") {
-                            format!("eval/{}", &key[5..])
-                        } else {
-                            format!("train/{key}")
+                        let tag = match key.strip_prefix("eval_") {
+                            Some(name) => format!("eval/{name}"),
+                            None => format!("train/{key}"),
                         };
                         tb.scalar(&tag, v as f32, step)?;
                     }
