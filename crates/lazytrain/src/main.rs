@@ -25,7 +25,7 @@ enum Command {
     /// RoBERTa MLM trained and evaluated, fill-mask answers from the saved model.
     Demo(demo::DemoArgs),
     /// Train a masked-LM model with the Trainer (HF TrainingArguments as flags or a config file).
-    Train(cli_train::TrainArgs),
+    Train(Box<cli_train::TrainArgs>),
     /// Measure tracing cost per node and the cut+hash+lookup time of a large graph.
     BenchTrace(bench_trace::BenchTraceArgs),
     /// Predict masked tokens with a masked-LM model folder.
