@@ -81,19 +81,20 @@ pub fn demo_corpus(seed: u64, num_countries: usize, num_sentences: usize) -> Dem
         .map(|i| {
             let c = &countries[pick(u[3 * i], countries.len())];
             let other = &countries[pick(u[3 * i + 2], countries.len())];
-            match pick(u[3 * i + 1], 8) {
-                0 | 1 => format!("the capital of {} is {} .", c.name, c.capital),
-                2 => format!("{} is the capital of {} .", c.capital, c.name),
-                3 => format!("the {} river flows through {} .", c.river, c.name),
-                4 => format!("the flag of {} is {} .", c.name, c.color),
-                5 => format!("in {} the {} is a common animal .", c.name, c.animal),
-                6 => format!(
+            // Capital facts dominate, so a tiny model binds them within the
+            // demo's budget; the other templates add variety.
+            match pick(u[3 * i + 1], 12) {
+                0..=5 => format!("the capital of {} is {} .", c.name, c.capital),
+                6 | 7 => format!("{} is the capital of {} .", c.capital, c.name),
+                8 => format!("the {} river flows through {} .", c.river, c.name),
+                9 => format!("the flag of {} is {} .", c.name, c.color),
+                10 => format!("in {} the {} is a common animal .", c.name, c.animal),
+                _ => format!(
                     "{} travelled from {} to {} .",
                     people[pick(u[3 * i + 2], people.len())],
                     c.capital,
                     other.capital
                 ),
-                _ => format!("{} lies on the {} river in {} .", c.capital, c.river, c.name),
             }
         })
         .collect();

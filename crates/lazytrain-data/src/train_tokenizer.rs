@@ -127,7 +127,9 @@ pub fn train_tokenizer(
             MetaspaceDecoder::new('▁', PrependScheme::Always, true).into(),
         ),
         SubwordModel::WordPiece => (BertPreTokenizer.into(), WordPieceDecoder::default().into()),
-        SubwordModel::Bpe => (ByteLevel::new(false, true, true).into(), ByteLevelDecoder::default().into()),
+        // A prefix space makes a word's sentence-initial token the same as its
+        // mid-sentence one (`Ġword`), as `add_prefix_space=True` does in HF.
+        SubwordModel::Bpe => (ByteLevel::new(true, true, true).into(), ByteLevelDecoder::default().into()),
     };
     tokenizer.with_pre_tokenizer(Some(pre));
     tokenizer.with_decoder(Some(decoder));

@@ -34,6 +34,7 @@ impl FeatureExtraction {
         let max_len = self.model.config.max_sequence_length();
         let batch = encode_batch(&self.tokenizer, texts, max_len, &self.device)?;
         let hidden = self.model.forward(&batch.input_ids, Some(&batch.attention_mask), None, &Context::eval())?;
+        self.device.sync()?;
         let h = hidden.dims()[2];
         let values = hidden.to_vec::<f32>()?;
         Ok(batch

@@ -70,6 +70,7 @@ impl FillMask {
         let max_len = self.model.config().max_sequence_length();
         let batch = encode_batch(&self.tokenizer, texts, max_len, &self.device)?;
         let logits = self.model.forward(&batch.input_ids, Some(&batch.attention_mask), None, &Context::eval())?;
+        self.device.sync()?;
         let values = logits.to_vec::<f32>()?;
         let vocab = logits.dims()[2];
         let mut out = Vec::with_capacity(texts.len());

@@ -45,7 +45,9 @@ impl EventWriter {
     pub fn create(dir: &Path) -> Result<EventWriter> {
         std::fs::create_dir_all(dir).map_err(|e| Error::Input(format!("{}: {e}", dir.display())))?;
         let wall = now();
-        let path = dir.join(format!("events.out.tfevents.{}.lazytrain", wall as u64));
+        // Unique per writer: two runs in one second must not share a file.
+        let nanos = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.subsec_nanos());
+        let path = dir.join(format!("events.out.tfevents.{}.lazytrain.{}.{nanos}", wall as u64, std::process::id()));
         let mut writer = RecordWriter::create(&path)?;
         writer.write(&event(wall, 0, |e| bytes_field(e, 3, b"brain.Event:2")))?;
         writer.flush()?;

@@ -1,0 +1,277 @@
+//! The Trainer: exact resume, crash-safe checkpoints, TensorBoard events,
+//! argument validation, and the end-to-end demo.
+
+use lazytrain::trainer::checkpoint::{checkpoints, latest_checkpoint};
+use lazytrain::trainer::events::{read_scalars, EventWriter};
+use lazytrain::trainer::{Control, IntervalStrategy, Trainer, TrainerCallback, TrainerState, TrainingArguments};
+use lazytrain_core::Device;
+use lazytrain_data::corpus::demo_corpus;
+use lazytrain_data::dataset::{find_shards, ShardedDataset};
+use lazytrain_data::prepare::{prepare, PrepareOptions};
+use lazytrain_data::tfrecord::CorruptPolicy;
+use lazytrain_data::train_tokenizer::{train_tokenizer, SubwordModel};
+use lazytrain_data::{TextTokenizer, TokenizerStyle};
+use lazytrain_models::{ForMaskedLM, ModelConfig};
+use lazytrain_nn::init::Initializer;
+use lazytrain_nn::named_parameters;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::sync::Arc;
+
+fn tmp(name: &str) -> PathBuf {
+    let dir = std::env::temp_dir().join(format!("lazytrain-trainer-{}-{name}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    dir
+}
+
+/// A tokenizer folder and prepared shards (blocks of 16) from the demo corpus.
+fn data(name: &str) -> (PathBuf, TextTokenizer) {
+    let dir = tmp(name);
+    let docs = demo_corpus(1, 6, 1500).sentences;
+    let tok = train_tokenizer(&docs, SubwordModel::WordPiece, 200, TokenizerStyle::Bert).unwrap();
+    tok.save(&dir.join("tokenizer"), 512).unwrap();
+    let options = PrepareOptions { block_size: 16, num_shards: 2, validation_fraction: 0.05, seed: 0, progress: false };
+    prepare(&tok, &docs, &dir.join("data"), &options).unwrap();
+    (dir, tok)
+}
+
+fn small_model(tok: &TextTokenizer, device: &Device) -> ForMaskedLM {
+    let mut config = ModelConfig::preset("bert-tiny", tok.vocab_size()).unwrap();
+    config.hidden_size = 32;
+    config.num_attention_heads = 2;
+    config.intermediate_size = 64;
+    ForMaskedLM::new(&mut Initializer::new(7, device), &config).unwrap()
+}
+
+fn open(dir: &Path, split: &str) -> Arc<ShardedDataset> {
+    Arc::new(ShardedDataset::open(&find_shards(&dir.join("data"), split).unwrap(), CorruptPolicy::Fail).unwrap())
+}
+
+fn args(output: &Path) -> TrainingArguments {
+    TrainingArguments {
+        output_dir: output.display().to_string(),
+        max_steps: 6,
+        per_device_train_batch_size: 4,
+        per_device_eval_batch_size: 4,
+        gradient_accumulation_steps: 2,
+        learning_rate: 1e-3,
+        weight_decay: 0.01,
+        warmup_steps: 0.2,
+        logging_steps: 1,
+        save_steps: 3,
+        report_to: vec!["jsonl".into(), "tensorboard".into()],
+        ..TrainingArguments::default()
+    }
+}
+
+/// Stops the run after step `at`.
+struct StopAt(u64);
+
+impl TrainerCallback for StopAt {
+    fn on_step_end(&mut self, state: &TrainerState) -> Control {
+        Control { should_stop: state.global_step >= self.0 }
+    }
+}
+
+fn trainer(dir: &Path, tok: &TextTokenizer, args: TrainingArguments, device: &Device) -> Trainer {
+    Trainer::new(
+        args,
+        small_model(tok, device),
+        tok.clone(),
+        open(dir, "train"),
+        Some(open(dir, "validation")),
+        16,
+        device,
+    )
+    .unwrap()
+}
+
+#[test]
+fn a_resumed_run_matches_an_uninterrupted_one_bit_for_bit() {
+    let (dir, tok) = data("resume");
+    let device = Device::cpu();
+    let mut full = trainer(&dir, &tok, args(&dir.join("full")), &device);
+    let uninterrupted = full.train().unwrap();
+    assert_eq!(uninterrupted.losses.len(), 6);
+    let final_weights: Vec<Vec<f32>> = named_parameters(&full.model).iter().map(|(_, t)| t.to_vec().unwrap()).collect();
+
+    let device = Device::cpu();
+    let mut first = trainer(&dir, &tok, args(&dir.join("split")), &device);
+    first.add_callback(Box::new(StopAt(3)));
+    let part = first.train().unwrap();
+    assert_eq!(part.losses, uninterrupted.losses[..3].to_vec());
+    drop(first);
+
+    let device = Device::cpu();
+    let resume = TrainingArguments { resume_from_checkpoint: Some("true".into()), ..args(&dir.join("split")) };
+    let mut second = trainer(&dir, &tok, resume, &device);
+    let rest = second.train().unwrap();
+    assert_eq!(rest.losses, uninterrupted.losses[3..].to_vec(), "every later loss, bit for bit");
+    let resumed_weights: Vec<Vec<f32>> =
+        named_parameters(&second.model).iter().map(|(_, t)| t.to_vec().unwrap()).collect();
+    assert_eq!(resumed_weights, final_weights, "the final weights, bit for bit");
+    let ckpt = latest_checkpoint(&dir.join("split")).unwrap();
+    for file in [
+        "model.safetensors",
+        "config.json",
+        "tokenizer.json",
+        "optimizer.safetensors",
+        "scheduler.json",
+        "rng_state.json",
+        "trainer_state.json",
+        "training_args.json",
+    ] {
+        assert!(ckpt.join(file).is_file(), "{file} in {}", ckpt.display());
+    }
+    assert!(dir.join("split/model.safetensors").is_file(), "the final model is exported to output_dir");
+    let scalars: Vec<_> = std::fs::read_dir(dir.join("split/runs"))
+        .unwrap()
+        .flat_map(|e| read_scalars(&e.unwrap().path()).unwrap())
+        .collect();
+    assert_eq!(scalars.iter().filter(|(_, tag, _)| tag == "train/loss").count(), 6, "both runs' logs");
+    assert!(scalars
+        .iter()
+        .any(|(step, tag, v)| *step == 1 && tag == "train/loss" && (*v - uninterrupted.losses[0]).abs() < 1e-6));
+    let log = std::fs::read_to_string(dir.join("full/logs/log.jsonl")).unwrap();
+    assert_eq!(log.lines().count(), 6);
+}
+
+#[test]
+fn evaluation_compiles_once_and_reports_perplexity() {
+    let (dir, tok) = data("eval");
+    let device = Device::cpu();
+    let a = TrainingArguments { eval_strategy: IntervalStrategy::Steps, eval_steps: Some(2), ..args(&dir.join("out")) };
+    let mut t = trainer(&dir, &tok, a, &device);
+    t.train().unwrap();
+    let evals: Vec<_> = t.state.log_history.iter().filter(|e| e.get("eval_loss").is_some()).collect();
+    assert_eq!(evals.len(), 3);
+    let loss = evals[2]["eval_loss"].as_f64().unwrap();
+    assert!((evals[2]["eval_perplexity"].as_f64().unwrap() - loss.exp()).abs() < 1e-9);
+    let before = device.metrics().compiles;
+    let m = t.evaluate().unwrap();
+    assert_eq!(device.metrics().compiles, before, "evaluation reuses its executable");
+    assert!((0.0..=1.0).contains(&m.accuracy) && m.tokens > 0);
+}
+
+#[test]
+fn a_crash_during_a_checkpoint_write_keeps_the_previous_one() {
+    let (dir, _) = data("crash");
+    let out = dir.join("out");
+    let bin = env!("CARGO_BIN_EXE_lazytrain");
+    let run = |steps: &str, fault: bool| {
+        let mut cmd = Command::new(bin);
+        cmd.args(["train", "--model", "bert-tiny", "--tokenizer"])
+            .arg(dir.join("tokenizer"))
+            .arg("--train-data")
+            .arg(dir.join("data"))
+            .arg("--output-dir")
+            .arg(&out)
+            .args([
+                "--max-steps",
+                steps,
+                "--save-steps",
+                "2",
+                "--per-device-train-batch-size",
+                "2",
+                "--logging-steps",
+                "1",
+            ])
+            .args(["--resume-from-checkpoint", "true"]);
+        if fault {
+            cmd.env("LAZYTRAIN_FAULT_INJECT", "abort-during-save");
+        }
+        cmd.output().unwrap()
+    };
+    std::fs::create_dir_all(&out).unwrap();
+    // No checkpoint yet: resuming asks for one.
+    let first = run("2", false);
+    assert!(!first.status.success());
+    assert!(String::from_utf8_lossy(&first.stderr).contains("holds no complete checkpoint"));
+    let mut cmd = Command::new(bin);
+    let ok = cmd
+        .args(["train", "--model", "bert-tiny", "--tokenizer"])
+        .arg(dir.join("tokenizer"))
+        .arg("--train-data")
+        .arg(dir.join("data"))
+        .arg("--output-dir")
+        .arg(&out)
+        .args(["--max-steps", "2", "--save-steps", "2", "--per-device-train-batch-size", "2"])
+        .output()
+        .unwrap();
+    assert!(ok.status.success(), "{}", String::from_utf8_lossy(&ok.stderr));
+    assert_eq!(latest_checkpoint(&out).unwrap(), out.join("checkpoint-2"));
+    let crashed = run("4", true);
+    assert!(!crashed.status.success(), "the fault injection aborts the process mid-save");
+    assert_eq!(checkpoints(&out), vec![out.join("checkpoint-2")], "the half-written checkpoint-4 is not a checkpoint");
+    let resumed = run("4", false);
+    assert!(resumed.status.success(), "{}", String::from_utf8_lossy(&resumed.stderr));
+    assert_eq!(latest_checkpoint(&out).unwrap(), out.join("checkpoint-4"));
+}
+
+#[test]
+fn tensorboard_events_round_trip() {
+    let dir = tmp("events");
+    let mut w = EventWriter::create(&dir).unwrap();
+    w.scalar("train/loss", 2.5, 1).unwrap();
+    w.scalar("eval/accuracy", 0.75, 10).unwrap();
+    w.flush().unwrap();
+    let scalars = read_scalars(w.path()).unwrap();
+    assert_eq!(scalars, vec![(1, "train/loss".to_string(), 2.5), (10, "eval/accuracy".to_string(), 0.75)]);
+    assert!(w.path().file_name().unwrap().to_string_lossy().starts_with("events.out.tfevents."));
+}
+
+fn invalid(toml: &str, has_eval: bool) -> String {
+    let dir = tmp("config");
+    let path = dir.join("args.toml");
+    std::fs::write(&path, toml).unwrap();
+    match TrainingArguments::from_file(&path).and_then(|a| a.validate(has_eval).map(|_| a)) {
+        Ok(_) => panic!("{toml} should be rejected"),
+        Err(e) => e.to_string(),
+    }
+}
+
+#[test]
+fn bad_configs_are_clear_errors() {
+    let msg = invalid("output_dir = \"x\"\nlearning_rat = 0.1\n", false);
+    assert!(msg.contains("unknown field `learning_rat`") && msg.contains("learning_rate"), "{msg}");
+    let msg = invalid("lr_scheduler_type = \"polynomial\"\n", false);
+    assert!(msg.contains("choose one of linear, cosine, constant, constant_with_warmup"), "{msg}");
+    let msg = invalid("eval_strategy = \"steps\"\n", false);
+    assert!(msg.contains("no eval data") && msg.contains("--eval-data"), "{msg}");
+    let msg = invalid("eval_strategy = \"sometimes\"\n", true);
+    assert!(msg.contains("unknown variant `sometimes`") && msg.contains("`steps`"), "{msg}");
+    let msg = invalid("early_stopping_patience = 2\n", true);
+    assert!(msg.contains("early_stopping_patience needs eval_strategy"), "{msg}");
+    let msg = invalid("report_to = [\"wandb\"]\n", false);
+    assert!(msg.contains("choose from jsonl, tensorboard, none"), "{msg}");
+    let msg = invalid("per_device_train_batch_size = 0\n", false);
+    assert!(msg.contains("at least 1"), "{msg}");
+    let msg = invalid("bf16 = true\n", false);
+    assert!(msg.contains("bf16"), "{msg}");
+    let msg = invalid("num_replicas = 4\n", false);
+    assert!(msg.contains("num_replicas = 4"), "{msg}");
+    let msg = invalid("max_steps = -1\nnum_train_epochs = 0.0\n", false);
+    assert!(msg.contains("max_steps > 0 or num_train_epochs > 0"), "{msg}");
+    let json = tmp("json").join("args.json");
+    std::fs::write(&json, "{\"output_dir\": \"x\", \"max_steps\": 10, \"warmup_steps\": 0.1}").unwrap();
+    let a = TrainingArguments::from_file(&json).unwrap();
+    assert_eq!((a.max_steps, a.warmup_for(10)), (10, 1));
+    let over = a
+        .with_overrides(&[("max_steps".into(), "20".into()), ("report_to".into(), "tensorboard,jsonl".into())])
+        .unwrap();
+    assert_eq!((over.max_steps, over.report_to.len()), (20, 2));
+}
+
+#[test]
+fn the_demo_learns_its_facts() {
+    let dir = tmp("demo");
+    let out = Command::new(env!("CARGO_BIN_EXE_lazytrain")).args(["demo", "--output-dir"]).arg(&dir).output().unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "{stdout}\n{}", String::from_utf8_lossy(&out.stderr));
+    let line = stdout.lines().find(|l| l.contains("answers correct")).unwrap_or_default();
+    let (right, asked) = line.rsplit(' ').next().and_then(|r| r.split_once('/')).unwrap_or(("0", "1"));
+    let (right, asked): (usize, usize) = (right.parse().unwrap(), asked.parse().unwrap());
+    assert!(asked == 8 && right >= 7, "the demo should answer its capital questions:\n{stdout}");
+    assert!(dir.join("model/model.safetensors").is_file() && dir.join("model/tokenizer.json").is_file());
+}
