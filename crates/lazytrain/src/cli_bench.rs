@@ -23,6 +23,7 @@ pub struct BenchArgs {
     json: bool,
 }
 
+/// The anchor's sequence length.
 const SEQ: usize = 128;
 
 /// `(layers, hidden, heads, vocab, batch)` as in the anchor script.
@@ -36,16 +37,17 @@ fn anchor_config(name: &str) -> Option<(usize, usize, usize, usize, usize)> {
     })
 }
 
-/// Model FLOPs per token, the anchor's formula: `6 N_mm + 12 L S H`.
-fn flops_per_token(layers: usize, hidden: usize, vocab: usize) -> f64 {
+/// Model FLOPs per token of a BERT MLM training step, the anchor's formula:
+/// `6 N_mm + 12 L S H` with `N_mm = 12 L H² + H² + V H`.
+pub fn flops_per_token(layers: usize, hidden: usize, vocab: usize, seq: usize) -> f64 {
     let (l, h, v) = (layers as f64, hidden as f64, vocab as f64);
     let n_mm = l * 12.0 * h * h + h * h + v * h;
-    6.0 * n_mm + 12.0 * l * SEQ as f64 * h
+    6.0 * n_mm + 12.0 * l * seq as f64 * h
 }
 
 /// The f32 GEMM throughput of this machine (GFLOP/s), measured with the
 /// same `gemm` kernels the CPU backend uses.
-fn gemm_peak_gflops(device: &Device) -> lazytrain_core::Result<f64> {
+pub fn gemm_peak_gflops(device: &Device) -> lazytrain_core::Result<f64> {
     let n = 512;
     let a = Tensor::from_vec(vec![0.5f32; n * n], [n, n], device)?;
     let b = Tensor::from_vec(vec![0.25f32; n * n], [n, n], device)?;
@@ -119,7 +121,7 @@ pub fn run(args: &BenchArgs) -> lazytrain::Result<()> {
     timed.sort_by(f64::total_cmp);
     let median = timed[timed.len() / 2];
     let tokens = (batch * SEQ) as f64;
-    let gflops = flops_per_token(layers, hidden, vocab) * tokens / median / 1e9;
+    let gflops = flops_per_token(layers, hidden, vocab, SEQ) * tokens / median / 1e9;
     let m = device.metrics();
     let peak = gemm_peak_gflops(&device)?;
     let report = serde_json::json!({

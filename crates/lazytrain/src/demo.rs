@@ -138,8 +138,17 @@ pub fn run(args: &DemoArgs) -> lazytrain::Result<()> {
     let wall = start.elapsed().as_secs_f64();
     let report = metrics::snapshot();
     println!("run report:");
+    let config = trainer.model.config();
+    let flops_per_token =
+        crate::cli_bench::flops_per_token(config.num_hidden_layers, config.hidden_size, config.vocab_size, block_size);
+    let achieved = flops_per_token * result.tokens_per_second / 1e9;
+    let peak = crate::cli_bench::gemm_peak_gflops(&device)?;
     println!("  steps              {}", result.global_step);
     println!("  tokens/s           {:.0}", result.tokens_per_second);
+    println!(
+        "  model FLOPs        {achieved:.2} GFLOP/s = {:.1} % of the {peak:.0} GFLOP/s GEMM peak measured now",
+        100.0 * achieved / peak
+    );
     println!(
         "  compiles           {} ({:.1} ms), cache hits {}",
         report.compiles, report.compile_ms, report.cache_hits

@@ -68,6 +68,7 @@ fn gemm_native<T: Real + 'static>(d: DotDims, a: &[T], b: &[T], o: &mut [T]) {
         o.fill(T::ZERO);
         return;
     }
+    let parallelism = matmul_parallelism(d.m * d.n * d.k);
     for bi in 0..d.batch {
         let a = &a[bi * d.m * d.k..(bi + 1) * d.m * d.k];
         let b = &b[bi * d.k * d.n..(bi + 1) * d.k * d.n];
@@ -94,9 +95,21 @@ fn gemm_native<T: Real + 'static>(d: DotDims, a: &[T], b: &[T], o: &mut [T]) {
                 false,
                 false,
                 false,
-                gemm::Parallelism::None,
+                parallelism,
             );
         }
+    }
+}
+
+/// Threads for one matmul: all cores for large products, one for small ones
+/// (where starting threads costs more than it saves).
+fn matmul_parallelism(flops: usize) -> gemm::Parallelism {
+    static THREADS: std::sync::LazyLock<usize> =
+        std::sync::LazyLock::new(|| std::thread::available_parallelism().map_or(1, |n| n.get()));
+    if *THREADS > 1 && flops >= 1 << 21 {
+        gemm::Parallelism::Rayon(*THREADS)
+    } else {
+        gemm::Parallelism::None
     }
 }
 
