@@ -18,6 +18,7 @@ mod error;
 pub mod example;
 pub mod loader;
 pub mod prepare;
+pub mod protobuf;
 pub mod text;
 pub mod tfrecord;
 pub mod tokenizer;

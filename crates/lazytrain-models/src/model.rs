@@ -53,6 +53,32 @@ impl EncoderModel {
         token_type_ids: Option<&Tensor>,
         ctx: &Context,
     ) -> Result<Tensor> {
+        let integer = |t: &Tensor| matches!(t.dtype(), DType::I64 | DType::I32);
+        let fits = |t: &Tensor| t.dims() == input_ids.dims() && integer(t);
+        if input_ids.rank() != 2
+            || !integer(input_ids)
+            || !attention_mask.is_none_or(fits)
+            || !token_type_ids.is_none_or(fits)
+        {
+            return Err(crate::ModelError::Config {
+                path: "model inputs".into(),
+                detail: format!(
+                    "input_ids must be integer [batch, seq] (got {}{}), with attention_mask and token_type_ids of the same shape",
+                    input_ids.dtype(),
+                    input_ids.shape()
+                ),
+            });
+        }
+        if input_ids.dims()[1] > self.config.max_sequence_length() {
+            return Err(crate::ModelError::Config {
+                path: "model inputs".into(),
+                detail: format!(
+                    "sequences of {} tokens exceed the model's {} positions",
+                    input_ids.dims()[1],
+                    self.config.max_sequence_length()
+                ),
+            });
+        }
         let x = self.embeddings.forward(input_ids, token_type_ids, ctx)?;
         let mask = attention_mask.map(Self::additive_mask).transpose()?;
         self.encoder.forward(&x, mask.as_ref(), ctx)

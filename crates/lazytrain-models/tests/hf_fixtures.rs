@@ -187,3 +187,19 @@ fn presets_have_the_stated_sizes() -> Result<()> {
     assert!(ModelConfig::preset("bert-huge", 10).unwrap_err().to_string().contains("choose one of"));
     Ok(())
 }
+
+#[test]
+fn malformed_inputs_are_errors_not_panics() {
+    let dev = Device::cpu();
+    let (model, _) = load_masked_lm(&fixture("tiny-bert"), &dev).unwrap();
+    let ctx = Context::eval();
+    let flat = Tensor::from_vec(vec![2i64, 17, 3], [3], &dev).unwrap();
+    let msg = model.forward(&flat, None, None, &ctx).err().unwrap().to_string();
+    assert!(msg.contains("[batch, seq]") && msg.contains("i64[3]"), "{msg}");
+    let long = Tensor::from_vec(vec![5i64; 100], [1, 100], &dev).unwrap();
+    let msg = model.forward(&long, None, None, &ctx).err().unwrap().to_string();
+    assert!(msg.contains("100 tokens exceed the model's 64 positions"), "{msg}");
+    let ids = Tensor::from_vec(vec![2i64, 17, 3], [1, 3], &dev).unwrap();
+    let bad_mask = Tensor::from_vec(vec![1i64, 1], [1, 2], &dev).unwrap();
+    assert!(model.forward(&ids, Some(&bad_mask), None, &ctx).is_err());
+}

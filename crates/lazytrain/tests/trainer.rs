@@ -275,3 +275,22 @@ fn the_demo_learns_its_facts() {
     assert!(asked == 8 && right >= 7, "the demo should answer its capital questions:\n{stdout}");
     assert!(dir.join("model/model.safetensors").is_file() && dir.join("model/tokenizer.json").is_file());
 }
+
+#[test]
+fn blocks_longer_than_the_model_positions_are_refused() {
+    let (dir, tok) = data("blocks");
+    let device = Device::cpu();
+    let err = Trainer::new(
+        args(&dir.join("out")),
+        small_model(&tok, &device),
+        tok.clone(),
+        open(&dir, "train"),
+        None,
+        4096,
+        &device,
+    )
+    .err()
+    .unwrap()
+    .to_string();
+    assert!(err.contains("blocks of 4096 tokens") && err.contains("512 positions"), "{err}");
+}

@@ -2,30 +2,17 @@
 //! `tensorflow.Event` protos whose summaries carry `simple_value` scalars.
 
 use crate::{Error, Result};
+use lazytrain_data::protobuf::{put_bytes, put_key, put_varint, Reader, Value};
 use lazytrain_data::tfrecord::{CorruptPolicy, RecordIndex, RecordWriter};
 use std::path::{Path, PathBuf};
-
-fn varint(out: &mut Vec<u8>, mut v: u64) {
-    while v >= 0x80 {
-        out.push((v as u8) | 0x80);
-        v >>= 7;
-    }
-    out.push(v as u8);
-}
-
-fn bytes_field(out: &mut Vec<u8>, field: u64, body: &[u8]) {
-    varint(out, (field << 3) | 2);
-    varint(out, body.len() as u64);
-    out.extend_from_slice(body);
-}
 
 /// `Event { wall_time = 1 (double), step = 2 (int64), file_version = 3 | summary = 5 }`.
 fn event(wall_time: f64, step: i64, body: impl FnOnce(&mut Vec<u8>)) -> Vec<u8> {
     let mut e = Vec::new();
-    varint(&mut e, (1 << 3) | 1);
+    put_key(&mut e, 1, 1);
     e.extend_from_slice(&wall_time.to_le_bytes());
-    varint(&mut e, 2 << 3);
-    varint(&mut e, step as u64);
+    put_key(&mut e, 2, 0);
+    put_varint(&mut e, step as u64);
     body(&mut e);
     e
 }
@@ -49,7 +36,7 @@ impl EventWriter {
         let nanos = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.subsec_nanos());
         let path = dir.join(format!("events.out.tfevents.{}.lazytrain.{}.{nanos}", wall as u64, std::process::id()));
         let mut writer = RecordWriter::create(&path)?;
-        writer.write(&event(wall, 0, |e| bytes_field(e, 3, b"brain.Event:2")))?;
+        writer.write(&event(wall, 0, |e| put_bytes(e, 3, b"brain.Event:2")))?;
         writer.flush()?;
         Ok(EventWriter { writer, path })
     }
@@ -62,12 +49,12 @@ impl EventWriter {
     /// Record `value` under `tag` at `step`.
     pub fn scalar(&mut self, tag: &str, value: f32, step: i64) -> Result<()> {
         let mut v = Vec::new();
-        bytes_field(&mut v, 1, tag.as_bytes());
-        varint(&mut v, (2 << 3) | 5);
+        put_bytes(&mut v, 1, tag.as_bytes());
+        put_key(&mut v, 2, 5);
         v.extend_from_slice(&value.to_le_bytes());
         let mut summary = Vec::new();
-        bytes_field(&mut summary, 1, &v);
-        self.writer.write(&event(now(), step, |e| bytes_field(e, 5, &summary)))?;
+        put_bytes(&mut summary, 1, &v);
+        self.writer.write(&event(now(), step, |e| put_bytes(e, 5, &summary)))?;
         Ok(())
     }
 
@@ -80,50 +67,6 @@ impl EventWriter {
 /// One decoded scalar: `(step, tag, value)`.
 pub type Scalar = (i64, String, f32);
 
-struct Cursor<'a>(&'a [u8], usize);
-
-impl Cursor<'_> {
-    fn varint(&mut self) -> Option<u64> {
-        let mut v = 0u64;
-        for shift in (0..64).step_by(7) {
-            let b = *self.0.get(self.1)?;
-            self.1 += 1;
-            v |= ((b & 0x7f) as u64) << shift;
-            if b & 0x80 == 0 {
-                return Some(v);
-            }
-        }
-        None
-    }
-
-    fn take(&mut self, n: usize) -> Option<&[u8]> {
-        let s = self.0.get(self.1..self.1 + n)?;
-        self.1 += n;
-        Some(s)
-    }
-
-    /// `(field, wire type, bytes or fixed value)`.
-    fn field(&mut self) -> Option<(u64, u64, Vec<u8>)> {
-        let key = self.varint()?;
-        let wire = key & 7;
-        let payload = match wire {
-            0 => self.varint()?.to_le_bytes().to_vec(),
-            1 => self.take(8)?.to_vec(),
-            2 => {
-                let n = self.varint()? as usize;
-                self.take(n)?.to_vec()
-            }
-            5 => self.take(4)?.to_vec(),
-            _ => return None,
-        };
-        Some((key >> 3, wire, payload))
-    }
-
-    fn done(&self) -> bool {
-        self.1 >= self.0.len()
-    }
-}
-
 /// Decode every scalar of an event file (checking the TFRecord framing).
 pub fn read_scalars(path: &Path) -> Result<Vec<Scalar>> {
     let index = RecordIndex::scan(path, CorruptPolicy::Fail)?;
@@ -132,22 +75,21 @@ pub fn read_scalars(path: &Path) -> Result<Vec<Scalar>> {
     let mut out = Vec::new();
     for k in 0..index.spans.len() {
         let record = index.read(&mut file, k)?;
-        let mut c = Cursor(&record, 0);
+        let mut event = Reader::new(&record);
         let mut step = 0i64;
-        while !c.done() {
-            let (field, _, payload) = c.field().ok_or_else(bad)?;
-            match field {
-                2 => step = u64::from_le_bytes(payload[..8].try_into().map_err(|_| bad())?) as i64,
-                5 => {
-                    let mut summary = Cursor(&payload, 0);
-                    while !summary.done() {
-                        let (_, _, value) = summary.field().ok_or_else(bad)?;
-                        let mut v = Cursor(&value, 0);
+        while !event.done() {
+            match event.field().ok_or_else(bad)? {
+                (2, Value::Varint(s)) => step = s as i64,
+                (5, Value::Bytes(summary)) => {
+                    let mut values = Reader::new(summary);
+                    while !values.done() {
+                        let (_, Value::Bytes(value)) = values.field().ok_or_else(bad)? else { continue };
+                        let mut v = Reader::new(value);
                         let (mut tag, mut x) = (String::new(), f32::NAN);
                         while !v.done() {
                             match v.field().ok_or_else(bad)? {
-                                (1, 2, t) => tag = String::from_utf8_lossy(&t).into_owned(),
-                                (2, 5, f) => x = f32::from_le_bytes(f[..4].try_into().map_err(|_| bad())?),
+                                (1, Value::Bytes(t)) => tag = String::from_utf8_lossy(t).into_owned(),
+                                (2, Value::Fixed32(bits)) => x = f32::from_bits(bits),
                                 _ => {}
                             }
                         }
