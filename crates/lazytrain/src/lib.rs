@@ -8,6 +8,7 @@
 mod error;
 pub mod folder;
 pub mod pipelines;
+pub mod plot;
 pub mod trainer;
 
 pub use error::{Error, Result};

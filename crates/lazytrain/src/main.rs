@@ -42,6 +42,19 @@ enum Command {
     BenchLoader(cli_data::BenchLoaderArgs),
     /// Time the BERT masked-LM training step of the PyTorch anchor benchmark.
     Bench(cli_bench::BenchArgs),
+    /// Draw a run's loss and eval curves as a PNG.
+    Plot(PlotArgs),
+}
+
+/// Options for `lazytrain plot`.
+#[derive(clap::Args)]
+struct PlotArgs {
+    /// The run folder (an `--output-dir` of `lazytrain train`).
+    #[arg(long)]
+    run: std::path::PathBuf,
+    /// The PNG to write.
+    #[arg(long, default_value = "loss.png")]
+    output: std::path::PathBuf,
 }
 
 fn main() -> ExitCode {
@@ -57,6 +70,9 @@ fn main() -> ExitCode {
         Command::Prepare(args) => cli_data::run_prepare(&args).map_err(Into::into),
         Command::BenchLoader(args) => cli_data::bench_loader(&args).map_err(Into::into),
         Command::Bench(args) => cli_bench::run(&args).map_err(Into::into),
+        Command::Plot(args) => lazytrain::plot::plot_run(&args.run, &args.output)
+            .map(|()| println!("wrote {}", args.output.display()))
+            .map_err(Into::into),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,

@@ -135,6 +135,17 @@ fn a_resumed_run_matches_an_uninterrupted_one_bit_for_bit() {
         .any(|(step, tag, v)| *step == 1 && tag == "train/loss" && (*v - uninterrupted.losses[0]).abs() < 1e-6));
     let log = std::fs::read_to_string(dir.join("full/logs/log.jsonl")).unwrap();
     assert_eq!(log.lines().count(), 6);
+    let png = dir.join("loss.png");
+    lazytrain::plot::plot_run(&dir.join("full"), &png).unwrap();
+    let decoder = png::Decoder::new(std::io::BufReader::new(std::fs::File::open(&png).unwrap()));
+    let mut reader = decoder.read_info().unwrap();
+    let mut pixels = vec![0; reader.output_buffer_size().unwrap()];
+    let info = reader.next_frame(&mut pixels).unwrap();
+    assert_eq!((info.width, info.height), (900, 540));
+    let blue = pixels.chunks(3).filter(|p| p[2] > 200 && p[0] < 60 && p[1] < 60).count();
+    assert!(blue > 100, "the training-loss curve is drawn ({blue} blue pixels)");
+    let msg = lazytrain::plot::plot_run(&dir.join("nothing-here"), &png).err().unwrap().to_string();
+    assert!(msg.contains("is it a training run"), "{msg}");
 }
 
 #[test]

@@ -1,0 +1,153 @@
+//! `lazytrain plot`: loss and eval curves of a run as a PNG.
+//!
+//! Lines and axes are drawn with plotters' bitmap backend; text is drawn
+//! with a bundled DejaVu Sans through `ab_glyph`, so no system font or
+//! fontconfig is needed.
+
+use crate::{Error, Result};
+use ab_glyph::{Font, FontRef, PxScale, ScaleFont};
+use plotters::prelude::*;
+use serde_json::Value;
+use std::path::Path;
+
+const FONT: &[u8] = include_bytes!("../assets/DejaVuSans.ttf");
+const WIDTH: u32 = 900;
+const HEIGHT: u32 = 540;
+const MARGIN: (i32, i32, i32, i32) = (60, 30, 80, 70); // top, right, left, bottom
+
+/// The curves of a run: `(step, training loss)` and `(step, eval loss)`.
+pub struct Curves {
+    /// Training loss per logged step.
+    pub train: Vec<(f64, f64)>,
+    /// Eval loss per evaluation.
+    pub eval: Vec<(f64, f64)>,
+}
+
+/// Read the curves from a run folder's `trainer_state.json` (or, for a run
+/// still in progress, `logs/log.jsonl`).
+pub fn read_curves(run: &Path) -> Result<Curves> {
+    let entries: Vec<Value> = if let Ok(text) = std::fs::read_to_string(run.join("trainer_state.json")) {
+        let state: Value = serde_json::from_str(&text).map_err(|e| Error::Input(format!("{}: {e}", run.display())))?;
+        state["log_history"].as_array().cloned().unwrap_or_default()
+    } else {
+        let log = run.join("logs/log.jsonl");
+        let text = std::fs::read_to_string(&log).map_err(|_| {
+            Error::Input(format!(
+                "{} has neither trainer_state.json nor logs/log.jsonl; is it a training run?",
+                run.display()
+            ))
+        })?;
+        text.lines().filter_map(|l| serde_json::from_str(l).ok()).collect()
+    };
+    let series = |key: &str| -> Vec<(f64, f64)> {
+        entries.iter().filter_map(|e| Some((e.get("step")?.as_f64()?, e.get(key)?.as_f64()?))).collect()
+    };
+    let curves = Curves { train: series("loss"), eval: series("eval_loss") };
+    if curves.train.is_empty() && curves.eval.is_empty() {
+        return Err(Error::Input(format!("{} has no logged losses yet", run.display())));
+    }
+    Ok(curves)
+}
+
+fn draw_text(buf: &mut [u8], font: &FontRef, text: &str, size: f32, (x, y): (f32, f32), color: [u8; 3]) {
+    let scaled = font.as_scaled(PxScale::from(size));
+    let mut caret = x;
+    for ch in text.chars() {
+        let glyph = scaled.scaled_glyph(ch);
+        let advance = scaled.h_advance(glyph.id);
+        let positioned = ab_glyph::Glyph { position: ab_glyph::point(caret, y + scaled.ascent()), ..glyph };
+        if let Some(outline) = font.outline_glyph(positioned) {
+            let bounds = outline.px_bounds();
+            outline.draw(|gx, gy, coverage| {
+                let (px, py) = (bounds.min.x as i64 + gx as i64, bounds.min.y as i64 + gy as i64);
+                if (0..WIDTH as i64).contains(&px) && (0..HEIGHT as i64).contains(&py) {
+                    let i = 3 * (py as usize * WIDTH as usize + px as usize);
+                    for c in 0..3 {
+                        let old = buf[i + c] as f32;
+                        buf[i + c] = (old + (color[c] as f32 - old) * coverage.min(1.0)) as u8;
+                    }
+                }
+            });
+        }
+        caret += advance;
+    }
+}
+
+fn text_width(font: &FontRef, text: &str, size: f32) -> f32 {
+    let scaled = font.as_scaled(PxScale::from(size));
+    text.chars().map(|c| scaled.h_advance(scaled.glyph_id(c))).sum()
+}
+
+fn plot_error(e: impl std::fmt::Display) -> Error {
+    Error::Input(format!("drawing the plot failed: {e}"))
+}
+
+/// Draw the curves into an RGB buffer of `WIDTH x HEIGHT`.
+pub fn render(curves: &Curves, title: &str) -> Result<Vec<u8>> {
+    let mut buf = vec![255u8; (WIDTH * HEIGHT * 3) as usize];
+    let all = curves.train.iter().chain(&curves.eval);
+    let max_step = all.clone().map(|p| p.0).fold(1.0f64, f64::max);
+    let max_loss = all.map(|p| p.1).filter(|v| v.is_finite()).fold(0.0f64, f64::max).max(1e-6) * 1.05;
+    let (top, right, left, bottom) = MARGIN;
+    let (x0, y0, x1, y1) = (left, top, WIDTH as i32 - right, HEIGHT as i32 - bottom);
+    {
+        let root = BitMapBackend::with_buffer(&mut buf, (WIDTH, HEIGHT)).into_drawing_area();
+        let area = root.margin(top as u32, bottom as u32, left as u32, right as u32);
+        let mut chart =
+            ChartBuilder::on(&area).build_cartesian_2d(0f64..max_step, 0f64..max_loss).map_err(plot_error)?;
+        // Grid lines at the same fifths the text labels mark.
+        let grid = RGBColor(225, 225, 225);
+        for i in 0..=5 {
+            let (x, y) = (max_step * i as f64 / 5.0, max_loss * i as f64 / 5.0);
+            chart.draw_series(LineSeries::new([(x, 0.0), (x, max_loss)], grid)).map_err(plot_error)?;
+            chart.draw_series(LineSeries::new([(0.0, y), (max_step, y)], grid)).map_err(plot_error)?;
+        }
+        chart
+            .draw_series(LineSeries::new([(0.0, max_loss), (0.0, 0.0), (max_step, 0.0)], BLACK))
+            .map_err(plot_error)?;
+        chart.draw_series(LineSeries::new(curves.train.iter().copied(), BLUE.stroke_width(2))).map_err(plot_error)?;
+        chart.draw_series(LineSeries::new(curves.eval.iter().copied(), RED.stroke_width(2))).map_err(plot_error)?;
+        chart.draw_series(curves.eval.iter().map(|&p| Circle::new(p, 4, RED.filled()))).map_err(plot_error)?;
+        root.present().map_err(plot_error)?;
+    }
+    let font = FontRef::try_from_slice(FONT).map_err(plot_error)?;
+    let dark = [40, 40, 40];
+    draw_text(&mut buf, &font, title, 22.0, (x0 as f32, 15.0), dark);
+    for i in 0..=5 {
+        let step = max_step * i as f64 / 5.0;
+        let x = x0 as f32 + (x1 - x0) as f32 * i as f32 / 5.0;
+        let label = format!("{step:.0}");
+        draw_text(&mut buf, &font, &label, 14.0, (x - text_width(&font, &label, 14.0) / 2.0, y1 as f32 + 8.0), dark);
+        let loss = max_loss * i as f64 / 5.0;
+        let y = y1 as f32 - (y1 - y0) as f32 * i as f32 / 5.0;
+        let label = format!("{loss:.2}");
+        draw_text(&mut buf, &font, &label, 14.0, (x0 as f32 - 10.0 - text_width(&font, &label, 14.0), y - 9.0), dark);
+    }
+    draw_text(&mut buf, &font, "step", 16.0, ((x0 + x1) as f32 / 2.0 - 15.0, y1 as f32 + 35.0), dark);
+    draw_text(&mut buf, &font, "loss", 16.0, (8.0, (y0 + y1) as f32 / 2.0 - 8.0), dark);
+    draw_text(&mut buf, &font, "— training loss", 15.0, (x1 as f32 - 150.0, y0 as f32 + 8.0), [0, 0, 255]);
+    draw_text(&mut buf, &font, "● eval loss", 15.0, (x1 as f32 - 150.0, y0 as f32 + 30.0), [255, 0, 0]);
+    Ok(buf)
+}
+
+/// Write an RGB buffer of `WIDTH x HEIGHT` as a PNG file.
+pub fn write_png(path: &Path, rgb: &[u8]) -> Result<()> {
+    let io = |e: &dyn std::fmt::Display| Error::Input(format!("{}: {e}", path.display()));
+    let file = std::fs::File::create(path).map_err(|e| io(&e))?;
+    let mut encoder = png::Encoder::new(std::io::BufWriter::new(file), WIDTH, HEIGHT);
+    encoder.set_color(png::ColorType::Rgb);
+    encoder.set_depth(png::BitDepth::Eight);
+    let mut writer = encoder.write_header().map_err(|e| io(&e))?;
+    writer.write_image_data(rgb).map_err(|e| io(&e))?;
+    writer.finish().map_err(|e| io(&e))
+}
+
+/// Plot a run's curves into `output`.
+pub fn plot_run(run: &Path, output: &Path) -> Result<()> {
+    let curves = read_curves(run)?;
+    let title = format!(
+        "{} — loss",
+        run.file_name().map_or_else(|| run.display().to_string(), |n| n.to_string_lossy().into_owned())
+    );
+    write_png(output, &render(&curves, &title)?)
+}
