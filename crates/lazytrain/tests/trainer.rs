@@ -305,3 +305,44 @@ fn blocks_longer_than_the_model_positions_are_refused() {
     .to_string();
     assert!(err.contains("blocks of 4096 tokens") && err.contains("512 positions"), "{err}");
 }
+
+#[test]
+fn ctrl_c_saves_a_checkpoint_and_exits_cleanly() {
+    let (dir, _) = data("sigint");
+    let out = dir.join("out");
+    let child = Command::new(env!("CARGO_BIN_EXE_lazytrain"))
+        .args(["train", "--model", "bert-tiny", "--tokenizer"])
+        .arg(dir.join("tokenizer"))
+        .arg("--train-data")
+        .arg(dir.join("data"))
+        .arg("--output-dir")
+        .arg(&out)
+        .args([
+            "--max-steps",
+            "100000",
+            "--save-steps",
+            "100000",
+            "--per-device-train-batch-size",
+            "2",
+            "--logging-steps",
+            "1",
+        ])
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let log = out.join("logs/log.jsonl");
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(120);
+    while std::fs::read_to_string(&log).map_or(true, |l| l.lines().count() < 2) {
+        assert!(std::time::Instant::now() < deadline, "training did not start");
+        std::thread::sleep(std::time::Duration::from_millis(100));
+    }
+    let status = Command::new("kill").args(["-INT", &child.id().to_string()]).status().unwrap();
+    assert!(status.success());
+    let output = child.wait_with_output().unwrap();
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    assert!(output.status.success(), "exit 0 after Ctrl-C: {stdout} {}", String::from_utf8_lossy(&output.stderr));
+    assert!(stdout.contains("interrupted: saved a checkpoint at step"), "{stdout}");
+    let saved = latest_checkpoint(&out).expect("a checkpoint was written");
+    assert!(saved.join("optimizer.safetensors").is_file());
+}
