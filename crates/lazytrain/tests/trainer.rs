@@ -165,30 +165,35 @@ fn evaluation_compiles_once_and_reports_perplexity() {
     assert!((0.0..=1.0).contains(&m.accuracy) && m.tokens > 0);
 }
 
+/// `lazytrain train` on the test data, writing to `out`.
+fn train_command(dir: &Path, out: &Path) -> Command {
+    let mut cmd = Command::new(env!("CARGO_BIN_EXE_lazytrain"));
+    cmd.args(["train", "--model", "bert-tiny", "--tokenizer"])
+        .arg(dir.join("tokenizer"))
+        .arg("--train-data")
+        .arg(dir.join("data"))
+        .arg("--output-dir")
+        .arg(out);
+    cmd
+}
+
 #[test]
 fn a_crash_during_a_checkpoint_write_keeps_the_previous_one() {
     let (dir, _) = data("crash");
     let out = dir.join("out");
-    let bin = env!("CARGO_BIN_EXE_lazytrain");
     let run = |steps: &str, fault: bool| {
-        let mut cmd = Command::new(bin);
-        cmd.args(["train", "--model", "bert-tiny", "--tokenizer"])
-            .arg(dir.join("tokenizer"))
-            .arg("--train-data")
-            .arg(dir.join("data"))
-            .arg("--output-dir")
-            .arg(&out)
-            .args([
-                "--max-steps",
-                steps,
-                "--save-steps",
-                "2",
-                "--per-device-train-batch-size",
-                "2",
-                "--logging-steps",
-                "1",
-            ])
-            .args(["--resume-from-checkpoint", "true"]);
+        let mut cmd = train_command(&dir, &out);
+        cmd.args([
+            "--max-steps",
+            steps,
+            "--save-steps",
+            "2",
+            "--per-device-train-batch-size",
+            "2",
+            "--logging-steps",
+            "1",
+        ])
+        .args(["--resume-from-checkpoint", "true"]);
         if fault {
             cmd.env("LAZYTRAIN_FAULT_INJECT", "abort-during-save");
         }
@@ -199,14 +204,7 @@ fn a_crash_during_a_checkpoint_write_keeps_the_previous_one() {
     let first = run("2", false);
     assert!(!first.status.success());
     assert!(String::from_utf8_lossy(&first.stderr).contains("holds no complete checkpoint"));
-    let mut cmd = Command::new(bin);
-    let ok = cmd
-        .args(["train", "--model", "bert-tiny", "--tokenizer"])
-        .arg(dir.join("tokenizer"))
-        .arg("--train-data")
-        .arg(dir.join("data"))
-        .arg("--output-dir")
-        .arg(&out)
+    let ok = train_command(&dir, &out)
         .args(["--max-steps", "2", "--save-steps", "2", "--per-device-train-batch-size", "2"])
         .output()
         .unwrap();
@@ -310,13 +308,7 @@ fn blocks_longer_than_the_model_positions_are_refused() {
 fn ctrl_c_saves_a_checkpoint_and_exits_cleanly() {
     let (dir, _) = data("sigint");
     let out = dir.join("out");
-    let child = Command::new(env!("CARGO_BIN_EXE_lazytrain"))
-        .args(["train", "--model", "bert-tiny", "--tokenizer"])
-        .arg(dir.join("tokenizer"))
-        .arg("--train-data")
-        .arg(dir.join("data"))
-        .arg("--output-dir")
-        .arg(&out)
+    let child = train_command(&dir, &out)
         .args([
             "--max-steps",
             "100000",

@@ -1,11 +1,9 @@
 //! AdamW with PyTorch's exact update (`torch.optim.AdamW`, no AMSGrad).
 
-use super::{Optimizer, ParamGroup};
+use super::{loaded_step, push_step, zeros_like, Optimizer, ParamGroup};
 use crate::state::{check_and_load, StateDict};
 use crate::{NnError, Result};
 use lazytrain_core::Tensor;
-
-use super::zeros_like;
 
 /// AdamW hyperparameters (PyTorch's defaults, and HF's `adam_*` arguments).
 #[derive(Clone, Copy, Debug, PartialEq)]
@@ -125,17 +123,15 @@ impl Optimizer for AdamW {
             state.push(format!("{}.exp_avg", slot.name), slot.exp_avg.clone());
             state.push(format!("{}.exp_avg_sq", slot.name), slot.exp_avg_sq.clone());
         }
-        if let Some(device) = self.slots.first().map(|s| s.param.device()) {
-            state.push("step".to_string(), Tensor::scalar(self.steps as i64, device));
-        }
+        push_step(&mut state, self.slots.first().map(|s| &s.param), self.steps);
         state
     }
 
     fn load_state_dict(&mut self, state: &StateDict) -> Result<()> {
         let own = self.state_dict();
         check_and_load("optimizer", &own, state)?;
-        if let Some(step) = state.get("step") {
-            self.steps = step.item::<i64>().map_err(NnError::from)?.max(0) as u64;
+        if let Some(step) = loaded_step(state)? {
+            self.steps = step;
         }
         Ok(())
     }

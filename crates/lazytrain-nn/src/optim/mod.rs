@@ -61,3 +61,18 @@ pub(crate) fn zeros_like(t: &Tensor) -> Result<Tensor> {
     let data = lazytrain_core::HostData::zeros(t.dtype(), t.numel());
     Ok(Tensor::from_host(data, t.shape().clone(), t.device())?)
 }
+
+/// Append the optimizer's step counter (as PyTorch's `state["step"]`).
+pub(crate) fn push_step(state: &mut StateDict, param: Option<&Tensor>, steps: u64) {
+    if let Some(device) = param.map(Tensor::device) {
+        state.push("step".to_string(), Tensor::scalar(steps as i64, device));
+    }
+}
+
+/// The step counter saved by [`push_step`], if present.
+pub(crate) fn loaded_step(state: &StateDict) -> Result<Option<u64>> {
+    match state.get("step") {
+        Some(step) => Ok(Some(step.item::<i64>().map_err(crate::NnError::from)?.max(0) as u64)),
+        None => Ok(None),
+    }
+}

@@ -1,6 +1,6 @@
 //! SGD with momentum, PyTorch's formula (`torch.optim.SGD`).
 
-use super::{zeros_like, Optimizer, ParamGroup};
+use super::{loaded_step, push_step, zeros_like, Optimizer, ParamGroup};
 use crate::state::{check_and_load, StateDict};
 use crate::{NnError, Result};
 use lazytrain_core::Tensor;
@@ -119,16 +119,14 @@ impl Optimizer for Sgd {
         for slot in &self.slots {
             state.push(format!("{}.momentum_buffer", slot.name), slot.momentum.clone());
         }
-        if let Some(device) = self.slots.first().map(|s| s.param.device()) {
-            state.push("step".to_string(), Tensor::scalar(self.steps as i64, device));
-        }
+        push_step(&mut state, self.slots.first().map(|s| &s.param), self.steps);
         state
     }
 
     fn load_state_dict(&mut self, state: &StateDict) -> Result<()> {
         check_and_load("optimizer", &self.state_dict(), state)?;
-        if let Some(step) = state.get("step") {
-            self.steps = step.item::<i64>().map_err(NnError::from)?.max(0) as u64;
+        if let Some(step) = loaded_step(state)? {
+            self.steps = step;
         }
         Ok(())
     }
