@@ -41,6 +41,21 @@ pub struct MlmCollator {
 }
 
 impl MlmCollator {
+    /// A collator for `tokenizer`: its special tokens are never chosen, its
+    /// mask token replaces 80 %, and sequences pad to a multiple of 8.
+    pub fn for_tokenizer(tokenizer: &crate::TextTokenizer, mlm_probability: f64, seed: u64) -> MlmCollator {
+        let s = tokenizer.special();
+        MlmCollator {
+            mask_id: s.mask,
+            pad_id: s.pad,
+            special_ids: vec![s.pad, s.unk, s.start, s.end, s.mask],
+            vocab_size: tokenizer.vocab_size(),
+            mlm_probability,
+            pad_to_multiple_of: 8,
+            seed,
+        }
+    }
+
     /// Collate `samples` (`(global sample index, token ids)`) drawn in `epoch`.
     pub fn collate(&self, samples: &[(usize, Vec<i64>)], epoch: u64) -> Result<HostBatch> {
         if samples.is_empty() {

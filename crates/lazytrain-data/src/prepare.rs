@@ -91,15 +91,22 @@ pub fn pack_blocks(sequences: &[Vec<u32>], block_size: usize) -> (Vec<Vec<u32>>,
     (blocks, current.len())
 }
 
-fn progress_bar(len: u64, enabled: bool, what: &str) -> indicatif::ProgressBar {
+/// A progress bar of `len` steps drawn with the indicatif `template` (or a
+/// hidden one when `enabled` is false), shared by `prepare` and the Trainer.
+pub fn progress_bar(len: u64, enabled: bool, template: &str) -> indicatif::ProgressBar {
     if !enabled {
         return indicatif::ProgressBar::hidden();
     }
     let bar = indicatif::ProgressBar::new(len);
-    let style = indicatif::ProgressStyle::with_template("{msg:>12} [{bar:30}] {pos}/{len} ({per_sec}, eta {eta})")
+    let style = indicatif::ProgressStyle::with_template(template)
         .map(|s| s.progress_chars("=> "))
         .unwrap_or_else(|_| indicatif::ProgressStyle::default_bar());
     bar.set_style(style);
+    bar
+}
+
+fn stage_bar(len: u64, enabled: bool, what: &str) -> indicatif::ProgressBar {
+    let bar = progress_bar(len, enabled, "{msg:>12} [{bar:30}] {pos}/{len} ({per_sec}, eta {eta})");
     bar.set_message(what.to_string());
     bar
 }
@@ -120,7 +127,7 @@ pub fn prepare(
     }
     let io = |p: &Path, e: std::io::Error| DataError::Io { path: p.display().to_string(), detail: e.to_string() };
     std::fs::create_dir_all(out_dir).map_err(|e| io(out_dir, e))?;
-    let bar = progress_bar(documents.len() as u64, options.progress, "tokenizing");
+    let bar = stage_bar(documents.len() as u64, options.progress, "tokenizing");
     let mut sequences = Vec::with_capacity(documents.len());
     for chunk in documents.chunks(4096) {
         let encodings = tokenizer
@@ -155,7 +162,7 @@ pub fn prepare(
         })
         .collect::<Result<_>>()?;
     let ones = vec![1i64; options.block_size];
-    let bar = progress_bar(blocks.len() as u64, options.progress, "writing");
+    let bar = stage_bar(blocks.len() as u64, options.progress, "writing");
     let mut train_count = 0usize;
     for (block, u) in blocks.iter().zip(&held_out) {
         let ids: Vec<i64> = block.iter().map(|&t| t as i64).collect();

@@ -121,16 +121,7 @@ fn corrupt_and_truncated_shards_are_reported() {
 }
 
 fn collator(tok: &TextTokenizer) -> MlmCollator {
-    let s = tok.special();
-    MlmCollator {
-        mask_id: s.mask,
-        pad_id: s.pad,
-        special_ids: vec![s.pad, s.unk, s.start, s.end, s.mask],
-        vocab_size: tok.vocab_size(),
-        mlm_probability: 0.15,
-        pad_to_multiple_of: 8,
-        seed: 9,
-    }
+    MlmCollator::for_tokenizer(tok, 0.15, 9)
 }
 
 fn collect(loader: DeviceLoader) -> Vec<(u64, usize, Vec<i64>, Vec<i64>)> {

@@ -129,16 +129,7 @@ pub fn bench_loader(args: &BenchLoaderArgs) -> lazytrain::Result<()> {
     use lazytrain_data::tfrecord::CorruptPolicy;
     let tokenizer = TextTokenizer::from_path(&args.tokenizer)?;
     let data = std::sync::Arc::new(ShardedDataset::open(&find_shards(&args.data, "train")?, CorruptPolicy::Fail)?);
-    let s = tokenizer.special();
-    let collator = MlmCollator {
-        mask_id: s.mask,
-        pad_id: s.pad,
-        special_ids: vec![s.pad, s.unk, s.start, s.end, s.mask],
-        vocab_size: tokenizer.vocab_size(),
-        mlm_probability: 0.15,
-        pad_to_multiple_of: 8,
-        seed: 0,
-    };
+    let collator = MlmCollator::for_tokenizer(&tokenizer, 0.15, 0);
     let device = lazytrain_core::Device::cpu();
     let plan = LoaderPlan {
         batch_size: args.batch_size,

@@ -166,14 +166,19 @@ pub fn build_model(spec: &str, tokenizer: &TextTokenizer, seed: u64, device: &De
         }
         return Ok(model);
     }
-    let mut config = ModelConfig::preset(spec, tokenizer.vocab_size())?;
+    Ok(ForMaskedLM::new(&mut Initializer::new(seed, device), &preset_config(spec, tokenizer)?)?)
+}
+
+/// A preset sized to `tokenizer`: its vocabulary and special token ids.
+pub fn preset_config(preset: &str, tokenizer: &TextTokenizer) -> Result<ModelConfig> {
+    let mut config = ModelConfig::preset(preset, tokenizer.vocab_size())?;
     let s = tokenizer.special();
     config.pad_token_id = s.pad as i64;
     if config.bos_token_id.is_some() {
         config.bos_token_id = Some(s.start as i64);
         config.eos_token_id = Some(s.end as i64);
     }
-    Ok(ForMaskedLM::new(&mut Initializer::new(seed, device), &config)?)
+    Ok(config)
 }
 
 /// Open prepared shards of `split` in `dir`.

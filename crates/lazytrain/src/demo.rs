@@ -3,7 +3,7 @@
 //! save a Hugging Face folder, and answer fill-mask questions about facts
 //! the model has learned.
 
-use crate::cli_train::open_split;
+use crate::cli_train::{open_split, preset_config};
 use clap::Args;
 use lazytrain::pipelines::FillMask;
 use lazytrain::trainer::{install_interrupt_handler, IntervalStrategy, Trainer, TrainingArguments};
@@ -12,7 +12,7 @@ use lazytrain_data::corpus::demo_corpus;
 use lazytrain_data::prepare::{prepare, PrepareOptions};
 use lazytrain_data::train_tokenizer::{train_tokenizer, SubwordModel};
 use lazytrain_data::{TextTokenizer, TokenizerStyle};
-use lazytrain_models::{ForMaskedLM, ModelConfig};
+use lazytrain_models::ForMaskedLM;
 use lazytrain_nn::init::Initializer;
 use std::path::PathBuf;
 use std::time::Instant;
@@ -43,12 +43,8 @@ pub struct DemoArgs {
 /// `roberta-tiny` (2 layers, 128 hidden) with 4 heads of 32: small heads
 /// learn the country -> capital lookup sooner than 2 heads of 64.
 fn demo_model(tokenizer: &TextTokenizer, seed: u64, device: &Device) -> lazytrain::Result<ForMaskedLM> {
-    let mut config = ModelConfig::preset("roberta-tiny", tokenizer.vocab_size())?;
-    let s = tokenizer.special();
+    let mut config = preset_config("roberta-tiny", tokenizer)?;
     config.num_attention_heads = 4;
-    config.pad_token_id = s.pad as i64;
-    config.bos_token_id = Some(s.start as i64);
-    config.eos_token_id = Some(s.end as i64);
     Ok(ForMaskedLM::new(&mut Initializer::new(seed, device), &config)?)
 }
 

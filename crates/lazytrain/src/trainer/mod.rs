@@ -22,6 +22,7 @@ use lazytrain_core::{DType, Device, Tensor};
 use lazytrain_data::collator::{HostBatch, MlmCollator};
 use lazytrain_data::dataset::{EpochSampler, ShardedDataset};
 use lazytrain_data::loader::{DeviceBatch, DeviceLoader, LoaderPlan};
+use lazytrain_data::prepare::progress_bar;
 use lazytrain_data::TextTokenizer;
 use lazytrain_models::{hub, ForMaskedLM};
 use lazytrain_nn::optim::{clip_grad_norm, decay_groups, AdamW, AdamWConfig, LrSchedule, Optimizer, ScheduleKind};
@@ -154,16 +155,7 @@ impl Trainer {
     }
 
     fn collator(&self, seed: u64) -> MlmCollator {
-        let s = self.tokenizer.special();
-        MlmCollator {
-            mask_id: s.mask,
-            pad_id: s.pad,
-            special_ids: vec![s.pad, s.unk, s.start, s.end, s.mask],
-            vocab_size: self.tokenizer.vocab_size(),
-            mlm_probability: self.args.mlm_probability,
-            pad_to_multiple_of: 8,
-            seed,
-        }
+        MlmCollator::for_tokenizer(&self.tokenizer, self.args.mlm_probability, seed)
     }
 
     fn batches_per_epoch(&self) -> Result<u64> {
@@ -280,7 +272,7 @@ impl Trainer {
         let mut loader =
             DeviceLoader::new(self.train.clone(), sampler, self.collator(self.args.seed), plan, &self.device)?;
         let params: Vec<Tensor> = named_parameters(&self.model).into_iter().map(|(_, t)| t).collect();
-        let bar = progress_bar(total, self.show_progress);
+        let bar = progress_bar(total, self.show_progress, "step {pos}/{len} [{bar:30}] {msg} eta {eta}");
         bar.set_position(self.state.global_step);
         for cb in &mut self.callbacks {
             cb.on_train_begin(&self.state);
@@ -535,16 +527,4 @@ fn pad_rows(host: &mut HostBatch, rows: usize, pad: i64) {
     host.attention_mask.extend(std::iter::repeat_n(0, missing));
     host.labels.extend(std::iter::repeat_n(-100, missing));
     host.batch = host.batch.max(rows);
-}
-
-fn progress_bar(total: u64, show: bool) -> indicatif::ProgressBar {
-    if !show {
-        return indicatif::ProgressBar::hidden();
-    }
-    let bar = indicatif::ProgressBar::new(total);
-    let style = indicatif::ProgressStyle::with_template("step {pos}/{len} [{bar:30}] {msg} eta {eta}")
-        .map(|s| s.progress_chars("=> "))
-        .unwrap_or_else(|_| indicatif::ProgressStyle::default_bar());
-    bar.set_style(style);
-    bar
 }
