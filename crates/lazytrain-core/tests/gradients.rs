@@ -121,6 +121,7 @@ fn composites() {
     check("softmax", &[x.clone()], |t| t[0].softmax(-1));
     check("log_softmax", &[x.clone()], |t| t[0].log_softmax(0));
     check("gelu", &[x.clone()], |t| t[0].gelu());
+    check("sigmoid", &[x.clone()], |t| t[0].sigmoid());
     check("layer_norm", &[input(&[2, 3, 4], 23), input(&[4], 24), input(&[4], 25)], |t| {
         t[0].layer_norm(Some(&t[1]), Some(&t[2]), 1e-5)
     });
@@ -177,4 +178,15 @@ fn forward_backward_and_update_are_one_graph() -> Result<()> {
     let m = dev.metrics();
     assert_eq!((m.compiles, m.cache_hits, m.executions), (1, 4, 5));
     Ok(())
+}
+
+#[test]
+fn sigmoid_values_match_the_logistic_function() {
+    let device = Device::cpu();
+    let x = Tensor::from_vec(vec![0.0f64, 2.0, -30.0, 40.0], [4], &device).unwrap();
+    let y = x.sigmoid().unwrap().to_vec::<f64>().unwrap();
+    // 1 / (1 + exp(-x)) in f64: 0.5, 0.8807970779778823, 9.357622968840175e-14, 1.
+    for (got, want) in y.iter().zip([0.5, 0.880_797_077_977_882_3, 9.357_622_968_840_175e-14, 1.0]) {
+        assert!((got - want).abs() <= 1e-15 + 1e-9 * want, "{got} vs {want}");
+    }
 }

@@ -1,21 +1,77 @@
-//! The masked-LM collator (Hugging Face's `DataCollatorForLanguageModeling`).
+//! Collators turn records into host batches: the [`Collator`] trait the
+//! loader drives, and the masked-LM collator (Hugging Face's
+//! `DataCollatorForLanguageModeling`).
 
+use crate::dataset::ShardedDataset;
 use crate::{DataError, Result};
 use lazytrain_core::random::uniform_f32;
 
-/// A collated batch on the host: `[batch, seq]` row-major.
+/// What the labels of a batch label.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum LabelLayout {
+    /// One label per token: `[batch, seq]` (masked LM).
+    PerToken,
+    /// One label per sequence: `[batch]` (sequence classification).
+    PerSequence,
+}
+
+/// A collated batch on the host: `[batch, seq]` row-major inputs.
 #[derive(Clone, Debug, PartialEq)]
 pub struct HostBatch {
-    /// Inputs after masking.
+    /// Input token ids (after masking, for the MLM collator).
     pub input_ids: Vec<i64>,
     /// 1 for tokens, 0 for padding.
     pub attention_mask: Vec<i64>,
-    /// Original ids at chosen positions, -100 elsewhere.
+    /// Segment ids (`None`: all zeros, as the model assumes without them).
+    pub token_type_ids: Option<Vec<i64>>,
+    /// Labels in `label_layout`; -100 where nothing is predicted.
     pub labels: Vec<i64>,
+    /// Whether `labels` is per token or per sequence.
+    pub label_layout: LabelLayout,
     /// Rows.
     pub batch: usize,
     /// Columns (the padded length).
     pub seq: usize,
+}
+
+impl HostBatch {
+    /// The labels' shape: `[batch, seq]` or `[batch]`.
+    pub fn label_shape(&self) -> Vec<usize> {
+        match self.label_layout {
+            LabelLayout::PerToken => vec![self.batch, self.seq],
+            LabelLayout::PerSequence => vec![self.batch],
+        }
+    }
+
+    /// Labelled positions (labels other than -100).
+    pub fn label_count(&self) -> usize {
+        self.labels.iter().filter(|&&l| l != -100).count()
+    }
+
+    /// Append rows of padding that predict nothing until there are `rows`
+    /// rows, so a short last batch keeps the shape of the others.
+    pub fn pad_to_rows(&mut self, rows: usize, pad_id: i64) {
+        let missing = rows.saturating_sub(self.batch);
+        let cells = missing * self.seq;
+        self.input_ids.extend(std::iter::repeat_n(pad_id, cells));
+        self.attention_mask.extend(std::iter::repeat_n(0, cells));
+        if let Some(types) = &mut self.token_type_ids {
+            types.extend(std::iter::repeat_n(0, cells));
+        }
+        let labels = match self.label_layout {
+            LabelLayout::PerToken => cells,
+            LabelLayout::PerSequence => missing,
+        };
+        self.labels.extend(std::iter::repeat_n(-100, labels));
+        self.batch = self.batch.max(rows);
+    }
+}
+
+/// Builds a host batch from records of a dataset; the loader calls it on
+/// its worker thread.
+pub trait Collator: Send + 'static {
+    /// Collate `records` (global record indices) drawn in `epoch`.
+    fn collate_records(&self, dataset: &ShardedDataset, records: &[usize], epoch: u64) -> Result<HostBatch>;
 }
 
 /// Chooses `mlm_probability` of the non-special tokens; of those 80 % become
@@ -73,7 +129,9 @@ impl MlmCollator {
         let mut batch = HostBatch {
             input_ids: Vec::with_capacity(samples.len() * seq),
             attention_mask: Vec::with_capacity(samples.len() * seq),
+            token_type_ids: None,
             labels: Vec::with_capacity(samples.len() * seq),
+            label_layout: LabelLayout::PerToken,
             batch: samples.len(),
             seq,
         };
@@ -108,6 +166,14 @@ impl MlmCollator {
             }
         }
         Ok(batch)
+    }
+}
+
+impl Collator for MlmCollator {
+    fn collate_records(&self, dataset: &ShardedDataset, records: &[usize], epoch: u64) -> Result<HostBatch> {
+        let rows =
+            records.iter().map(|&r| dataset.feature(r, "input_ids").map(|ids| (r, ids))).collect::<Result<Vec<_>>>()?;
+        self.collate(&rows, epoch)
     }
 }
 

@@ -92,15 +92,27 @@ impl ShardedDataset {
 
     /// The int64 feature `name` of record `k` (global index).
     pub fn feature(&self, k: usize, name: &str) -> Result<Vec<i64>> {
+        Ok(self.features(k, &[name])?.pop().unwrap_or_default())
+    }
+
+    /// The int64 features `names` of record `k`, in that order (one read).
+    pub fn features(&self, k: usize, names: &[&str]) -> Result<Vec<Vec<i64>>> {
         let shard = self.starts.partition_point(|&s| s <= k).saturating_sub(1);
         let s = &self.shards[shard];
         let bytes = {
             let mut file = s.file.lock().unwrap_or_else(|p| p.into_inner());
             s.index.read(&mut file, k - self.starts[shard])?
         };
-        decode_int64_example(&bytes)?.into_iter().find(|(n, _)| n == name).map(|(_, v)| v).ok_or_else(|| {
-            DataError::Invalid(format!("record {k} of {} has no feature `{name}`", s.index.path.display()))
-        })
+        let mut decoded = decode_int64_example(&bytes)?;
+        names
+            .iter()
+            .map(|name| {
+                let at = decoded.iter().position(|(n, _)| n == name).ok_or_else(|| {
+                    DataError::Invalid(format!("record {k} of {} has no feature `{name}`", s.index.path.display()))
+                })?;
+                Ok(std::mem::take(&mut decoded[at].1))
+            })
+            .collect()
     }
 }
 

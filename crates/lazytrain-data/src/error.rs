@@ -31,6 +31,16 @@ pub enum DataError {
         /// What failed.
         detail: String,
     },
+    /// A row of labelled data that cannot be used.
+    #[error("{path}:{line}: {detail} (fix the row, or pass --skip-bad-rows to skip and count bad rows)")]
+    BadRow {
+        /// The data file.
+        path: String,
+        /// 1-based line of the row.
+        line: u64,
+        /// What is wrong with it.
+        detail: String,
+    },
     /// Bad input text or arguments.
     #[error("{0}")]
     Invalid(String),

@@ -9,8 +9,12 @@
 //! - reading: random access, seeded epoch shuffles, per-replica shares and
 //!   O(1) seeking ([`dataset`]), the MLM collator ([`collator`]) and the
 //!   prefetching [`loader::DeviceLoader`];
+//! - labelled data for sequence classification: JSON Lines/CSV/TSV rows →
+//!   padded shards, their collator and the generated demo task
+//!   ([`classification`]);
 //! - the embedded demo corpus ([`corpus`]).
 
+pub mod classification;
 pub mod collator;
 pub mod corpus;
 pub mod dataset;

@@ -2,7 +2,7 @@
 //! thread while step n runs, and marks the step boundary between batches the
 //! way PyTorch/XLA's `MpDeviceLoader` does.
 
-use crate::collator::{HostBatch, MlmCollator};
+use crate::collator::{Collator, HostBatch};
 use crate::dataset::{EpochSampler, ShardedDataset};
 use crate::{DataError, Result};
 use lazytrain_core::{Device, Tensor};
@@ -16,13 +16,16 @@ pub struct DeviceBatch {
     pub input_ids: Tensor,
     /// `[batch, seq]` i64, 1 for tokens.
     pub attention_mask: Tensor,
-    /// `[batch, seq]` i64 labels, -100 where nothing is predicted.
+    /// `[batch, seq]` i64 segment ids, when the data has them.
+    pub token_type_ids: Option<Tensor>,
+    /// i64 labels, `[batch, seq]` (masked LM) or `[batch]` (classification);
+    /// -100 where nothing is predicted.
     pub labels: Tensor,
     /// The epoch it belongs to.
     pub epoch: u64,
     /// This replica's sample index (within the epoch) of its first row.
     pub first_sample: usize,
-    /// Labelled tokens in the batch.
+    /// Labelled positions (tokens or sequences) in the batch.
     pub label_count: usize,
 }
 
@@ -52,13 +55,20 @@ pub struct DeviceLoader {
     worker: Option<JoinHandle<()>>,
 }
 
-fn upload(host: HostBatch, device: &Device, epoch: u64, first_sample: usize) -> Result<DeviceBatch> {
+/// Copy a host batch to `device`.
+pub fn upload(host: HostBatch, device: &Device, epoch: u64, first_sample: usize) -> Result<DeviceBatch> {
     let shape = [host.batch, host.seq];
-    let label_count = host.labels.iter().filter(|&&l| l != -100).count();
+    let label_count = host.label_count();
+    let label_shape = host.label_shape();
+    let token_type_ids = match host.token_type_ids {
+        Some(types) => Some(Tensor::from_vec(types, shape, device)?),
+        None => None,
+    };
     Ok(DeviceBatch {
         input_ids: Tensor::from_vec(host.input_ids, shape, device)?,
         attention_mask: Tensor::from_vec(host.attention_mask, shape, device)?,
-        labels: Tensor::from_vec(host.labels, shape, device)?,
+        token_type_ids,
+        labels: Tensor::from_vec(host.labels, label_shape, device)?,
         epoch,
         first_sample,
         label_count,
@@ -70,7 +80,7 @@ impl DeviceLoader {
     pub fn new(
         dataset: Arc<ShardedDataset>,
         mut sampler: EpochSampler,
-        collator: MlmCollator,
+        collator: impl Collator,
         plan: LoaderPlan,
         device: &Device,
     ) -> Result<DeviceLoader> {
@@ -95,13 +105,10 @@ impl DeviceLoader {
                         sample = 0;
                         continue;
                     }
-                    let batch = (sample..sample + plan.batch_size)
-                        .map(|k| {
-                            let record = sampler.record(epoch, k);
-                            dataset.feature(record, "input_ids").map(|ids| (record, ids))
-                        })
-                        .collect::<Result<Vec<_>>>()
-                        .and_then(|rows| collator.collate(&rows, epoch))
+                    let records: Vec<usize> =
+                        (sample..sample + plan.batch_size).map(|k| sampler.record(epoch, k)).collect();
+                    let batch = collator
+                        .collate_records(&dataset, &records, epoch)
                         .and_then(|host| upload(host, &dev, epoch, sample));
                     let failed = batch.is_err();
                     if tx.send(batch).is_err() || failed {

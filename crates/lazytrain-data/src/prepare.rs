@@ -64,6 +64,12 @@ impl Manifest {
             path: path.display().to_string(),
             detail: format!("cannot read the manifest ({e}); run `lazytrain prepare` first"),
         })?;
+        if text.contains("\"task\"") {
+            return Err(DataError::Io {
+                path: path.display().to_string(),
+                detail: "this folder holds labelled data from `prepare-classification`, not masked-LM blocks; train it with --task sequence-classification".into(),
+            });
+        }
         serde_json::from_str(&text)
             .map_err(|e| DataError::Io { path: path.display().to_string(), detail: e.to_string() })
     }
@@ -105,7 +111,8 @@ pub fn progress_bar(len: u64, enabled: bool, template: &str) -> indicatif::Progr
     bar
 }
 
-fn stage_bar(len: u64, enabled: bool, what: &str) -> indicatif::ProgressBar {
+/// A progress bar for one stage of a preparation (`what` on its left).
+pub(crate) fn stage_bar(len: u64, enabled: bool, what: &str) -> indicatif::ProgressBar {
     let bar = progress_bar(len, enabled, "{msg:>12} [{bar:30}] {pos}/{len} ({per_sec}, eta {eta})");
     bar.set_message(what.to_string());
     bar
@@ -148,19 +155,8 @@ pub fn prepare(
     let mut held_out = vec![0f32; blocks.len()];
     lazytrain_core::random::uniform_f32(options.seed, 0x5eed, &mut held_out);
     let validation_shards = usize::from(options.validation_fraction > 0.0);
-    let name = |split: &str, i: usize, n: usize| format!("{split}-{i:05}-of-{n:05}.tfrecord");
-    let mut train: Vec<(String, RecordWriter)> = (0..options.num_shards)
-        .map(|i| {
-            let file = name("train", i, options.num_shards);
-            RecordWriter::create(&out_dir.join(&file)).map(|w| (file, w))
-        })
-        .collect::<Result<_>>()?;
-    let mut validation: Vec<(String, RecordWriter)> = (0..validation_shards)
-        .map(|i| {
-            let file = name("validation", i, validation_shards);
-            RecordWriter::create(&out_dir.join(&file)).map(|w| (file, w))
-        })
-        .collect::<Result<_>>()?;
+    let mut train = shard_writers(out_dir, "train", options.num_shards)?;
+    let mut validation = shard_writers(out_dir, "validation", validation_shards)?;
     let ones = vec![1i64; options.block_size];
     let bar = stage_bar(blocks.len() as u64, options.progress, "writing");
     let mut train_count = 0usize;
@@ -176,24 +172,47 @@ pub fn prepare(
         bar.inc(1);
     }
     bar.finish_and_clear();
-    let finish = |writers: Vec<(String, RecordWriter)>| -> Result<Vec<ShardInfo>> {
-        writers.into_iter().map(|(file, w)| w.finish().map(|records| ShardInfo { file, records })).collect()
-    };
-    let tokenizer_json = tokenizer.inner().to_string(false).map_err(|e| DataError::Invalid(e.to_string()))?;
     let manifest = Manifest {
         block_size: options.block_size,
-        train: finish(train)?,
-        validation: finish(validation)?,
-        tokenizer_hash: format!("{:08x}", crate::tfrecord::masked_crc32c(tokenizer_json.as_bytes())),
+        train: finish_shards(train)?,
+        validation: finish_shards(validation)?,
+        tokenizer_hash: tokenizer_hash(tokenizer)?,
         vocab_size: tokenizer.vocab_size(),
         seed: options.seed,
         documents: documents.len() as u64,
         tokens: (blocks.len() * options.block_size + dropped) as u64,
         dropped_tokens: dropped as u64,
     };
-    let text = serde_json::to_string_pretty(&manifest).map_err(|e| DataError::Invalid(e.to_string()))?;
-    std::fs::write(out_dir.join("manifest.json"), text).map_err(|e| io(&out_dir.join("manifest.json"), e))?;
+    write_json(&out_dir.join("manifest.json"), &manifest)?;
     Ok(manifest)
+}
+
+/// `n` shard writers `{split}-{i:05}-of-{n:05}.tfrecord` in `out_dir`.
+pub(crate) fn shard_writers(out_dir: &Path, split: &str, n: usize) -> Result<Vec<(String, RecordWriter)>> {
+    (0..n)
+        .map(|i| {
+            let file = format!("{split}-{i:05}-of-{n:05}.tfrecord");
+            RecordWriter::create(&out_dir.join(&file)).map(|w| (file, w))
+        })
+        .collect()
+}
+
+/// Close shard writers, returning each file's record count.
+pub(crate) fn finish_shards(writers: Vec<(String, RecordWriter)>) -> Result<Vec<ShardInfo>> {
+    writers.into_iter().map(|(file, w)| w.finish().map(|records| ShardInfo { file, records })).collect()
+}
+
+/// The masked CRC32C (hex) of the tokenizer's `tokenizer.json` text, which
+/// ties prepared data to the tokenizer that made it.
+pub(crate) fn tokenizer_hash(tokenizer: &TextTokenizer) -> Result<String> {
+    let json = tokenizer.inner().to_string(false).map_err(|e| DataError::Invalid(e.to_string()))?;
+    Ok(format!("{:08x}", crate::tfrecord::masked_crc32c(json.as_bytes())))
+}
+
+/// Write `value` as pretty JSON to `path`.
+pub(crate) fn write_json(path: &Path, value: &impl Serialize) -> Result<()> {
+    let text = serde_json::to_string_pretty(value).map_err(|e| DataError::Invalid(e.to_string()))?;
+    std::fs::write(path, text).map_err(|e| DataError::Io { path: path.display().to_string(), detail: e.to_string() })
 }
 
 #[cfg(test)]

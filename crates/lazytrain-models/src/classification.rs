@@ -44,6 +44,25 @@ impl ForSequenceClassification {
         &self.model.config
     }
 
+    /// Outputs of the classifier.
+    pub fn num_labels(&self) -> usize {
+        self.classifier.weight.dims()[0]
+    }
+
+    /// Label names by id: the config's `id2label`, else `LABEL_{i}` as
+    /// Hugging Face names labels it was not told about.
+    pub fn label_names(&self) -> Vec<String> {
+        (0..self.num_labels())
+            .map(|i| {
+                self.config()
+                    .id2label
+                    .as_ref()
+                    .and_then(|m| m.get(&i.to_string()).cloned())
+                    .unwrap_or(format!("LABEL_{i}"))
+            })
+            .collect()
+    }
+
     /// Logits `[batch, num_labels]`.
     pub fn forward(
         &self,

@@ -195,6 +195,20 @@ impl ModelConfig {
         Ok(())
     }
 
+    /// This config for a sequence classifier over `labels` (names in id
+    /// order): `architectures`, `id2label` and `label2id` as Hugging Face
+    /// writes them.
+    pub fn with_labels(mut self, labels: &[String]) -> ModelConfig {
+        let class = match self.model_type {
+            ModelType::Bert => "BertForSequenceClassification",
+            ModelType::Roberta => "RobertaForSequenceClassification",
+        };
+        self.architectures = vec![class.into()];
+        self.id2label = Some(labels.iter().enumerate().map(|(i, l)| (i.to_string(), l.clone())).collect());
+        self.label2id = Some(labels.iter().enumerate().map(|(i, l)| (l.clone(), i as i64)).collect());
+        self
+    }
+
     /// The longest sequence the position embeddings allow.
     pub fn max_sequence_length(&self) -> usize {
         match self.model_type {

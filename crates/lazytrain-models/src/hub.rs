@@ -125,7 +125,28 @@ pub fn load_sequence_classifier(
     seed: u64,
     device: &Device,
 ) -> Result<(ForSequenceClassification, Vec<String>)> {
-    let config = load_config(dir)?;
+    classifier_from(dir, load_config(dir)?, num_labels, seed, device)
+}
+
+/// A sequence classifier over `labels` (names in id order) from a folder:
+/// its encoder weights, and its head when the folder has one of the right
+/// size; the config gets the label names (`id2label`, `label2id`).
+pub fn load_sequence_classifier_for_labels(
+    dir: &Path,
+    labels: &[String],
+    seed: u64,
+    device: &Device,
+) -> Result<(ForSequenceClassification, Vec<String>)> {
+    classifier_from(dir, load_config(dir)?.with_labels(labels), labels.len(), seed, device)
+}
+
+fn classifier_from(
+    dir: &Path,
+    config: ModelConfig,
+    num_labels: usize,
+    seed: u64,
+    device: &Device,
+) -> Result<(ForSequenceClassification, Vec<String>)> {
     let model = ForSequenceClassification::new(&mut Initializer::new(seed, device), &config, num_labels)?;
     let fresh = |name: &str| name.contains("classifier.") || name.contains("pooler.");
     let warnings = load_weights(&model, config.model_type, &dir.join("model.safetensors"), device, &fresh)?;

@@ -12,9 +12,11 @@ mod error;
 pub mod hub;
 mod masked_lm;
 mod model;
+mod task;
 
 pub use classification::ForSequenceClassification;
 pub use config::{ModelConfig, ModelType};
 pub use error::{ModelError, Result};
 pub use masked_lm::ForMaskedLM;
 pub use model::EncoderModel;
+pub use task::TaskModel;

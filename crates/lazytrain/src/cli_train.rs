@@ -2,13 +2,14 @@
 
 use clap::Args;
 use lazytrain::trainer::{install_interrupt_handler, Trainer, TrainingArguments};
-use lazytrain::Result;
+use lazytrain::{Error, Result};
 use lazytrain_core::Device;
+use lazytrain_data::classification::ClassificationManifest;
 use lazytrain_data::dataset::{find_shards, ShardedDataset};
 use lazytrain_data::prepare::Manifest;
 use lazytrain_data::tfrecord::CorruptPolicy;
 use lazytrain_data::TextTokenizer;
-use lazytrain_models::{hub, ForMaskedLM, ModelConfig};
+use lazytrain_models::{hub, ForMaskedLM, ForSequenceClassification, ModelConfig, TaskModel};
 use lazytrain_nn::init::Initializer;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -84,6 +85,12 @@ pub struct TrainingFlags {
     skip_corrupt: Option<bool>,
     #[arg(long)]
     early_stopping_patience: Option<u64>,
+    #[arg(long)]
+    load_best_model_at_end: Option<bool>,
+    #[arg(long)]
+    metric_for_best_model: Option<String>,
+    #[arg(long)]
+    greater_is_better: Option<bool>,
 }
 
 impl TrainingFlags {
@@ -130,8 +137,20 @@ impl TrainingFlags {
         put("dataloader_prefetch", self.dataloader_prefetch.map(|v| v.to_string()));
         put("skip_corrupt", self.skip_corrupt.map(|v| v.to_string()));
         put("early_stopping_patience", self.early_stopping_patience.map(|v| v.to_string()));
+        put("load_best_model_at_end", self.load_best_model_at_end.map(|v| v.to_string()));
+        put("metric_for_best_model", self.metric_for_best_model.clone());
+        put("greater_is_better", self.greater_is_better.map(|v| v.to_string()));
         out
     }
+}
+
+/// What `lazytrain train` trains.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+pub enum Task {
+    /// A masked LM on `prepare` blocks.
+    MaskedLm,
+    /// A sequence classifier on `prepare-classification` data.
+    SequenceClassification,
 }
 
 /// Options for `lazytrain train`.
@@ -140,13 +159,19 @@ pub struct TrainArgs {
     /// TrainingArguments as TOML or JSON (flags override it).
     #[arg(long)]
     config: Option<PathBuf>,
+    /// What to train.
+    #[arg(long, value_enum, default_value = "masked-lm")]
+    task: Task,
     /// A preset to train from scratch (bert-tiny ... roberta-base) or a model folder to fine-tune.
     #[arg(long)]
     model: String,
+    /// Labels of a sequence classifier (checked against the data's labels.json).
+    #[arg(long)]
+    num_labels: Option<usize>,
     /// The tokenizer folder (defaults to the model folder).
     #[arg(long)]
     tokenizer: Option<PathBuf>,
-    /// Prepared training data (a `prepare` output folder).
+    /// Prepared training data (a `prepare` or `prepare-classification` output folder).
     #[arg(long)]
     train_data: PathBuf,
     /// Prepared data whose validation shards are used for evaluation.
@@ -206,16 +231,64 @@ pub fn run(args: &TrainArgs) -> Result<()> {
     let device = Device::cpu();
     let tokenizer_dir = args.tokenizer.clone().unwrap_or_else(|| PathBuf::from(&args.model));
     let tokenizer = TextTokenizer::from_path(&tokenizer_dir)?;
-    let manifest = Manifest::read(&args.train_data)?;
     let train = open_split(&args.train_data, "train", training.skip_corrupt)?;
     let eval = match &args.eval_data {
         Some(dir) => Some(open_split(dir, "validation", training.skip_corrupt)?),
         None => None,
     };
-    let model = build_model(&args.model, &tokenizer, training.seed, &device)?;
     install_interrupt_handler();
-    let mut trainer =
-        Trainer::new(training, model, tokenizer, train, eval, manifest.block_size, &device)?.with_progress_bar(true);
+    match args.task {
+        Task::MaskedLm => {
+            if args.num_labels.is_some() {
+                return Err(Error::Input("--num-labels is for --task sequence-classification".into()));
+            }
+            let manifest = Manifest::read(&args.train_data)?;
+            let model = build_model(&args.model, &tokenizer, training.seed, &device)?;
+            let trainer = Trainer::new(training, model, tokenizer, train, eval, manifest.block_size, &device)?;
+            train_and_report(trainer)
+        }
+        Task::SequenceClassification => {
+            let manifest = ClassificationManifest::read(&args.train_data)?;
+            if let Some(n) = args.num_labels.filter(|&n| n != manifest.labels.len()) {
+                return Err(Error::Input(format!(
+                    "--num-labels {n} but {} has {} labels ({}); pass --num-labels {} or re-prepare the data",
+                    args.train_data.display(),
+                    manifest.labels.len(),
+                    manifest.labels.join(", "),
+                    manifest.labels.len()
+                )));
+            }
+            let model = build_classifier(&args.model, &tokenizer, &manifest.labels, training.seed, &device)?;
+            let trainer = Trainer::for_classification(training, model, tokenizer, train, eval, &manifest, &device)?;
+            train_and_report(trainer)
+        }
+    }
+}
+
+/// A sequence classifier over `labels`: a preset sized to the tokenizer, or
+/// a folder's encoder (a fresh head when the folder has none, e.g. a
+/// masked-LM export).
+pub fn build_classifier(
+    spec: &str,
+    tokenizer: &TextTokenizer,
+    labels: &[String],
+    seed: u64,
+    device: &Device,
+) -> Result<ForSequenceClassification> {
+    let dir = Path::new(spec);
+    if dir.join("config.json").is_file() {
+        let (model, warnings) = hub::load_sequence_classifier_for_labels(dir, labels, seed, device)?;
+        for w in warnings {
+            eprintln!("warning: {w}");
+        }
+        return Ok(model);
+    }
+    let config = preset_config(spec, tokenizer)?.with_labels(labels);
+    Ok(ForSequenceClassification::new(&mut Initializer::new(seed, device), &config, labels.len())?)
+}
+
+fn train_and_report<M: TaskModel>(trainer: Trainer<M>) -> Result<()> {
+    let mut trainer = trainer.with_progress_bar(true);
     let out = trainer.train()?;
     if out.interrupted {
         println!("interrupted: saved a checkpoint at step {} in {}", out.global_step, trainer.args.output_dir);
@@ -226,11 +299,7 @@ pub fn run(args: &TrainArgs) -> Result<()> {
         out.global_step, out.seconds, out.tokens_per_second, out.training_loss, trainer.args.output_dir
     );
     if trainer.args.do_eval {
-        let m = trainer.evaluate()?;
-        println!(
-            "eval: loss {:.4}, perplexity {:.2}, accuracy {:.3} over {} masked tokens",
-            m.loss, m.perplexity, m.accuracy, m.tokens
-        );
+        println!("eval: {}", trainer.evaluate()?);
     }
     Ok(())
 }

@@ -1,12 +1,13 @@
 //! `lazytrain demo`: the whole workflow on the embedded corpus — train a
 //! tokenizer, prepare shards, train a small RoBERTa masked LM, evaluate,
 //! save a Hugging Face folder, and answer fill-mask questions about facts
-//! the model has learned.
+//! the model has learned. With `--task sequence-classification` it then
+//! fine-tunes that model on generated reviews ([`crate::demo_classification`]).
 
 use crate::cli_train::{open_split, preset_config};
 use clap::Args;
 use lazytrain::pipelines::FillMask;
-use lazytrain::trainer::{install_interrupt_handler, IntervalStrategy, Trainer, TrainingArguments};
+use lazytrain::trainer::{install_interrupt_handler, IntervalStrategy, TrainOutput, Trainer, TrainingArguments};
 use lazytrain_core::{metrics, Device};
 use lazytrain_data::corpus::demo_corpus;
 use lazytrain_data::prepare::{prepare, PrepareOptions};
@@ -17,13 +18,25 @@ use lazytrain_nn::init::Initializer;
 use std::path::PathBuf;
 use std::time::Instant;
 
+/// Which demo to run.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+pub enum DemoTask {
+    /// Pre-train a masked LM and answer fill-mask questions.
+    MaskedLm,
+    /// Fine-tune the pre-trained masked LM (trained first if missing) as a review classifier.
+    SequenceClassification,
+}
+
 /// Options for `lazytrain demo`.
 #[derive(Args)]
 pub struct DemoArgs {
+    /// Which demo.
+    #[arg(long, value_enum, default_value = "masked-lm")]
+    pub task: DemoTask,
     /// Where the corpus, tokenizer, shards, checkpoints and model go.
     #[arg(long, default_value = "lazytrain-demo")]
-    output_dir: PathBuf,
-    /// Optimizer steps.
+    pub output_dir: PathBuf,
+    /// Optimizer steps of the masked-LM pre-training.
     #[arg(long, default_value_t = 1500)]
     max_steps: i64,
     /// Sentences in the generated corpus.
@@ -31,13 +44,16 @@ pub struct DemoArgs {
     sentences: usize,
     /// Countries (facts) in the generated lexicon.
     #[arg(long, default_value_t = 8)]
-    countries: usize,
+    pub countries: usize,
     /// Seed of everything.
     #[arg(long, default_value_t = 0)]
-    seed: u64,
+    pub seed: u64,
     /// Price of this machine per hour, to report the run's cost.
     #[arg(long)]
-    price_per_hour: Option<f64>,
+    pub price_per_hour: Option<f64>,
+    /// Fine-tuning steps of the classification demo.
+    #[arg(long, default_value_t = 500)]
+    pub fine_tune_steps: i64,
 }
 
 /// `roberta-tiny` (2 layers, 128 hidden) with 4 heads of 32: small heads
@@ -50,6 +66,21 @@ fn demo_model(tokenizer: &TextTokenizer, seed: u64, device: &Device) -> lazytrai
 
 /// Run the demo and print a report.
 pub fn run(args: &DemoArgs) -> lazytrain::Result<()> {
+    match args.task {
+        DemoTask::MaskedLm => run_masked_lm(args),
+        DemoTask::SequenceClassification => {
+            let pretrained = args.output_dir.join("model");
+            if !pretrained.join("config.json").is_file() {
+                println!("no pre-trained demo model in {}: running the masked-LM demo first", pretrained.display());
+                run_masked_lm(args)?;
+            }
+            crate::demo_classification::run(args, &pretrained)
+        }
+    }
+}
+
+/// The masked-LM demo: pre-train, evaluate, save, answer fill-mask questions.
+fn run_masked_lm(args: &DemoArgs) -> lazytrain::Result<()> {
     let start = Instant::now();
     let out = &args.output_dir;
     std::fs::create_dir_all(out).map_err(|e| lazytrain::Error::Input(format!("{}: {e}", out.display())))?;
@@ -102,13 +133,10 @@ pub fn run(args: &DemoArgs) -> lazytrain::Result<()> {
     let result = trainer.train()?;
     let m = trainer.evaluate()?;
     println!(
-        "4/5 training: {} steps, loss {:.3} -> {:.3}; eval loss {:.3}, perplexity {:.2}, masked-token accuracy {:.3}",
+        "4/5 training: {} steps, loss {:.3} -> {:.3}; eval {m}",
         result.global_step,
         result.losses.first().copied().unwrap_or(f32::NAN),
         result.losses.last().copied().unwrap_or(f32::NAN),
-        m.loss,
-        m.perplexity,
-        m.accuracy
     );
 
     let pipe = FillMask::from_dir(&out.join("model"), &device)?;
@@ -131,14 +159,28 @@ pub fn run(args: &DemoArgs) -> lazytrain::Result<()> {
             others.join(", ")
         );
     }
-    let wall = start.elapsed().as_secs_f64();
-    let report = metrics::snapshot();
-    println!("run report:");
     let config = trainer.model.config();
     let flops_per_token =
         crate::cli_bench::flops_per_token(config.num_hidden_layers, config.hidden_size, config.vocab_size, block_size);
+    print_report(args, start, &result, flops_per_token, &device)?;
+    println!("  answers correct    {correct}/{}", questions.len());
+    Ok(())
+}
+
+/// The run report: throughput, share of the GEMM peak, compiles, wall time
+/// and cost. `flops_per_token` is the model's training FLOPs per token.
+pub fn print_report(
+    args: &DemoArgs,
+    start: Instant,
+    result: &TrainOutput,
+    flops_per_token: f64,
+    device: &Device,
+) -> lazytrain::Result<()> {
+    let wall = start.elapsed().as_secs_f64();
+    let report = metrics::snapshot();
+    println!("run report:");
     let achieved = flops_per_token * result.tokens_per_second / 1e9;
-    let peak = crate::cli_bench::gemm_peak_gflops(&device)?;
+    let peak = crate::cli_bench::gemm_peak_gflops(device)?;
     println!("  steps              {}", result.global_step);
     println!("  tokens/s           {:.0}", result.tokens_per_second);
     println!(
@@ -154,6 +196,5 @@ pub fn run(args: &DemoArgs) -> lazytrain::Result<()> {
     if let Some(price) = args.price_per_hour {
         println!("  cost               {:.4} at {price}/hour", price * wall / 3600.0);
     }
-    println!("  answers correct    {correct}/{}", questions.len());
     Ok(())
 }

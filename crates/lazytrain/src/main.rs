@@ -2,11 +2,13 @@
 
 mod bench_trace;
 mod cli_bench;
+mod cli_classification;
 mod cli_data;
 mod cli_export;
 mod cli_pipelines;
 mod cli_train;
 mod demo;
+mod demo_classification;
 
 use clap::{Parser, Subcommand};
 use std::process::ExitCode;
@@ -24,12 +26,15 @@ enum Command {
     /// The end-to-end demo on the embedded corpus: tokenizer, shards, a small
     /// RoBERTa MLM trained and evaluated, fill-mask answers from the saved model.
     Demo(demo::DemoArgs),
-    /// Train a masked-LM model with the Trainer (HF TrainingArguments as flags or a config file).
+    /// Train a masked LM or fine-tune a sequence classifier with the Trainer
+    /// (HF TrainingArguments as flags or a config file).
     Train(Box<cli_train::TrainArgs>),
     /// Measure tracing cost per node and the cut+hash+lookup time of a large graph.
     BenchTrace(bench_trace::BenchTraceArgs),
     /// Predict masked tokens with a masked-LM model folder.
     FillMask(cli_pipelines::FillMaskArgs),
+    /// Classify texts with a fine-tuned sequence-classification folder.
+    TextClassification(cli_classification::TextClassificationArgs),
     /// Print the last hidden state of every token.
     FeatureExtraction(cli_pipelines::FeatureArgs),
     /// Re-write a masked-LM folder in the Hugging Face layout `transformers` loads.
@@ -38,6 +43,8 @@ enum Command {
     TrainTokenizer(cli_data::TrainTokenizerArgs),
     /// Tokenize text into fixed blocks and write TFRecord shards.
     Prepare(cli_data::PrepareArgs),
+    /// Tokenize labelled rows (JSON Lines, CSV, TSV) into padded TFRecord shards with labels.json.
+    PrepareClassification(cli_classification::PrepareClassificationArgs),
     /// Measure how many sequences per second the DeviceLoader delivers.
     BenchLoader(cli_data::BenchLoaderArgs),
     /// Time the BERT masked-LM training step of the PyTorch anchor benchmark.
@@ -64,6 +71,8 @@ fn main() -> ExitCode {
         Command::Train(args) => cli_train::run(&args).map_err(Into::into),
         Command::BenchTrace(args) => bench_trace::run(&args).map_err(Into::into),
         Command::FillMask(args) => cli_pipelines::fill_mask(&args).map_err(Into::into),
+        Command::TextClassification(args) => cli_classification::classify(&args).map_err(Into::into),
+        Command::PrepareClassification(args) => cli_classification::prepare(&args).map_err(Into::into),
         Command::FeatureExtraction(args) => cli_pipelines::feature_extraction(&args).map_err(Into::into),
         Command::Export(args) => cli_export::run(&args).map_err(Into::into),
         Command::TrainTokenizer(args) => cli_data::train(&args).map_err(Into::into),

@@ -24,6 +24,13 @@ impl Tensor {
         shifted.sub(&log_sum)
     }
 
+    /// The logistic function `1 / (1 + exp(-x))` (exact to rounding for
+    /// very negative x, where `0.5 (1 + tanh(x / 2))` cancels).
+    #[track_caller]
+    pub fn sigmoid(&self) -> Result<Tensor> {
+        self.neg()?.exp()?.add_scalar(1.0)?.recip()
+    }
+
     /// The exact GELU: `0.5 x (1 + erf(x / sqrt 2))`.
     #[track_caller]
     pub fn gelu(&self) -> Result<Tensor> {

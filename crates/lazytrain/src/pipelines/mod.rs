@@ -5,9 +5,11 @@
 
 mod feature_extraction;
 mod fill_mask;
+mod text_classification;
 
 pub use feature_extraction::FeatureExtraction;
 pub use fill_mask::{FillMask, MaskPrediction, TextPredictions};
+pub use text_classification::{LabelScore, TextClassification};
 
 use crate::Result;
 use lazytrain_core::{Device, Tensor};

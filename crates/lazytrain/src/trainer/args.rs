@@ -67,8 +67,15 @@ pub struct TrainingArguments {
     pub save_strategy: IntervalStrategy,
     /// Save every this many steps.
     pub save_steps: u64,
-    /// Keep at most this many checkpoints (oldest deleted first).
+    /// Keep at most this many checkpoints (oldest deleted first, the best kept).
     pub save_total_limit: Option<usize>,
+    /// After training, load the checkpoint with the best `metric_for_best_model`.
+    pub load_best_model_at_end: bool,
+    /// The eval metric that picks the best checkpoint (`loss`, `accuracy`,
+    /// `f1`, `perplexity`; the `eval_` prefix is optional).
+    pub metric_for_best_model: String,
+    /// Whether a larger metric is better (default: false for losses, true otherwise).
+    pub greater_is_better: Option<bool>,
     /// Seed of initialisation, data order, masking and dropout.
     pub seed: u64,
     /// bf16 mixed precision.
@@ -118,6 +125,9 @@ impl Default for TrainingArguments {
             save_strategy: IntervalStrategy::Steps,
             save_steps: 500,
             save_total_limit: None,
+            load_best_model_at_end: false,
+            metric_for_best_model: "loss".into(),
+            greater_is_better: None,
             seed: 42,
             bf16: false,
             dataloader_drop_last: false,
@@ -155,7 +165,9 @@ impl TrainingArguments {
         for (key, raw) in overrides {
             let parsed = match (key.as_str(), raw.as_str()) {
                 ("report_to", r) => serde_json::json!(r.split(',').map(str::trim).collect::<Vec<_>>()),
-                ("resume_from_checkpoint" | "output_dir" | "lr_scheduler_type", r) => serde_json::json!(r),
+                ("resume_from_checkpoint" | "output_dir" | "lr_scheduler_type" | "metric_for_best_model", r) => {
+                    serde_json::json!(r)
+                }
                 (_, r) => serde_json::from_str(r).unwrap_or_else(|_| serde_json::json!(r)),
             };
             value[key] = parsed;
@@ -200,6 +212,21 @@ impl TrainingArguments {
         if self.save_strategy == IntervalStrategy::Steps && self.save_steps == 0 || self.logging_steps == 0 {
             return Err(invalid("save_steps and logging_steps must be at least 1".into()));
         }
+        if self.load_best_model_at_end {
+            if self.eval_strategy == IntervalStrategy::No || self.eval_strategy != self.save_strategy {
+                return Err(invalid(format!(
+                    "load_best_model_at_end needs eval_strategy and save_strategy to match and not be `no` (they are {:?} and {:?})",
+                    self.eval_strategy, self.save_strategy
+                ).to_lowercase()));
+            }
+            let eval_steps = self.eval_steps.unwrap_or(self.logging_steps);
+            if self.save_strategy == IntervalStrategy::Steps && self.save_steps % eval_steps.max(1) != 0 {
+                return Err(invalid(format!(
+                    "load_best_model_at_end needs save_steps ({}) to be a multiple of eval_steps ({eval_steps})",
+                    self.save_steps
+                )));
+            }
+        }
         if self.bf16 {
             return Err(invalid("bf16 mixed precision is not available yet; set bf16 = false".into()));
         }
@@ -210,6 +237,25 @@ impl TrainingArguments {
             )));
         }
         Ok(())
+    }
+
+    /// The log key of `metric_for_best_model` (`eval_` prefixed).
+    pub fn best_metric_key(&self) -> String {
+        let name = self.metric_for_best_model.as_str();
+        if name.starts_with("eval_") {
+            name.to_string()
+        } else {
+            format!("eval_{name}")
+        }
+    }
+
+    /// Whether a larger best-model metric is better: `greater_is_better`, or
+    /// by default false for losses (and perplexity) and true otherwise.
+    pub fn best_metric_greater_is_better(&self) -> bool {
+        self.greater_is_better.unwrap_or_else(|| {
+            let key = self.best_metric_key();
+            !(key.ends_with("loss") || key.ends_with("perplexity"))
+        })
     }
 
     /// Warmup steps for a run of `total` steps.

@@ -10,15 +10,18 @@ use super::state::{RngState, SchedulerState, TrainerState};
 use crate::folder::save_folder;
 use crate::{Error, Result};
 use lazytrain_data::TextTokenizer;
-use lazytrain_models::ForMaskedLM;
+use lazytrain_models::ModelConfig;
 use lazytrain_nn::optim::Optimizer;
 use lazytrain_nn::state::{save_safetensors, write_atomically};
+use lazytrain_nn::Module;
 use std::path::{Path, PathBuf};
 
 /// What goes into a checkpoint.
 pub struct CheckpointContents<'a> {
     /// The model (saved as a Hugging Face folder with its tokenizer).
-    pub model: &'a ForMaskedLM,
+    pub model: &'a dyn Module,
+    /// Its configuration.
+    pub config: &'a ModelConfig,
     /// The tokenizer.
     pub tokenizer: &'a TextTokenizer,
     /// The optimizer (moments and step count).
@@ -88,7 +91,7 @@ pub fn save_checkpoint(output_dir: &Path, contents: &CheckpointContents) -> Resu
 }
 
 fn write_into(dir: &Path, c: &CheckpointContents) -> Result<()> {
-    save_folder(dir, c.model, c.model.config(), c.tokenizer)?;
+    save_folder(dir, c.model, c.config, c.tokenizer)?;
     if std::env::var("LAZYTRAIN_FAULT_INJECT").is_ok_and(|v| v == "abort-during-save") {
         // Fault injection for the crash-safety test: die like SIGKILL would,
         // halfway through a checkpoint.

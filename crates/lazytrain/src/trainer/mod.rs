@@ -8,23 +8,26 @@
 pub mod args;
 pub mod callbacks;
 pub mod checkpoint;
+mod evaluate;
 pub mod events;
 mod logs;
 pub mod state;
+pub mod task;
 
 pub use args::{IntervalStrategy, TrainingArguments};
 pub use callbacks::{Control, EarlyStopping, TrainerCallback};
 pub use state::{RngState, SchedulerState, TrainerState};
+pub use task::{EvalMetrics, TaskData};
 
 use crate::{Error, Result};
 use checkpoint::{latest_checkpoint, read_json, rotate, save_checkpoint, CheckpointContents};
-use lazytrain_core::{DType, Device, Tensor};
-use lazytrain_data::collator::{HostBatch, MlmCollator};
+use lazytrain_core::{Device, Tensor};
+use lazytrain_data::classification::ClassificationManifest;
 use lazytrain_data::dataset::{EpochSampler, ShardedDataset};
 use lazytrain_data::loader::{DeviceBatch, DeviceLoader, LoaderPlan};
 use lazytrain_data::prepare::progress_bar;
 use lazytrain_data::TextTokenizer;
-use lazytrain_models::{hub, ForMaskedLM};
+use lazytrain_models::{hub, ForMaskedLM, ForSequenceClassification, TaskModel};
 use lazytrain_nn::optim::{clip_grad_norm, decay_groups, AdamW, AdamWConfig, LrSchedule, Optimizer, ScheduleKind};
 use lazytrain_nn::state::load_safetensors;
 use lazytrain_nn::{named_parameters, Context};
@@ -46,19 +49,6 @@ pub fn install_interrupt_handler() {
     });
 }
 
-/// Evaluation results.
-#[derive(Clone, Debug, PartialEq)]
-pub struct EvalMetrics {
-    /// Mean cross-entropy per masked token.
-    pub loss: f64,
-    /// `exp(loss)`.
-    pub perplexity: f64,
-    /// Masked tokens whose top prediction is the label.
-    pub accuracy: f64,
-    /// Masked tokens evaluated.
-    pub tokens: u64,
-}
-
 /// How a training run ended.
 #[derive(Clone, Debug, PartialEq)]
 pub struct TrainOutput {
@@ -76,12 +66,13 @@ pub struct TrainOutput {
     pub tokens_per_second: f64,
 }
 
-/// Trains a masked-LM model.
-pub struct Trainer {
+/// Trains a model with a task head: a masked LM ([`Trainer::new`]) or a
+/// sequence classifier ([`Trainer::for_classification`]).
+pub struct Trainer<M: TaskModel = ForMaskedLM> {
     /// The arguments.
     pub args: TrainingArguments,
     /// The model.
-    pub model: ForMaskedLM,
+    pub model: M,
     /// Its tokenizer.
     pub tokenizer: TextTokenizer,
     /// The run's state.
@@ -90,12 +81,14 @@ pub struct Trainer {
     train: Arc<ShardedDataset>,
     eval: Option<Arc<ShardedDataset>>,
     callbacks: Vec<Box<dyn TrainerCallback>>,
-    block_size: usize,
+    task: TaskData,
     show_progress: bool,
+    /// The step of the last evaluation that set a new best metric.
+    new_best_at: Option<u64>,
 }
 
-impl Trainer {
-    /// A trainer over prepared shards (`block_size` tokens per record).
+impl Trainer<ForMaskedLM> {
+    /// A masked-LM trainer over `prepare` shards (`block_size` tokens per record).
     pub fn new(
         args: TrainingArguments,
         model: ForMaskedLM,
@@ -105,14 +98,62 @@ impl Trainer {
         block_size: usize,
         device: &Device,
     ) -> Result<Trainer> {
-        args.validate(eval.is_some())?;
-        crate::folder::check_pad_id(model.config(), &tokenizer)?;
         let max = model.config().max_sequence_length();
         if block_size > max {
             return Err(Error::Input(format!(
                 "the data has blocks of {block_size} tokens but the model accepts at most {max} positions; prepare the data with --block-size {max} or less"
             )));
         }
+        Trainer::with_task(args, model, tokenizer, train, eval, TaskData::MaskedLm { block_size }, device)
+    }
+}
+
+impl Trainer<ForSequenceClassification> {
+    /// A sequence-classification trainer over `prepare-classification`
+    /// shards described by `manifest`; the model has one output per label.
+    pub fn for_classification(
+        args: TrainingArguments,
+        model: ForSequenceClassification,
+        tokenizer: TextTokenizer,
+        train: Arc<ShardedDataset>,
+        eval: Option<Arc<ShardedDataset>>,
+        manifest: &ClassificationManifest,
+        device: &Device,
+    ) -> Result<Trainer<ForSequenceClassification>> {
+        if model.num_labels() != manifest.labels.len() {
+            return Err(Error::Input(format!(
+                "the model has {} outputs but the data has {} labels ({}); pass --num-labels {}",
+                model.num_labels(),
+                manifest.labels.len(),
+                manifest.labels.join(", "),
+                manifest.labels.len()
+            )));
+        }
+        let max = model.config().max_sequence_length();
+        if manifest.max_length > max {
+            return Err(Error::Input(format!(
+                "the data has sequences of up to {} tokens but the model accepts at most {max} positions; prepare the data with --max-length {max} or less",
+                manifest.max_length
+            )));
+        }
+        let task =
+            TaskData::SequenceClassification { max_length: manifest.max_length, labels: manifest.labels.clone() };
+        Trainer::with_task(args, model, tokenizer, train, eval, task, device)
+    }
+}
+
+impl<M: TaskModel> Trainer<M> {
+    fn with_task(
+        args: TrainingArguments,
+        model: M,
+        tokenizer: TextTokenizer,
+        train: Arc<ShardedDataset>,
+        eval: Option<Arc<ShardedDataset>>,
+        task: TaskData,
+        device: &Device,
+    ) -> Result<Trainer<M>> {
+        args.validate(eval.is_some())?;
+        crate::folder::check_pad_id(model.config(), &tokenizer)?;
         if tokenizer.vocab_size() > model.config().vocab_size {
             return Err(Error::Input(format!(
                 "the tokenizer has {} tokens but the model's vocab_size is {}",
@@ -122,7 +163,9 @@ impl Trainer {
         }
         let mut callbacks: Vec<Box<dyn TrainerCallback>> = Vec::new();
         if let Some(patience) = args.early_stopping_patience {
-            callbacks.push(Box::new(EarlyStopping::new(patience, 0.0)));
+            let stopping = EarlyStopping::new(patience, 0.0)
+                .on_metric(&args.best_metric_key(), args.best_metric_greater_is_better());
+            callbacks.push(Box::new(stopping));
         }
         Ok(Trainer {
             args,
@@ -133,13 +176,14 @@ impl Trainer {
             train,
             eval,
             callbacks,
-            block_size,
+            task,
             show_progress: false,
+            new_best_at: None,
         })
     }
 
     /// Draw a progress bar while training.
-    pub fn with_progress_bar(mut self, show: bool) -> Trainer {
+    pub fn with_progress_bar(mut self, show: bool) -> Trainer<M> {
         self.show_progress = show;
         self
     }
@@ -154,8 +198,13 @@ impl Trainer {
         &self.device
     }
 
-    fn collator(&self, seed: u64) -> MlmCollator {
-        MlmCollator::for_tokenizer(&self.tokenizer, self.args.mlm_probability, seed)
+    /// What the trainer trains on.
+    pub fn task(&self) -> &TaskData {
+        &self.task
+    }
+
+    fn collator(&self, seed: u64) -> task::TaskCollator {
+        self.task.collator(&self.tokenizer, self.args.mlm_probability, seed)
     }
 
     fn batches_per_epoch(&self) -> Result<u64> {
@@ -298,7 +347,8 @@ impl Trainer {
             let ctx = Context::train(&self.device, self.args.seed as i64, step as i64)?;
             let mut step_loss: Option<Tensor> = None;
             for batch in &window {
-                let logits = self.model.forward(&batch.input_ids, Some(&batch.attention_mask), None, &ctx)?;
+                let types = batch.token_type_ids.as_ref();
+                let logits = self.model.forward(&batch.input_ids, Some(&batch.attention_mask), types, &ctx)?;
                 let loss = logits.cross_entropy_sum(&batch.labels, -100)?.mul(&scale)?;
                 loss.backward()?;
                 step_loss = Some(match step_loss {
@@ -339,7 +389,7 @@ impl Trainer {
             losses.push(loss_value);
             logged_loss += loss_value as f64;
             logged_steps += 1;
-            tokens += (window.len() * batch_size * self.block_size) as u64;
+            tokens += window.iter().map(|b| b.input_ids.dims().iter().product::<usize>()).sum::<usize>() as u64;
             let gs = self.state.global_step;
             let mut control = Control::default();
             for cb in &mut self.callbacks {
@@ -383,6 +433,9 @@ impl Trainer {
         }
         let seconds = start.elapsed().as_secs_f64();
         if !interrupted {
+            if self.args.load_best_model_at_end {
+                self.load_best_model()?;
+            }
             crate::folder::save_folder(&output_dir, &self.model, self.model.config(), &self.tokenizer)?;
             let text = serde_json::to_string_pretty(&self.state).map_err(|e| Error::Input(e.to_string()))?;
             lazytrain_nn::state::write_atomically(&output_dir.join("trainer_state.json"), text.as_bytes())?;
@@ -410,15 +463,49 @@ impl Trainer {
     fn evaluate_and_log(&mut self, sinks: &mut LogSinks) -> Result<Value> {
         let start = Instant::now();
         let m = self.evaluate()?;
-        if self.state.best_metric.is_none_or(|b| m.loss < b) {
-            self.state.best_metric = Some(m.loss);
+        let mut entry = m.log_entry();
+        let key = self.args.best_metric_key();
+        let Some(value) = entry.get(&key).and_then(Value::as_f64) else {
+            let names: Vec<&str> = entry.keys().map(String::as_str).collect();
+            return Err(Error::Input(format!(
+                "metric_for_best_model `{}` is not among the eval metrics ({}); use one of them",
+                self.args.metric_for_best_model,
+                names.join(", ")
+            )));
+        };
+        let better = |best: f64| {
+            if self.args.best_metric_greater_is_better() {
+                value > best
+            } else {
+                value < best
+            }
+        };
+        self.new_best_at = None;
+        if self.state.best_metric.is_none_or(better) {
+            self.state.best_metric = Some(value);
+            self.new_best_at = Some(self.state.global_step);
         }
-        let entry = json!({
-            "eval_loss": m.loss, "eval_perplexity": m.perplexity, "eval_accuracy": m.accuracy,
-            "eval_runtime": start.elapsed().as_secs_f64(), "epoch": self.state.epoch, "step": self.state.global_step,
-        });
+        entry.insert("eval_runtime".into(), json!(start.elapsed().as_secs_f64()));
+        entry.insert("epoch".into(), json!(self.state.epoch));
+        entry.insert("step".into(), json!(self.state.global_step));
+        let entry = Value::Object(entry);
         self.log(entry.clone(), sinks)?;
         Ok(entry)
+    }
+
+    /// Load the weights of `best_model_checkpoint` (`load_best_model_at_end`).
+    fn load_best_model(&mut self) -> Result<()> {
+        let Some(best) = self.state.best_model_checkpoint.clone() else { return Ok(()) };
+        let weights = Path::new(&best).join("model.safetensors");
+        hub::load_weights(&self.model, self.model.config().model_type, &weights, &self.device, &|_| false)?;
+        if self.show_progress {
+            eprintln!(
+                "loaded the best model from {best} ({} = {})",
+                self.args.best_metric_key(),
+                self.state.best_metric.unwrap_or(f64::NAN)
+            );
+        }
+        Ok(())
     }
 
     fn checkpoint(&mut self, optimizer: &AdamW, schedule: &LrSchedule, output_dir: &Path) -> Result<PathBuf> {
@@ -435,8 +522,13 @@ impl Trainer {
             data_epoch: self.state.data_epoch,
             data_sample: self.state.data_sample,
         };
+        if self.new_best_at == Some(self.state.global_step) {
+            let path = output_dir.join(format!("checkpoint-{}", self.state.global_step));
+            self.state.best_model_checkpoint = Some(path.display().to_string());
+        }
         let contents = CheckpointContents {
             model: &self.model,
+            config: self.model.config(),
             tokenizer: &self.tokenizer,
             optimizer,
             scheduler: &scheduler,
@@ -479,52 +571,4 @@ impl Trainer {
         self.device.sync()?;
         Ok(())
     }
-
-    /// Evaluate on the eval data: mean loss per masked token, perplexity and
-    /// masked-token accuracy. Every batch has the same shape (the last one is
-    /// padded with rows that predict nothing), so evaluation compiles once.
-    pub fn evaluate(&mut self) -> Result<EvalMetrics> {
-        let Some(eval) = self.eval.clone() else {
-            return Err(Error::Input("no eval data was given; pass --eval-data DIR".into()));
-        };
-        let bs = self.args.per_device_eval_batch_size;
-        let collator = self.collator(self.args.seed ^ 0xe7a1);
-        let ctx = Context::eval();
-        let (mut loss_sum, mut count, mut correct) = (0f64, 0f64, 0f64);
-        for first in (0..eval.len()).step_by(bs) {
-            let mut rows = Vec::with_capacity(bs);
-            for k in first..(first + bs).min(eval.len()) {
-                rows.push((k, eval.feature(k, "input_ids")?));
-            }
-            let mut host = collator.collate(&rows, 0)?;
-            pad_rows(&mut host, bs, self.tokenizer.special().pad as i64);
-            let shape = [host.batch, host.seq];
-            let ids = Tensor::from_vec(host.input_ids, shape, &self.device)?;
-            let mask = Tensor::from_vec(host.attention_mask, shape, &self.device)?;
-            let labels = Tensor::from_vec(host.labels, shape, &self.device)?;
-            let logits = self.model.forward(&ids, Some(&mask), None, &ctx)?;
-            let loss = logits.cross_entropy_sum(&labels, -100)?;
-            let valid = labels.ne_scalar(-100.0)?;
-            let safe = Tensor::select(&valid, &labels, &Tensor::zeros([], DType::I64, &self.device)?)?;
-            let picked = logits.gather(-1, &safe.unsqueeze(-1)?)?.squeeze(-1)?;
-            let best = logits.max(&[-1], false)?;
-            let hits = picked.ge(&best)?.cast(DType::F32)?.mul(&valid.cast(DType::F32)?)?.sum_all()?;
-            let n = valid.cast(DType::F32)?.sum_all()?;
-            self.device.mark_step()?;
-            loss_sum += loss.item::<f32>()? as f64;
-            correct += hits.item::<f32>()? as f64;
-            count += n.item::<f32>()? as f64;
-        }
-        let loss = loss_sum / count.max(1.0);
-        Ok(EvalMetrics { loss, perplexity: loss.exp(), accuracy: correct / count.max(1.0), tokens: count as u64 })
-    }
-}
-
-/// Pad a host batch to `rows` rows of padding that predict nothing.
-fn pad_rows(host: &mut HostBatch, rows: usize, pad: i64) {
-    let missing = rows.saturating_sub(host.batch) * host.seq;
-    host.input_ids.extend(std::iter::repeat_n(pad, missing));
-    host.attention_mask.extend(std::iter::repeat_n(0, missing));
-    host.labels.extend(std::iter::repeat_n(-100, missing));
-    host.batch = host.batch.max(rows);
 }

@@ -1,0 +1,300 @@
+//! Labelled rows from JSON Lines, CSV and TSV files, with every bad row
+//! either refused (file and line named) or skipped and counted.
+
+use crate::{DataError, Result};
+use serde::{Deserialize, Serialize};
+use std::collections::BTreeMap;
+use std::path::Path;
+
+/// Which columns hold the text, the optional second text and the label.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Columns {
+    /// The text column.
+    pub text: String,
+    /// The second text of a pair task (e.g. NLI's hypothesis), if any.
+    pub text_pair: Option<String>,
+    /// The label column (strings, integers or booleans).
+    pub label: String,
+}
+
+/// One labelled example and where it came from.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct LabelledRow {
+    /// The text.
+    pub text: String,
+    /// The second text, for pair tasks.
+    pub text_pair: Option<String>,
+    /// The label as written in the file.
+    pub label: String,
+    /// 1-based line of the row in its file.
+    pub line: u64,
+}
+
+/// Why a row could not be used.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum BadRowKind {
+    /// A required column is absent (or null) in the row.
+    MissingColumn,
+    /// The row is not valid UTF-8.
+    InvalidUtf8,
+    /// The row does not parse (not a JSON object, a label of the wrong type).
+    Malformed,
+    /// The label is empty.
+    EmptyLabel,
+    /// An evaluation row whose label the training data does not have.
+    UnknownLabel,
+}
+
+/// Skipped bad rows by reason.
+pub type BadRowCounts = BTreeMap<BadRowKind, u64>;
+
+/// Refuses or counts bad rows of one file.
+pub(crate) struct RowPolicy<'a> {
+    /// The file.
+    pub path: &'a Path,
+    /// Skip and count instead of failing.
+    pub skip: bool,
+    /// The counts.
+    pub counts: &'a mut BadRowCounts,
+}
+
+impl RowPolicy<'_> {
+    /// A bad row at `line`: an error, or counted when skipping.
+    pub fn reject(&mut self, kind: BadRowKind, line: u64, detail: String) -> Result<()> {
+        if self.skip {
+            *self.counts.entry(kind).or_default() += 1;
+            Ok(())
+        } else {
+            Err(DataError::BadRow { path: self.path.display().to_string(), line, detail })
+        }
+    }
+}
+
+/// Read the labelled rows of a `.jsonl`/`.json` (JSON Lines), `.csv` or
+/// `.tsv` file. Bad rows are errors naming the file and line, or, with
+/// `skip_bad`, skipped and counted in `counts`.
+pub fn read_labelled_file(
+    path: &Path,
+    columns: &Columns,
+    skip_bad: bool,
+    counts: &mut BadRowCounts,
+) -> Result<Vec<LabelledRow>> {
+    let extension = path.extension().and_then(|e| e.to_str()).unwrap_or("").to_ascii_lowercase();
+    let mut policy = RowPolicy { path, skip: skip_bad, counts };
+    match extension.as_str() {
+        "jsonl" | "json" | "ndjson" => read_json_lines(path, columns, &mut policy),
+        "csv" => read_delimited(path, b',', columns, &mut policy),
+        "tsv" | "tab" => read_delimited(path, b'\t', columns, &mut policy),
+        other => Err(DataError::Io {
+            path: path.display().to_string(),
+            detail: format!("unknown labelled-data format `.{other}`; use .jsonl (JSON Lines), .csv or .tsv"),
+        }),
+    }
+}
+
+fn read_bytes(path: &Path) -> Result<Vec<u8>> {
+    std::fs::read(path).map_err(|e| DataError::Io { path: path.display().to_string(), detail: e.to_string() })
+}
+
+/// A JSON value as label text: strings as they are, integers and booleans
+/// in their JSON spelling.
+fn label_text(value: &serde_json::Value) -> Option<String> {
+    match value {
+        serde_json::Value::String(s) => Some(s.clone()),
+        serde_json::Value::Bool(b) => Some(b.to_string()),
+        serde_json::Value::Number(n) if n.is_i64() || n.is_u64() => Some(n.to_string()),
+        _ => None,
+    }
+}
+
+fn read_json_lines(path: &Path, columns: &Columns, policy: &mut RowPolicy) -> Result<Vec<LabelledRow>> {
+    let bytes = read_bytes(path)?;
+    let mut rows = Vec::new();
+    for (index, raw) in bytes.split(|&b| b == b'\n').enumerate() {
+        let line = index as u64 + 1;
+        let Ok(text) = std::str::from_utf8(raw) else {
+            policy.reject(BadRowKind::InvalidUtf8, line, "invalid UTF-8".into())?;
+            continue;
+        };
+        if text.trim().is_empty() {
+            continue;
+        }
+        let object = match serde_json::from_str::<serde_json::Value>(text) {
+            Ok(serde_json::Value::Object(object)) => object,
+            Ok(_) => {
+                policy.reject(BadRowKind::Malformed, line, "not a JSON object".into())?;
+                continue;
+            }
+            Err(e) => {
+                policy.reject(BadRowKind::Malformed, line, format!("not valid JSON ({e})"))?;
+                continue;
+            }
+        };
+        let present = |name: &str| object.get(name).filter(|v| !v.is_null());
+        let mut missing = vec![columns.text.as_str(), columns.label.as_str()];
+        missing.extend(columns.text_pair.as_deref());
+        missing.retain(|name| present(name).is_none());
+        if !missing.is_empty() {
+            let have: Vec<&str> = object.keys().map(String::as_str).collect();
+            let detail = format!("missing column `{}` (the row has: {})", missing.join("`, `"), have.join(", "));
+            policy.reject(BadRowKind::MissingColumn, line, detail)?;
+            continue;
+        }
+        let string = |name: &str| present(name).and_then(|v| v.as_str()).map(str::to_string);
+        let (Some(text), Some(label)) = (string(&columns.text), present(&columns.label).and_then(label_text)) else {
+            let detail = format!(
+                "column `{}` must be a string and `{}` a string, integer or boolean",
+                columns.text, columns.label
+            );
+            policy.reject(BadRowKind::Malformed, line, detail)?;
+            continue;
+        };
+        let text_pair = match &columns.text_pair {
+            Some(name) => match string(name) {
+                Some(pair) => Some(pair),
+                None => {
+                    policy.reject(BadRowKind::Malformed, line, format!("column `{name}` must be a string"))?;
+                    continue;
+                }
+            },
+            None => None,
+        };
+        push_row(&mut rows, policy, LabelledRow { text, text_pair, label, line })?;
+    }
+    Ok(rows)
+}
+
+fn push_row(rows: &mut Vec<LabelledRow>, policy: &mut RowPolicy, row: LabelledRow) -> Result<()> {
+    if row.label.trim().is_empty() {
+        return policy.reject(BadRowKind::EmptyLabel, row.line, "the label is empty".into());
+    }
+    rows.push(row);
+    Ok(())
+}
+
+fn read_delimited(path: &Path, delimiter: u8, columns: &Columns, policy: &mut RowPolicy) -> Result<Vec<LabelledRow>> {
+    let io = |detail: String| DataError::Io { path: path.display().to_string(), detail };
+    let file = std::fs::File::open(path).map_err(|e| io(e.to_string()))?;
+    let mut reader = csv::ReaderBuilder::new().delimiter(delimiter).flexible(true).from_reader(file);
+    let header: Vec<String> = reader
+        .byte_headers()
+        .map_err(|e| io(format!("cannot read the header: {e}")))?
+        .iter()
+        .map(|h| String::from_utf8_lossy(h).trim().to_string())
+        .collect();
+    let find = |name: &str| {
+        header.iter().position(|h| h == name).ok_or_else(|| {
+            io(format!(
+                "no column `{name}` in the header (columns: {}); name the right one with --text-column, --text-pair-column or --label-column",
+                header.join(", ")
+            ))
+        })
+    };
+    let text_at = find(&columns.text)?;
+    let label_at = find(&columns.label)?;
+    let pair_at = columns.text_pair.as_deref().map(find).transpose()?;
+    let mut rows = Vec::new();
+    let mut record = csv::ByteRecord::new();
+    loop {
+        match reader.read_byte_record(&mut record) {
+            Ok(false) => break,
+            Ok(true) => {}
+            Err(e) => return Err(io(format!("cannot parse the file: {e}"))),
+        }
+        let line = record.position().map_or(0, |p| p.line());
+        let field = |at: usize| record.get(at).map(|bytes| std::str::from_utf8(bytes).map(str::to_string));
+        let mut wanted = vec![(columns.text.as_str(), text_at), (columns.label.as_str(), label_at)];
+        if let (Some(name), Some(at)) = (columns.text_pair.as_deref(), pair_at) {
+            wanted.push((name, at));
+        }
+        let mut values = Vec::with_capacity(wanted.len());
+        let mut bad = None;
+        for (name, at) in wanted {
+            match field(at) {
+                None => {
+                    bad = Some((
+                        BadRowKind::MissingColumn,
+                        format!(
+                            "missing column `{name}` (the row has {} fields, the header {})",
+                            record.len(),
+                            header.len()
+                        ),
+                    ));
+                    break;
+                }
+                Some(Err(_)) => {
+                    bad = Some((BadRowKind::InvalidUtf8, format!("invalid UTF-8 in column `{name}`")));
+                    break;
+                }
+                Some(Ok(value)) => values.push(value),
+            }
+        }
+        if let Some((kind, detail)) = bad {
+            policy.reject(kind, line, detail)?;
+            continue;
+        }
+        let mut values = values.into_iter();
+        let (text, label) = (values.next().unwrap_or_default(), values.next().unwrap_or_default());
+        push_row(&mut rows, policy, LabelledRow { text, text_pair: values.next(), label, line })?;
+    }
+    Ok(rows)
+}
+
+/// How label ids are assigned.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum LabelOrder {
+    /// In the order labels first appear in the training files.
+    FirstSeen,
+    /// Sorted: numerically when every label is an integer, else by text.
+    Sorted,
+}
+
+impl LabelOrder {
+    /// Parse `first-seen` or `sorted`.
+    pub fn parse(text: &str) -> Result<LabelOrder> {
+        match text {
+            "first-seen" => Ok(LabelOrder::FirstSeen),
+            "sorted" => Ok(LabelOrder::Sorted),
+            other => Err(DataError::Invalid(format!("label order `{other}`; choose first-seen or sorted"))),
+        }
+    }
+}
+
+/// The label names of the training rows, in id order.
+pub fn label_names(rows: &[LabelledRow], order: LabelOrder) -> Vec<String> {
+    let mut names: Vec<String> = Vec::new();
+    for row in rows {
+        if !names.contains(&row.label) {
+            names.push(row.label.clone());
+        }
+    }
+    if order == LabelOrder::Sorted {
+        let numbers: Option<Vec<i64>> = names.iter().map(|n| n.trim().parse().ok()).collect();
+        match numbers {
+            Some(_) => names.sort_by_key(|n| n.trim().parse::<i64>().unwrap_or_default()),
+            None => names.sort(),
+        }
+    }
+    names
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn row(label: &str) -> LabelledRow {
+        LabelledRow { text: "t".into(), text_pair: None, label: label.into(), line: 1 }
+    }
+
+    #[test]
+    fn label_orders() {
+        let rows: Vec<_> = ["pos", "neg", "10", "pos"].iter().map(|l| row(l)).collect();
+        assert_eq!(label_names(&rows, LabelOrder::FirstSeen), ["pos", "neg", "10"]);
+        assert_eq!(label_names(&rows, LabelOrder::Sorted), ["10", "neg", "pos"]);
+        let numeric: Vec<_> = ["10", "9", "2"].iter().map(|l| row(l)).collect();
+        assert_eq!(label_names(&numeric, LabelOrder::Sorted), ["2", "9", "10"], "integers sort as numbers");
+        assert!(LabelOrder::parse("alphabetical").unwrap_err().to_string().contains("first-seen or sorted"));
+    }
+}

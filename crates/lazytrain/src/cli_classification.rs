@@ -1,0 +1,138 @@
+//! `lazytrain prepare-classification` and `lazytrain text-classification`.
+
+use clap::Args;
+use lazytrain::pipelines::TextClassification;
+use lazytrain_core::Device;
+use lazytrain_data::classification::{prepare_classification, ClassificationOptions, Columns, LabelOrder};
+use lazytrain_data::TextTokenizer;
+use std::path::PathBuf;
+use std::time::Instant;
+
+/// Options for `lazytrain prepare-classification`.
+#[derive(Args)]
+pub struct PrepareClassificationArgs {
+    /// A tokenizer folder (or tokenizer.json).
+    #[arg(long)]
+    tokenizer: PathBuf,
+    /// Labelled training files: .jsonl (JSON Lines), .csv or .tsv with a header.
+    #[arg(long, required = true, num_args = 1..)]
+    files: Vec<PathBuf>,
+    /// Labelled validation files (labels must occur in the training files);
+    /// without them --validation-fraction of the training rows are held out.
+    #[arg(long, num_args = 1..)]
+    validation_files: Vec<PathBuf>,
+    /// The text column.
+    #[arg(long, default_value = "text")]
+    text_column: String,
+    /// The second text of pair tasks (e.g. a hypothesis), if any.
+    #[arg(long)]
+    text_pair_column: Option<String>,
+    /// The label column (strings, integers or booleans).
+    #[arg(long, default_value = "label")]
+    label_column: String,
+    /// Longest sequence in tokens (special tokens included); longer rows are truncated and counted.
+    #[arg(long, default_value_t = 128)]
+    max_length: usize,
+    /// Pad each row to the smallest of these lengths that fits (e.g. 32,64,128) instead of to --max-length.
+    #[arg(long, value_delimiter = ',')]
+    buckets: Vec<usize>,
+    /// How label ids are assigned: sorted (numerically if all labels are integers) or first-seen.
+    #[arg(long, default_value = "sorted")]
+    label_order: String,
+    /// Training shards.
+    #[arg(long, default_value_t = 4)]
+    num_shards: usize,
+    /// Fraction of training rows held out when no --validation-files are given.
+    #[arg(long, default_value_t = 0.1)]
+    validation_fraction: f64,
+    /// Seed of the split.
+    #[arg(long, default_value_t = 42)]
+    seed: u64,
+    /// Skip and count bad rows instead of stopping at the first.
+    #[arg(long)]
+    skip_bad_rows: bool,
+    /// Output folder.
+    #[arg(long)]
+    output: PathBuf,
+}
+
+/// Tokenize, pad and shard labelled rows.
+pub fn prepare(args: &PrepareClassificationArgs) -> lazytrain::Result<()> {
+    let start = Instant::now();
+    let tokenizer = TextTokenizer::from_path(&args.tokenizer)?;
+    let options = ClassificationOptions {
+        columns: Columns {
+            text: args.text_column.clone(),
+            text_pair: args.text_pair_column.clone(),
+            label: args.label_column.clone(),
+        },
+        max_length: args.max_length,
+        buckets: args.buckets.clone(),
+        label_order: LabelOrder::parse(&args.label_order)?,
+        num_shards: args.num_shards,
+        validation_fraction: args.validation_fraction,
+        seed: args.seed,
+        skip_bad_rows: args.skip_bad_rows,
+        progress: true,
+    };
+    let m = prepare_classification(&tokenizer, &args.files, &args.validation_files, &args.output, &options)?;
+    let records = |shards: &[lazytrain_data::prepare::ShardInfo]| shards.iter().map(|s| s.records).sum::<u64>();
+    println!(
+        "{} rows -> {} train and {} validation, {} labels ({}), {} truncated to {} tokens, buckets {:?} in {:.1} s -> {}",
+        m.rows,
+        records(&m.train),
+        records(&m.validation),
+        m.labels.len(),
+        m.labels.join(", "),
+        m.truncated,
+        m.max_length,
+        m.buckets,
+        start.elapsed().as_secs_f64(),
+        args.output.display()
+    );
+    for (kind, count) in &m.skipped_rows {
+        println!("skipped {count} bad rows: {kind:?}");
+    }
+    Ok(())
+}
+
+/// Options for `lazytrain text-classification`.
+#[derive(Args)]
+pub struct TextClassificationArgs {
+    /// A fine-tuned classifier folder (config.json with id2label, model.safetensors, tokenizer.json).
+    #[arg(long)]
+    model: PathBuf,
+    /// Labels per text, most likely first.
+    #[arg(long, default_value_t = 1)]
+    top_k: usize,
+    /// Print JSON shaped like Hugging Face's pipeline output.
+    #[arg(long)]
+    json: bool,
+    /// Texts to classify.
+    #[arg(required = true)]
+    texts: Vec<String>,
+}
+
+/// Classify texts and print their labels.
+pub fn classify(args: &TextClassificationArgs) -> lazytrain::Result<()> {
+    let pipe = TextClassification::from_dir(&args.model, &Device::cpu())?;
+    let texts: Vec<&str> = args.texts.iter().map(String::as_str).collect();
+    let results = pipe.predict(&texts, args.top_k)?;
+    if args.json {
+        // HF: a list of {label, score} per text; one text's top-1 is a one-element list.
+        let value = if args.top_k == 1 {
+            serde_json::json!(results.iter().map(|r| &r[0]).collect::<Vec<_>>())
+        } else if results.len() == 1 {
+            serde_json::json!(results[0])
+        } else {
+            serde_json::json!(results)
+        };
+        println!("{value}");
+        return Ok(());
+    }
+    for (text, labels) in texts.iter().zip(&results) {
+        let shown: Vec<String> = labels.iter().map(|l| format!("{} {:.4}", l.label, l.score)).collect();
+        println!("{text}\n  {}", shown.join(", "));
+    }
+    Ok(())
+}

@@ -1,0 +1,95 @@
+//! `Trainer::evaluate`: every eval batch has the same shape (a short last
+//! batch is padded with rows that predict nothing), so evaluation compiles
+//! once per sequence length.
+
+use super::task::{argmax_rows, ConfusionMatrix, EvalMetrics, TaskData};
+use super::Trainer;
+use crate::{Error, Result};
+use lazytrain_core::{DType, Tensor};
+use lazytrain_data::collator::Collator;
+use lazytrain_data::loader::upload;
+use lazytrain_models::TaskModel;
+use lazytrain_nn::Context;
+
+/// Running sums of an evaluation.
+enum Tally {
+    MaskedLm { loss: f64, correct: f64, count: f64 },
+    Classification { loss: f64, confusion: ConfusionMatrix },
+}
+
+impl<M: TaskModel> Trainer<M> {
+    /// Evaluate on the eval data. A masked LM reports the mean loss per
+    /// masked token, perplexity and masked-token accuracy; a classifier the
+    /// mean loss per sequence, accuracy and macro-F1.
+    pub fn evaluate(&mut self) -> Result<EvalMetrics> {
+        let Some(eval) = self.eval.clone() else {
+            return Err(Error::Input("no eval data was given; pass --eval-data DIR".into()));
+        };
+        let rows = self.args.per_device_eval_batch_size;
+        let collator = self.collator(self.args.seed ^ 0xe7a1);
+        let ctx = Context::eval();
+        let pad = self.tokenizer.special().pad as i64;
+        let mut tally = match &self.task {
+            TaskData::MaskedLm { .. } => Tally::MaskedLm { loss: 0.0, correct: 0.0, count: 0.0 },
+            TaskData::SequenceClassification { labels, .. } => {
+                Tally::Classification { loss: 0.0, confusion: ConfusionMatrix::new(labels.len()) }
+            }
+        };
+        for first in (0..eval.len()).step_by(rows) {
+            let records: Vec<usize> = (first..(first + rows).min(eval.len())).collect();
+            let mut host = collator.collate_records(&eval, &records, 0)?;
+            host.pad_to_rows(rows, pad);
+            let labels = host.labels.clone();
+            let batch = upload(host, &self.device, 0, first)?;
+            let types = batch.token_type_ids.as_ref();
+            let logits = self.model.forward(&batch.input_ids, Some(&batch.attention_mask), types, &ctx)?;
+            let loss = logits.cross_entropy_sum(&batch.labels, -100)?;
+            match &mut tally {
+                Tally::MaskedLm { loss: loss_sum, correct, count } => {
+                    let valid = batch.labels.ne_scalar(-100.0)?;
+                    let zero = Tensor::zeros([], DType::I64, &self.device)?;
+                    let safe = Tensor::select(&valid, &batch.labels, &zero)?;
+                    let picked = logits.gather(-1, &safe.unsqueeze(-1)?)?.squeeze(-1)?;
+                    let best = logits.max(&[-1], false)?;
+                    let valid = valid.cast(DType::F32)?;
+                    let hits = picked.ge(&best)?.cast(DType::F32)?.mul(&valid)?.sum_all()?;
+                    let n = valid.sum_all()?;
+                    self.device.mark_step()?;
+                    *loss_sum += loss.item::<f32>()? as f64;
+                    *correct += hits.item::<f32>()? as f64;
+                    *count += n.item::<f32>()? as f64;
+                }
+                Tally::Classification { loss: loss_sum, confusion } => {
+                    self.device.mark_step()?;
+                    *loss_sum += loss.item::<f32>()? as f64;
+                    let classes = logits.dims()[1];
+                    let predictions = argmax_rows(&logits.to_vec::<f32>()?, classes);
+                    for (&label, prediction) in labels.iter().zip(predictions) {
+                        if label >= 0 {
+                            confusion.add(label as usize, prediction);
+                        }
+                    }
+                }
+            }
+        }
+        Ok(match tally {
+            Tally::MaskedLm { loss, correct, count } => {
+                let loss = loss / count.max(1.0);
+                EvalMetrics {
+                    loss,
+                    accuracy: correct / count.max(1.0),
+                    perplexity: Some(loss.exp()),
+                    macro_f1: None,
+                    count: count as u64,
+                }
+            }
+            Tally::Classification { loss, confusion } => EvalMetrics {
+                loss: loss / confusion.total().max(1) as f64,
+                accuracy: confusion.accuracy(),
+                perplexity: None,
+                macro_f1: Some(confusion.macro_f1()),
+                count: confusion.total(),
+            },
+        })
+    }
+}
