@@ -156,15 +156,17 @@ fn error_for(name: &str, body: &[u8], validation: Option<&[u8]>) -> String {
         &dir.join("out"),
         &options(32, vec![]),
     )
-    .err()
-    .expect("bad rows are refused");
+    .expect_err("bad rows are refused");
     err.to_string()
 }
+
+/// A file name, its bytes, an optional validation file and the expected message.
+type Case<'a> = (&'a str, Vec<u8>, Option<&'a [u8]>, &'a str);
 
 #[test]
 fn every_bad_row_class_is_an_error_naming_file_and_line() {
     let good = "{\"text\": \"a\", \"label\": \"pos\"}\n{\"text\": \"b\", \"label\": \"neg\"}\n";
-    let cases: Vec<(&str, Vec<u8>, Option<&[u8]>, &str)> = vec![
+    let cases: Vec<Case> = vec![
         (
             "missing.jsonl",
             format!("{good}{{\"text\": \"c\"}}\n").into_bytes(),
