@@ -273,7 +273,7 @@ fn bad_configs_are_clear_errors() {
 }
 
 #[test]
-fn the_demo_learns_its_facts() {
+fn the_demo_learns_its_facts_and_fine_tunes_a_classifier() {
     let dir = tmp("demo");
     let out = Command::new(env!("CARGO_BIN_EXE_lazytrain")).args(["demo", "--output-dir"]).arg(&dir).output().unwrap();
     let stdout = String::from_utf8_lossy(&out.stdout);
@@ -283,6 +283,24 @@ fn the_demo_learns_its_facts() {
     let (right, asked): (usize, usize) = (right.parse().unwrap(), asked.parse().unwrap());
     assert!(asked == 8 && right >= 7, "the demo should answer its capital questions:\n{stdout}");
     assert!(dir.join("model/model.safetensors").is_file() && dir.join("model/tokenizer.json").is_file());
+
+    // Fine-tune the pre-trained model as a review classifier (a few hundred steps).
+    let out = Command::new(env!("CARGO_BIN_EXE_lazytrain"))
+        .args(["demo", "--task", "sequence-classification", "--output-dir"])
+        .arg(&dir)
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "{stdout}\n{}", String::from_utf8_lossy(&out.stderr));
+    assert!(!stdout.contains("running the masked-LM demo first"), "it fine-tunes the model trained above");
+    let accuracy: f64 = stdout
+        .lines()
+        .find_map(|l| l.trim().strip_prefix("eval accuracy"))
+        .and_then(|v| v.trim().parse().ok())
+        .unwrap_or_default();
+    assert!(accuracy >= 0.95, "fine-tuning reaches 95 % eval accuracy:\n{stdout}");
+    let config = std::fs::read_to_string(dir.join("classification/model/config.json")).unwrap();
+    assert!(config.contains("RobertaForSequenceClassification") && config.contains("\"positive\""), "{config}");
 }
 
 #[test]
