@@ -123,7 +123,7 @@ impl fmt::Debug for Device {
 impl Device {
     /// A new CPU device with its own compile cache and metrics.
     pub fn cpu() -> Device {
-        Device::with_backend(Arc::new(CpuBackend), Arc::new(CompileCache::new()), 0)
+        Device::with_backend(Arc::new(CpuBackend::default()), Arc::new(CompileCache::new()), 0)
     }
 
     /// A device on `backend` sharing `cache` (replicas share one), with replica `ordinal`.

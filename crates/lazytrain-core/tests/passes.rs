@@ -51,13 +51,13 @@ fn derive(op: &Op, m: &[infer::Meta]) -> Result<(Shape, DType), lazytrain_core::
 
 fn run_compiled(graph: &Graph, params: &[HostData]) -> Vec<HostData> {
     let optimized = optimize(graph, None).unwrap();
-    let exe = CpuBackend.compile(&optimized).unwrap();
+    let exe = CpuBackend::default().compile(&optimized).unwrap();
     let inputs = params.iter().map(|p| Arc::new(Buffer::new(p.clone()))).collect();
     exe.run(inputs).unwrap().iter().map(|b| b.host().clone()).collect()
 }
 
-fn kernels_after_optimize(graph: &Graph) -> usize {
-    CpuBackend.compile(&optimize(graph, None).unwrap()).unwrap().stats().kernels
+fn kernels_after_optimize(graph: &Graph, fuse: bool) -> usize {
+    CpuBackend { fuse }.compile(&optimize(graph, None).unwrap()).unwrap().stats().kernels
 }
 
 #[test]
@@ -130,7 +130,8 @@ fn memory_plan_reuses_dead_buffers() {
         y = node(&mut b, Op::Unary(op), vec![y]);
     }
     let g = b.finish(vec![y], 1);
-    let stats = CpuBackend.compile(&g).unwrap().stats();
+    let unfused = CpuBackend { fuse: false };
+    let stats = unfused.compile(&g).unwrap().stats();
     assert_eq!(stats.kernels, 10);
     assert_eq!(stats.in_place, 9, "every op after the first overwrites its dying input");
     assert_eq!(stats.buffers, 1);
@@ -143,8 +144,11 @@ fn memory_plan_reuses_dead_buffers() {
     let t = node(&mut b, Op::Unary(UnaryOp::Tanh), vec![e]);
     let s = node(&mut b, Op::Binary(BinaryOp::Add), vec![t, e]);
     let g = b.finish(vec![s], 1);
-    let stats = CpuBackend.compile(&g).unwrap().stats();
+    let stats = unfused.compile(&g).unwrap().stats();
     assert_eq!((stats.in_place, stats.buffers), (1, 2), "tanh keeps exp's buffer alive; add overwrites one of them");
+    let fused = CpuBackend::default().compile(&g).unwrap().stats();
+    assert_eq!((fused.kernels, fused.fused_kernels, fused.buffers), (1, 1, 1), "one kernel, only its output in memory");
+    assert_eq!(fused.planned_bytes, 4000);
 }
 
 #[test]
@@ -156,7 +160,8 @@ fn kernel_counts_follow_the_ir() {
     let s = node(&mut b, Op::Binary(BinaryOp::Sub), vec![x, mb]);
     let e = node(&mut b, Op::Unary(UnaryOp::Exp), vec![s]);
     let g = b.finish(vec![e], 1);
-    assert_eq!(kernels_after_optimize(&g), 4, "max, expand, sub, exp (fusion comes with the performance issue)");
+    assert_eq!(kernels_after_optimize(&g, false), 4, "max, expand, sub, exp");
+    assert_eq!(kernels_after_optimize(&g, true), 2, "max, then sub+exp reading the max through a broadcast");
 }
 
 #[test]

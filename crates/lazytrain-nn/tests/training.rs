@@ -242,16 +242,17 @@ fn step_peak(keep_old_handles: bool) -> Result<(u64, u64)> {
 fn donation_keeps_one_copy_of_the_training_state() -> Result<()> {
     let (donated, state) = step_peak(false)?;
     let (copied, _) = step_peak(true)?;
-    // Without donation the old state stays alive beside the new one: the
-    // difference between the runs is (about) one copy of the state.
-    let activations = copied.saturating_sub(2 * state);
+    // The state is parameters, exp_avg and exp_avg_sq (3 P bytes); the
+    // gradients add P. With donation the update writes over the state, so
+    // the peak is the state, the gradients and small activations.
+    let params = state / 3;
     assert!(
-        (donated as f64) < 1.3 * (state + activations) as f64,
-        "peak {donated} bytes vs state {state} + activations {activations}"
+        (donated as f64) < 1.1 * (state + params) as f64,
+        "peak {donated} bytes vs state {state} + gradients {params}"
     );
-    // Both runs also hold gradients and temporaries, planned differently;
-    // most of a whole copy of the state must still be saved.
-    assert!(copied - donated >= state * 3 / 4, "donation saves a copy: {copied} vs {donated}");
+    // Without donation the old state stays alive beside the new one; only
+    // one of the three new tensors can take over a dying gradient's buffer.
+    assert!(copied - donated >= params * 9 / 5, "donation saves two state tensors: {copied} vs {donated}");
     assert!(donated < state * 2, "the step does not double the state: {donated} vs {state}");
     Ok(())
 }

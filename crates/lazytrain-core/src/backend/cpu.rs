@@ -1,27 +1,45 @@
 //! The CPU backend: a flat list of kernel calls over planned buffers, with
 //! `gemm` for matmuls.
 
+use super::fusion::{self, Fusion};
 use super::plan::{MemoryPlan, Operand};
 use super::{profile, Backend, Executable, ExecutableStats};
 use crate::error::{Error, Result};
 use crate::ir::{Graph, Node, Op};
+use crate::kernels::fused::{FusedProgram, Source};
 use crate::kernels::{self, MatmulKernel};
 use crate::shape::Shape;
 use crate::storage::{Buffer, HostData};
 use std::sync::Arc;
 
 /// Runs graphs on the host CPU.
-#[derive(Clone, Copy, Debug, Default)]
-pub struct CpuBackend;
+#[derive(Clone, Copy, Debug)]
+pub struct CpuBackend {
+    /// Fuse elementwise chains and fold views into their loads.
+    pub fuse: bool,
+}
+
+impl Default for CpuBackend {
+    /// Fusion on, unless `LAZYTRAIN_FUSION=0` (for A/B measurements).
+    fn default() -> CpuBackend {
+        CpuBackend { fuse: std::env::var("LAZYTRAIN_FUSION").map_or(true, |v| v != "0") }
+    }
+}
+
+/// What a step runs.
+enum Kernel {
+    /// One primitive.
+    Primitive { node: Node, input_shapes: Vec<Vec<usize>>, slot: usize, in_place: Option<usize> },
+    /// A fused group: input `j` is read from output `alias[j]` when that
+    /// output overwrites it in place.
+    Fused { program: FusedProgram, outputs: Vec<usize>, alias: Vec<Option<usize>> },
+}
 
 /// One kernel call.
 struct Step {
     node_index: usize,
-    node: Node,
+    kernel: Kernel,
     inputs: Vec<Operand>,
-    input_shapes: Vec<Vec<usize>>,
-    slot: usize,
-    in_place: Option<usize>,
 }
 
 /// A compiled CPU program.
@@ -41,20 +59,62 @@ impl Backend for CpuBackend {
 
     fn compile(&self, graph: &Graph) -> Result<Arc<dyn Executable>> {
         let splat = splat_nodes(graph);
-        let lengths: Vec<usize> =
-            graph.nodes.iter().zip(&splat).map(|(n, &s)| if s { 1 } else { n.shape.numel() }).collect();
-        let plan = MemoryPlan::new(graph, &lengths);
+        let fusion = if self.fuse { fusion::plan(graph, &splat) } else { Fusion::none(graph.nodes.len()) };
+        let lengths: Vec<usize> = graph
+            .nodes
+            .iter()
+            .enumerate()
+            .map(|(i, n)| match (splat[i], fusion.materialised(i)) {
+                (_, false) => 0,
+                (true, true) => 1,
+                (false, true) => n.shape.numel(),
+            })
+            .collect();
+        let plan = MemoryPlan::new(graph, &lengths, &fusion);
         let mut steps = Vec::new();
         for (i, node) in graph.nodes.iter().enumerate() {
-            if let (Operand::Slot(slot), false) = (plan.operands[i], matches!(node.op, Op::Parameter(_))) {
+            if matches!(node.op, Op::Parameter(_)) || fusion.view[i].is_some() {
+                continue;
+            }
+            if let Some(g) = fusion.group_of[i] {
+                if fusion.position(i) != i {
+                    continue;
+                }
+                let group = &fusion.groups[g];
+                let inputs: Vec<Operand> = group.inputs.iter().map(|&x| plan.operands[x]).collect();
+                let outputs: Vec<usize> = group
+                    .outputs
+                    .iter()
+                    .map(|&o| match plan.operands[o] {
+                        Operand::Slot(s) => s,
+                        _ => unreachable!("fused outputs get slots"),
+                    })
+                    .collect();
+                let alias = inputs
+                    .iter()
+                    .map(|op| match op {
+                        Operand::Slot(s) => outputs.iter().position(|o| o == s),
+                        _ => None,
+                    })
+                    .collect();
+                steps.push(Step {
+                    node_index: i,
+                    kernel: Kernel::Fused { program: group.program.clone(), outputs, alias },
+                    inputs,
+                });
+                continue;
+            }
+            if let Operand::Slot(slot) = plan.operands[i] {
                 let lowered = if splat[i] { Node { shape: Shape::scalar(), ..node.clone() } } else { node.clone() };
                 steps.push(Step {
                     node_index: i,
-                    node: lowered,
+                    kernel: Kernel::Primitive {
+                        node: lowered,
+                        input_shapes: node.inputs.iter().map(|id| graph.node(*id).shape.dims().to_vec()).collect(),
+                        slot,
+                        in_place: plan.in_place[i],
+                    },
                     inputs: node.inputs.iter().map(|id| plan.operands[id.index()]).collect(),
-                    input_shapes: node.inputs.iter().map(|id| graph.node(*id).shape.dims().to_vec()).collect(),
-                    slot,
-                    in_place: plan.in_place[i],
                 });
             }
         }
@@ -116,31 +176,60 @@ impl Executable for CpuExecutable {
             });
         }
         for step in &self.steps {
-            let mut out = slots[step.slot].take().unwrap_or_else(|| HostData::zeros(step.node.dtype, 0));
-            let operands: Vec<&HostData> = step
-                .inputs
-                .iter()
-                .enumerate()
-                .filter(|(pos, _)| Some(*pos) != step.in_place)
-                .map(|(_, op)| match *op {
-                    Operand::Param(k) => inputs[k].as_ref().expect("only donated inputs are taken").host(),
-                    Operand::Slot(s) => slots[s].as_ref().expect("the plan places every input before its reader"),
-                })
-                .collect();
             let started = profile::enabled().then(std::time::Instant::now);
-            let result = match step.in_place {
-                Some(position) => kernels::eval_in_place(&step.node, position, &operands, &mut out),
-                None => {
-                    out.reset(step.node.dtype, step.node.shape.numel());
-                    let shapes: Vec<&[usize]> = step.input_shapes.iter().map(Vec::as_slice).collect();
-                    kernels::eval(&step.node, &operands, &shapes, &mut out, MatmulKernel::Gemm)
+            let (result, kind) = match &step.kernel {
+                Kernel::Primitive { node, input_shapes, slot, in_place } => {
+                    let mut out = slots[*slot].take().unwrap_or_else(|| HostData::zeros(node.dtype, 0));
+                    let operands: Vec<&HostData> = step
+                        .inputs
+                        .iter()
+                        .enumerate()
+                        .filter(|(pos, _)| Some(*pos) != *in_place)
+                        .map(|(_, op)| operand(op, &inputs, &slots))
+                        .collect();
+                    let result = match in_place {
+                        Some(position) => kernels::eval_in_place(node, *position, &operands, &mut out),
+                        None => {
+                            out.reset(node.dtype, node.shape.numel());
+                            let shapes: Vec<&[usize]> = input_shapes.iter().map(Vec::as_slice).collect();
+                            kernels::eval(node, &operands, &shapes, &mut out, MatmulKernel::Gemm)
+                        }
+                    };
+                    slots[*slot] = Some(out);
+                    (result.map_err(|detail| (node.op.name(), detail)), profile::kind_of(&node.op))
+                }
+                Kernel::Fused { program, outputs, alias } => {
+                    let numel = program.shape.iter().product();
+                    let mut outs: Vec<HostData> = outputs
+                        .iter()
+                        .map(|&s| slots[s].take().unwrap_or_else(|| HostData::zeros(program.output_dtypes[0], 0)))
+                        .collect();
+                    for (k, out) in outs.iter_mut().enumerate() {
+                        if !alias.contains(&Some(k)) {
+                            out.reset(program.output_dtypes[k], numel);
+                        }
+                    }
+                    let sources: Vec<Source> = step
+                        .inputs
+                        .iter()
+                        .zip(alias)
+                        .map(|(op, a)| match a {
+                            Some(k) => Source::Output(*k),
+                            None => Source::Data(operand(op, &inputs, &slots)),
+                        })
+                        .collect();
+                    let result = program.run(&sources, &mut outs);
+                    drop(sources);
+                    for (&s, out) in outputs.iter().zip(outs) {
+                        slots[s] = Some(out);
+                    }
+                    (result.map_err(|detail| ("fused", detail)), "fused elementwise")
                 }
             };
-            result.map_err(|detail| Error::Execution { node: step.node_index, op: step.node.op.name(), detail })?;
+            result.map_err(|(op, detail)| Error::Execution { node: step.node_index, op, detail })?;
             if let Some(t) = started {
-                profile::record(profile::kind_of(&step.node.op), t.elapsed().as_nanos() as u64);
+                profile::record(kind, t.elapsed().as_nanos() as u64);
             }
-            slots[step.slot] = Some(out);
         }
         let mut taken: Vec<Option<Arc<Buffer>>> = vec![None; slots.len()];
         let outputs = self
@@ -151,6 +240,7 @@ impl Executable for CpuExecutable {
                 Operand::Slot(s) => taken[s]
                     .get_or_insert_with(|| Arc::new(Buffer::new(slots[s].take().expect("outputs are computed"))))
                     .clone(),
+                Operand::Fused => unreachable!("graph outputs have buffers"),
             })
             .collect();
         if let Ok(mut pool) = self.pool.lock() {
@@ -162,11 +252,28 @@ impl Executable for CpuExecutable {
     fn stats(&self) -> ExecutableStats {
         ExecutableStats {
             kernels: self.steps.len(),
-            in_place: self.steps.iter().filter(|s| s.in_place.is_some()).count(),
+            fused_kernels: self.steps.iter().filter(|s| matches!(s.kernel, Kernel::Fused { .. })).count(),
+            in_place: self
+                .steps
+                .iter()
+                .filter(|s| match &s.kernel {
+                    Kernel::Primitive { in_place, .. } => in_place.is_some(),
+                    Kernel::Fused { alias, .. } => alias.iter().any(Option::is_some),
+                })
+                .count(),
             buffers: self.plan.slots.len(),
             planned_bytes: self.plan.planned_bytes(),
             unplanned_bytes: self.plan.unplanned_bytes,
             peak_bytes: self.plan.peak_bytes(),
         }
+    }
+}
+
+/// The data of an operand.
+fn operand<'a>(op: &Operand, inputs: &'a [Option<Arc<Buffer>>], slots: &'a [Option<HostData>]) -> &'a HostData {
+    match *op {
+        Operand::Param(k) => inputs[k].as_ref().expect("only donated inputs are taken").host(),
+        Operand::Slot(s) => slots[s].as_ref().expect("the plan places every input before its reader"),
+        Operand::Fused => unreachable!("kernels read buffers, never fused values"),
     }
 }

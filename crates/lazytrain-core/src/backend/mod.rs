@@ -4,6 +4,7 @@
 //! same two traits and add a device-memory variant to [`crate::storage::Buffer`].
 
 mod cpu;
+mod fusion;
 mod plan;
 pub mod profile;
 
@@ -39,6 +40,8 @@ pub trait Executable: Send + Sync {
 pub struct ExecutableStats {
     /// Kernel launches per run.
     pub kernels: usize,
+    /// Of those, fused elementwise kernels.
+    pub fused_kernels: usize,
     /// Kernels that write over an input's buffer.
     pub in_place: usize,
     /// Intermediate buffers after liveness-based reuse.

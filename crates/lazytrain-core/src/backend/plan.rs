@@ -1,6 +1,7 @@
 //! Liveness-based memory planning: each value gets a buffer slot, and a slot
 //! is reused once the last reader of its previous value has run.
 
+use super::fusion::Fusion;
 use crate::dtype::DType;
 use crate::ir::{Graph, Op};
 
@@ -11,6 +12,8 @@ pub enum Operand {
     Param(usize),
     /// Intermediate buffer slot `s`.
     Slot(usize),
+    /// No buffer: a view, or a value that lives only inside a fused kernel.
+    Fused,
 }
 
 /// The slot assignment for a graph.
@@ -20,7 +23,8 @@ pub struct MemoryPlan {
     pub operands: Vec<Operand>,
     /// Each slot's dtype and element capacity.
     pub slots: Vec<(DType, usize)>,
-    /// For each node, the input position whose buffer it overwrites (in place).
+    /// For each node, the input position whose buffer it overwrites (in place;
+    /// fused outputs record theirs as equal slots).
     pub in_place: Vec<Option<usize>>,
     /// Donated parameters and the slot each starts in.
     pub donated: Vec<(usize, usize)>,
@@ -49,10 +53,20 @@ impl MemoryPlan {
     /// in-place kernels ever write over an input. Graph outputs are never freed.
     ///
     /// `lengths[i]` is the number of elements node `i` physically holds (1
-    /// for a splat the backend keeps as a single element).
-    pub fn new(graph: &Graph, lengths: &[usize]) -> MemoryPlan {
-        let last_use = graph.last_uses();
-        let mut operands = Vec::with_capacity(graph.nodes.len());
+    /// for a splat the backend keeps as a single element). A fused group's
+    /// outputs are placed together at its last member; one may take over
+    /// the slot of an input it reads at the same positions (in place).
+    pub(crate) fn new(graph: &Graph, lengths: &[usize], fusion: &Fusion) -> MemoryPlan {
+        let mut last_use = vec![0usize; graph.nodes.len()];
+        for i in 0..graph.nodes.len() {
+            for x in fusion.reads(graph, i) {
+                last_use[x] = last_use[x].max(i);
+            }
+        }
+        for id in &graph.outputs {
+            last_use[id.index()] = usize::MAX;
+        }
+        let mut operands = vec![Operand::Fused; graph.nodes.len()];
         let mut slots: Vec<(DType, usize)> = Vec::new();
         let mut free: Vec<usize> = Vec::new();
         let mut unplanned_bytes = 0;
@@ -62,9 +76,48 @@ impl MemoryPlan {
         for (i, node) in graph.nodes.iter().enumerate() {
             if let Op::Parameter(k) = node.op {
                 if !graph.donated[k] {
-                    operands.push(Operand::Param(k));
+                    operands[i] = Operand::Param(k);
                     continue;
                 }
+            }
+            if fusion.view[i].is_some() {
+                continue;
+            }
+            if let Some(g) = fusion.group_of[i] {
+                if fusion.position(i) == i {
+                    let group = &fusion.groups[g];
+                    let mut taken = Vec::new();
+                    for &o in &group.outputs {
+                        let out = &graph.nodes[o];
+                        unplanned_bytes += lengths[o] * out.dtype.size_in_bytes();
+                        let reusable = group.contiguous_inputs.iter().find_map(|&x| {
+                            let Operand::Slot(s) = operands[x] else { return None };
+                            let fits = last_use[x] == i
+                                && graph.nodes[x].dtype == out.dtype
+                                && lengths[x] == lengths[o]
+                                && !taken.contains(&s);
+                            fits.then_some(s)
+                        });
+                        let slot = match reusable {
+                            Some(s) => {
+                                dying[i].retain(|&d| d != s);
+                                s
+                            }
+                            None => take_slot(&mut free, &mut slots, out.dtype, lengths[o]),
+                        };
+                        taken.push(slot);
+                        operands[o] = Operand::Slot(slot);
+                        if last_use[o] != usize::MAX {
+                            dying[last_use[o].max(i)].push(slot);
+                        }
+                    }
+                    for s in std::mem::take(&mut dying[i]) {
+                        if !free.contains(&s) && !taken.contains(&s) {
+                            free.push(s);
+                        }
+                    }
+                }
+                continue;
             }
             let len = lengths[i];
             if let Op::Parameter(k) = node.op {
@@ -73,7 +126,7 @@ impl MemoryPlan {
                 slots.push((node.dtype, len));
                 let slot = slots.len() - 1;
                 donated.push((k, slot));
-                operands.push(Operand::Slot(slot));
+                operands[i] = Operand::Slot(slot);
                 if last_use[i] != usize::MAX {
                     dying[last_use[i].max(i)].push(slot);
                 }
@@ -95,7 +148,7 @@ impl MemoryPlan {
             if let Some((pos, slot)) = reusable {
                 dying[i].retain(|&s| s != slot);
                 in_place[i] = Some(pos);
-                operands.push(Operand::Slot(slot));
+                operands[i] = Operand::Slot(slot);
                 if last_use[i] != usize::MAX {
                     dying[last_use[i]].push(slot);
                 }
@@ -106,20 +159,8 @@ impl MemoryPlan {
                 }
                 continue;
             }
-            let best = free
-                .iter()
-                .enumerate()
-                .filter(|(_, &s)| slots[s].0 == node.dtype && slots[s].1 >= len)
-                .min_by_key(|(_, &s)| slots[s].1)
-                .map(|(pos, _)| pos);
-            let slot = match best {
-                Some(pos) => free.swap_remove(pos),
-                None => {
-                    slots.push((node.dtype, len));
-                    slots.len() - 1
-                }
-            };
-            operands.push(Operand::Slot(slot));
+            let slot = take_slot(&mut free, &mut slots, node.dtype, len);
+            operands[i] = Operand::Slot(slot);
             if last_use[i] != usize::MAX {
                 dying[last_use[i].max(i)].push(slot);
             }
@@ -138,5 +179,22 @@ impl MemoryPlan {
             })
             .sum();
         MemoryPlan { operands, slots, in_place, donated, unplanned_bytes, input_bytes }
+    }
+}
+
+/// The smallest free slot of `dtype` holding at least `len` elements, or a new one.
+fn take_slot(free: &mut Vec<usize>, slots: &mut Vec<(DType, usize)>, dtype: DType, len: usize) -> usize {
+    let best = free
+        .iter()
+        .enumerate()
+        .filter(|(_, &s)| slots[s].0 == dtype && slots[s].1 >= len)
+        .min_by_key(|(_, &s)| slots[s].1)
+        .map(|(pos, _)| pos);
+    match best {
+        Some(pos) => free.swap_remove(pos),
+        None => {
+            slots.push((dtype, len));
+            slots.len() - 1
+        }
     }
 }

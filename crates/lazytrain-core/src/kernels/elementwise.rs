@@ -8,7 +8,7 @@ use crate::storage::HostData;
 /// output buffer in place (its old contents are the input). A one-element
 /// input broadcasts to the whole output (splat constants and expanded
 /// scalars are never materialised by the CPU backend).
-trait Lanes1<T: Copy> {
+pub(super) trait Lanes1<T: Copy> {
     fn apply(self, f: impl Fn(T) -> T);
 }
 
@@ -35,7 +35,7 @@ impl<T: Copy> Lanes1<T> for &mut [T] {
 
 /// The lanes a binary kernel maps over: `(a, b, out)`, or in place with the
 /// output holding the left (or right) operand.
-trait Lanes2<T: Copy> {
+pub(super) trait Lanes2<T: Copy> {
     fn apply(self, f: impl Fn(T, T) -> T);
 }
 
@@ -65,7 +65,7 @@ impl<T: Copy> Lanes2<T> for (&mut [T], &[T], bool) {
     }
 }
 
-fn float_unary<T: FloatLike>(op: UnaryOp, lanes: impl Lanes1<T>) {
+pub(super) fn float_unary<T: FloatLike>(op: UnaryOp, lanes: impl Lanes1<T>) {
     let lift = |f: fn(T::Math) -> T::Math| move |x: T| T::narrow(f(x.widen()));
     match op {
         UnaryOp::Neg => lanes.apply(lift(|v| -v)),
@@ -140,7 +140,7 @@ fn nan_min<R: Real>(a: R, b: R) -> R {
     }
 }
 
-fn float_binary<T: FloatLike>(op: BinaryOp, lanes: impl Lanes2<T>) {
+pub(super) fn float_binary<T: FloatLike>(op: BinaryOp, lanes: impl Lanes2<T>) {
     let lift = |f: fn(T::Math, T::Math) -> T::Math| move |a: T, b: T| T::narrow(f(a.widen(), b.widen()));
     match op {
         BinaryOp::Add => lanes.apply(lift(|x, y| x + y)),

@@ -3,6 +3,7 @@
 
 mod dot;
 mod elementwise;
+pub(crate) mod fused;
 mod index;
 mod movement;
 pub(crate) mod numeric;

@@ -1,0 +1,482 @@
+//! Elementwise fusion for the CPU backend.
+//!
+//! Connected elementwise nodes of one shape become a group computed by one
+//! fused kernel ([`crate::kernels::fused`]) at the position of its last
+//! member. `reshape`, `expand` and `permute` nodes read only by fused
+//! kernels become *views*: no kernel and no buffer, just an index map the
+//! loads follow. Members read outside their group (or graph outputs) are the
+//! group's outputs and get buffers; the rest live only in tile registers.
+//!
+//! A node joins the group of its readers when all of them belong to that
+//! one group (graph outputs aside), so a group is a DAG with one root, the
+//! last member, where it runs: no member is read outside the group before
+//! the root has run, and no path leaves the group and comes back.
+
+use crate::dtype::DType;
+use crate::ir::{Graph, Op};
+use crate::kernels::fused::{Access, FusedProgram, Instr, LoadSpec, Src};
+use crate::shape::contiguous_strides;
+
+/// A value read through an index map instead of its own buffer.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub(crate) struct View {
+    /// The node whose buffer is read.
+    pub base: usize,
+    /// Strides into the base buffer over the view's shape (0 broadcasts).
+    pub strides: Vec<usize>,
+}
+
+/// A fused group.
+#[derive(Clone, Debug)]
+pub(crate) struct Group {
+    /// Member nodes, ascending; the last is where the group runs.
+    pub members: Vec<usize>,
+    /// Members with buffers, in store order.
+    pub outputs: Vec<usize>,
+    /// Nodes whose buffers the kernel reads, in load order.
+    pub inputs: Vec<usize>,
+    /// Inputs read at the output's own positions (candidates for in place).
+    pub contiguous_inputs: Vec<usize>,
+    /// The kernel.
+    pub program: FusedProgram,
+}
+
+/// The fusion decisions for a graph.
+#[derive(Clone, Debug, Default)]
+pub(crate) struct Fusion {
+    /// The group of each node, if it is a member of one.
+    pub group_of: Vec<Option<usize>>,
+    /// The groups.
+    pub groups: Vec<Group>,
+    /// Views (no kernel, no buffer).
+    pub view: Vec<Option<View>>,
+}
+
+impl Fusion {
+    /// No fusion: every node runs its own kernel.
+    pub fn none(nodes: usize) -> Fusion {
+        Fusion { group_of: vec![None; nodes], groups: Vec::new(), view: vec![None; nodes] }
+    }
+
+    /// Where node `i`'s value is produced: its group's last member, or itself.
+    pub fn position(&self, i: usize) -> usize {
+        self.group_of[i].map_or(i, |g| *self.groups[g].members.last().expect("groups are not empty"))
+    }
+
+    /// True when node `i` has a buffer of its own.
+    pub fn materialised(&self, i: usize) -> bool {
+        self.view[i].is_none() && self.group_of[i].is_none_or(|g| self.groups[g].outputs.contains(&i))
+    }
+
+    /// The node whose buffer holds the data a reader of `i` reads.
+    fn resolve(&self, i: usize) -> usize {
+        self.view[i].as_ref().map_or(i, |v| v.base)
+    }
+
+    /// The nodes whose buffers executing node `i` reads (empty for group
+    /// members other than the last, which reads all of the group's inputs).
+    pub fn reads(&self, graph: &Graph, i: usize) -> Vec<usize> {
+        if self.view[i].is_some() {
+            return Vec::new();
+        }
+        match self.group_of[i] {
+            Some(g) if self.position(i) == i => self.groups[g].inputs.clone(),
+            Some(_) => Vec::new(),
+            None => graph.nodes[i].inputs.iter().map(|id| self.resolve(id.index())).collect(),
+        }
+    }
+}
+
+fn fusible_dtype(dtype: DType) -> bool {
+    matches!(dtype, DType::F32 | DType::Bool)
+}
+
+/// True for an elementwise node the fused interpreter computes exactly.
+fn fusible(graph: &Graph, i: usize, splat: &[bool]) -> bool {
+    let node = &graph.nodes[i];
+    if splat[i] || node.shape.numel() <= 1 || !fusible_dtype(node.dtype) {
+        return false;
+    }
+    let input_dtypes: Vec<DType> = node.inputs.iter().map(|id| graph.nodes[id.index()].dtype).collect();
+    match node.op {
+        Op::Unary(_) | Op::Binary(_) => node.dtype == DType::F32 && input_dtypes.iter().all(|&d| d == DType::F32),
+        Op::Compare(_) => input_dtypes.iter().all(|&d| fusible_dtype(d)),
+        Op::Select => input_dtypes[0] == DType::Bool && input_dtypes[1..].iter().all(|&d| d == node.dtype),
+        Op::Cast => fusible_dtype(input_dtypes[0]),
+        _ => false,
+    }
+}
+
+/// A scalar constant's value, when node `i` is one (any shape: every element is equal).
+fn immediate(graph: &Graph, i: usize) -> Option<f32> {
+    let node = &graph.nodes[i];
+    match (&node.op, node.dtype) {
+        (Op::Constant(v), DType::F32) => Some(v.as_f64() as f32),
+        (Op::Constant(v), DType::Bool) => Some(f32::from(u8::from(v.as_i64() != 0))),
+        _ => None,
+    }
+}
+
+/// Decide views and groups. `splat[i]` marks nodes the backend keeps as one
+/// element.
+pub(crate) fn plan(graph: &Graph, splat: &[bool]) -> Fusion {
+    let n = graph.nodes.len();
+    let fusible: Vec<bool> = (0..n).map(|i| fusible(graph, i, splat)).collect();
+    let mut consumers: Vec<Vec<usize>> = vec![Vec::new(); n];
+    for (i, node) in graph.nodes.iter().enumerate() {
+        for id in &node.inputs {
+            consumers[id.index()].push(i);
+        }
+    }
+    let mut is_output = vec![false; n];
+    for id in &graph.outputs {
+        is_output[id.index()] = true;
+    }
+    let view = plan_views(graph, splat, &fusible, &consumers, &is_output);
+    let mut fusion = Fusion { group_of: vec![None; n], groups: Vec::new(), view };
+    // Back to front: a node joins the group of its readers when they all
+    // belong to that one group; otherwise it roots a group of its own.
+    let mut members: Vec<Vec<usize>> = Vec::new();
+    for i in (0..n).rev() {
+        if !fusible[i] {
+            continue;
+        }
+        let mut readers = consumers[i].iter().map(|&c| if fusible[c] { fusion.group_of[c] } else { None });
+        let first = readers.next().flatten();
+        let g = match first {
+            Some(g) if readers.all(|r| r == Some(g)) => g,
+            _ => {
+                members.push(Vec::new());
+                members.len() - 1
+            }
+        };
+        members[g].push(i);
+        fusion.group_of[i] = Some(g);
+    }
+    // Build kernels; a lone member that reads no view runs its own kernel.
+    let mut final_of = vec![None; n];
+    for mut group in members {
+        group.reverse();
+        let reads_view =
+            group.iter().any(|&m| graph.nodes[m].inputs.iter().any(|id| fusion.view[id.index()].is_some()));
+        if group.len() == 1 && !reads_view {
+            continue;
+        }
+        let built = build_group(graph, &fusion, &group, &consumers, &is_output, splat);
+        for &m in &built.members {
+            final_of[m] = Some(fusion.groups.len());
+        }
+        fusion.groups.push(built);
+    }
+    fusion.group_of = final_of;
+    fusion
+}
+
+/// Which `reshape`/`expand`/`permute` nodes become views: every reader is
+/// fusible (or another view) and the index map is a stride pattern.
+fn plan_views(
+    graph: &Graph,
+    splat: &[bool],
+    fusible: &[bool],
+    consumers: &[Vec<usize>],
+    is_output: &[bool],
+) -> Vec<Option<View>> {
+    let n = graph.nodes.len();
+    let candidate = |i: usize| {
+        let node = &graph.nodes[i];
+        matches!(node.op, Op::Reshape | Op::Expand | Op::Permute(_))
+            && !splat[i]
+            && !is_output[i]
+            && fusible_dtype(node.dtype)
+            && node.shape.numel() > 1
+    };
+    // Readers only: fusible nodes or other candidates (decided back to front).
+    let mut keep = vec![false; n];
+    for i in (0..n).rev() {
+        keep[i] = candidate(i) && consumers[i].iter().all(|&c| fusible[c] || keep[c]);
+    }
+    let mut view: Vec<Option<View>> = vec![None; n];
+    for _ in 0..2 {
+        for i in 0..n {
+            if !keep[i] {
+                view[i] = None;
+                continue;
+            }
+            view[i] = view_of(graph, &view, splat, i);
+            if view[i].is_none() {
+                keep[i] = false;
+            }
+        }
+        // A view read by a node that is no longer a view must have a buffer.
+        for i in (0..n).rev() {
+            if keep[i] && !consumers[i].iter().all(|&c| fusible[c] || keep[c]) {
+                keep[i] = false;
+            }
+        }
+    }
+    for i in 0..n {
+        if !keep[i] {
+            view[i] = None;
+        }
+    }
+    view
+}
+
+/// The index map of view candidate `i` over its input's data, if it is a stride pattern.
+fn view_of(graph: &Graph, view: &[Option<View>], splat: &[bool], i: usize) -> Option<View> {
+    let node = &graph.nodes[i];
+    let input = node.inputs[0].index();
+    let in_dims = graph.nodes[input].shape.dims();
+    let out_dims = node.shape.dims();
+    let (base, strides) = match &view[input] {
+        Some(v) => (v.base, v.strides.clone()),
+        None if splat[input] || graph.nodes[input].shape.numel() == 1 => (input, vec![0; in_dims.len()]),
+        None => (input, contiguous_strides(in_dims)),
+    };
+    let strides = match &node.op {
+        Op::Expand => strides
+            .iter()
+            .zip(in_dims.iter().zip(out_dims))
+            .map(|(&s, (&a, &b))| if a == 1 && b != 1 { 0 } else { s })
+            .collect(),
+        Op::Permute(perm) => perm.iter().map(|&p| strides[p]).collect(),
+        Op::Reshape if strides.iter().all(|&s| s == 0) => vec![0; out_dims.len()],
+        Op::Reshape if strides == contiguous_strides(in_dims) => contiguous_strides(out_dims),
+        _ => return None,
+    };
+    Some(View { base, strides })
+}
+
+/// A value inside a program under construction: a virtual register or a constant.
+#[derive(Clone, Copy)]
+enum Value {
+    Reg(usize),
+    Imm(f32),
+}
+
+/// Assemble the kernel of a group.
+fn build_group(
+    graph: &Graph,
+    fusion: &Fusion,
+    members: &[usize],
+    consumers: &[Vec<usize>],
+    is_output: &[bool],
+    splat: &[bool],
+) -> Group {
+    let member = |x: usize| members.binary_search(&x).is_ok();
+    let shape = graph.nodes[members[0]].shape.dims().to_vec();
+    let contiguous = contiguous_strides(&shape);
+    let mut inputs: Vec<usize> = Vec::new();
+    let mut loads: Vec<LoadSpec> = Vec::new();
+    let mut instrs: Vec<Instr> = Vec::new();
+    let mut next_reg = 0;
+    let mut value_of: Vec<Option<Value>> = vec![None; graph.nodes.len()];
+    let mut fresh = || {
+        next_reg += 1;
+        next_reg - 1
+    };
+    let mut outputs = Vec::new();
+    for &m in members {
+        let node = &graph.nodes[m];
+        let mut operands = Vec::with_capacity(node.inputs.len());
+        for id in &node.inputs {
+            let x = id.index();
+            let value = if member(x) {
+                value_of[x].expect("members are built in order")
+            } else if let Some(v) = immediate(graph, fusion.resolve(x)) {
+                Value::Imm(v)
+            } else {
+                let (base, strides) = match &fusion.view[x] {
+                    Some(v) => (v.base, v.strides.clone()),
+                    None => (x, contiguous.clone()),
+                };
+                let access = if splat[base] || graph.nodes[base].shape.numel() == 1 {
+                    Access::Splat
+                } else if strides == contiguous {
+                    Access::Contiguous
+                } else {
+                    Access::Strided(strides)
+                };
+                let input = inputs.iter().position(|&i| i == base).unwrap_or_else(|| {
+                    inputs.push(base);
+                    inputs.len() - 1
+                });
+                let spec = LoadSpec { input, access };
+                let load = loads.iter().position(|l| *l == spec).unwrap_or_else(|| {
+                    loads.push(spec);
+                    loads.len() - 1
+                });
+                let dst = fresh();
+                instrs.push(Instr::Load { load, dst });
+                Value::Reg(dst)
+            };
+            operands.push(value);
+        }
+        let src = |v: Value| match v {
+            Value::Reg(r) => Src::Reg(r),
+            Value::Imm(x) => Src::Imm(x),
+        };
+        let mut reg_of = |v: Value, instrs: &mut Vec<Instr>| match v {
+            Value::Reg(r) => r,
+            Value::Imm(x) => {
+                let dst = fresh();
+                instrs.push(Instr::Binary { op: crate::ir::BinaryOp::Mul, a: Src::Imm(x), b: Src::Imm(1.0), dst });
+                dst
+            }
+        };
+        let result = match &node.op {
+            Op::Unary(op) => {
+                let s = reg_of(operands[0], &mut instrs);
+                let dst = fresh();
+                instrs.push(Instr::Unary { op: *op, src: s, dst });
+                Value::Reg(dst)
+            }
+            Op::Binary(op) => {
+                let dst = fresh();
+                instrs.push(Instr::Binary { op: *op, a: src(operands[0]), b: src(operands[1]), dst });
+                Value::Reg(dst)
+            }
+            Op::Compare(op) => {
+                let dst = fresh();
+                instrs.push(Instr::Compare { op: *op, a: src(operands[0]), b: src(operands[1]), dst });
+                Value::Reg(dst)
+            }
+            Op::Select => {
+                let dst = fresh();
+                let (c, a, b) = (src(operands[0]), src(operands[1]), src(operands[2]));
+                instrs.push(Instr::Select { c, a, b, dst });
+                Value::Reg(dst)
+            }
+            Op::Cast if node.dtype == DType::Bool && graph.nodes[node.inputs[0].index()].dtype != DType::Bool => {
+                let s = reg_of(operands[0], &mut instrs);
+                let dst = fresh();
+                instrs.push(Instr::ToBool { src: s, dst });
+                Value::Reg(dst)
+            }
+            Op::Cast => operands[0],
+            other => unreachable!("{} is not fusible", other.name()),
+        };
+        value_of[m] = Some(result);
+        let read_outside = consumers[m].iter().any(|&c| !member(c)) || is_output[m];
+        if read_outside {
+            outputs.push(m);
+        }
+    }
+    let mut output_dtypes = Vec::new();
+    for (k, &m) in outputs.iter().enumerate() {
+        let s = match value_of[m].expect("built") {
+            Value::Reg(r) => r,
+            Value::Imm(x) => {
+                let dst = fresh();
+                instrs.push(Instr::Binary { op: crate::ir::BinaryOp::Mul, a: Src::Imm(x), b: Src::Imm(1.0), dst });
+                dst
+            }
+        };
+        instrs.push(Instr::Store { src: s, out: k });
+        output_dtypes.push(graph.nodes[m].dtype);
+    }
+    let (instrs, registers) = allocate_registers(instrs, next_reg);
+    let contiguous_inputs = (0..inputs.len())
+        .filter(|&k| loads.iter().filter(|l| l.input == k).all(|l| l.access == Access::Contiguous))
+        .map(|k| inputs[k])
+        .collect();
+    Group {
+        members: members.to_vec(),
+        outputs,
+        inputs,
+        contiguous_inputs,
+        program: FusedProgram { shape, loads, instrs, registers, output_dtypes },
+    }
+}
+
+fn reads(instr: &Instr) -> Vec<usize> {
+    let reg = |s: &Src| match s {
+        Src::Reg(r) => Some(*r),
+        Src::Imm(_) => None,
+    };
+    match instr {
+        Instr::Load { .. } => vec![],
+        Instr::Unary { src, .. } | Instr::ToBool { src, .. } | Instr::Store { src, .. } => vec![*src],
+        Instr::Binary { a, b, .. } | Instr::Compare { a, b, .. } => [a, b].iter().filter_map(|s| reg(s)).collect(),
+        Instr::Select { c, a, b, .. } => [c, a, b].iter().filter_map(|s| reg(s)).collect(),
+    }
+}
+
+fn remap(instr: &mut Instr, map: &[usize]) {
+    let fix = |s: &mut Src| {
+        if let Src::Reg(r) = s {
+            *r = map[*r];
+        }
+    };
+    match instr {
+        Instr::Load { dst, .. } => *dst = map[*dst],
+        Instr::Unary { src, dst, .. } | Instr::ToBool { src, dst } => {
+            *src = map[*src];
+            *dst = map[*dst];
+        }
+        Instr::Binary { a, b, dst, .. } | Instr::Compare { a, b, dst, .. } => {
+            fix(a);
+            fix(b);
+            *dst = map[*dst];
+        }
+        Instr::Select { c, a, b, dst } => {
+            fix(c);
+            fix(a);
+            fix(b);
+            *dst = map[*dst];
+        }
+        Instr::Store { src, .. } => *src = map[*src],
+    }
+}
+
+fn writes(instr: &Instr) -> Option<usize> {
+    match instr {
+        Instr::Load { dst, .. }
+        | Instr::Unary { dst, .. }
+        | Instr::ToBool { dst, .. }
+        | Instr::Binary { dst, .. }
+        | Instr::Compare { dst, .. }
+        | Instr::Select { dst, .. } => Some(*dst),
+        Instr::Store { .. } => None,
+    }
+}
+
+/// Map virtual registers to few physical ones: a register is reused after
+/// its last reader; a destination never shares a register with a source of
+/// the same instruction.
+fn allocate_registers(mut instrs: Vec<Instr>, virtual_regs: usize) -> (Vec<Instr>, usize) {
+    let mut last = vec![0usize; virtual_regs];
+    for (k, instr) in instrs.iter().enumerate() {
+        for r in reads(instr) {
+            last[r] = k;
+        }
+        if let Some(w) = writes(instr) {
+            last[w] = last[w].max(k);
+        }
+    }
+    let mut map = vec![usize::MAX; virtual_regs];
+    let mut free: Vec<usize> = Vec::new();
+    let mut physical = 0;
+    for (k, instr) in instrs.iter().enumerate() {
+        if let Some(w) = writes(instr) {
+            map[w] = free.pop().unwrap_or_else(|| {
+                physical += 1;
+                physical - 1
+            });
+        }
+        for r in reads(instr) {
+            if last[r] == k && !free.contains(&map[r]) {
+                free.push(map[r]);
+            }
+        }
+        if let Some(w) = writes(instr) {
+            if last[w] == k {
+                free.push(map[w]);
+            }
+        }
+    }
+    for instr in &mut instrs {
+        remap(instr, &map);
+    }
+    (instrs, physical)
+}

@@ -1,0 +1,305 @@
+//! Fused elementwise kernels: a chain (or DAG) of elementwise ops runs as
+//! one loop over cache-sized tiles of the output. Intermediate values live
+//! in tile-sized registers and never reach memory; inputs are read through
+//! strided index maps, so broadcasts (`expand`) and reshapes are folded into
+//! the loads instead of being materialised.
+//!
+//! Registers hold `f32`; a bool value is 0.0 or 1.0, which keeps the
+//! interpreter monomorphic. The arithmetic is the unfused kernels' own, so a
+//! fused program computes bit-identical results.
+
+use super::elementwise::{float_binary, float_unary, Lanes1};
+use crate::dtype::DType;
+use crate::ir::{BinaryOp, CmpOp, UnaryOp};
+use crate::storage::HostData;
+
+/// Elements per tile: small enough that a program's live registers stay in
+/// the L1/L2 caches, large enough to amortise the per-op dispatch.
+pub(crate) const TILE: usize = 1024;
+
+/// How a load reads its input for a tile of the (contiguous) output.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub(crate) enum Access {
+    /// Element `i` of the output reads element `i` of the input.
+    Contiguous,
+    /// Every element reads the input's only element.
+    Splat,
+    /// Element with multi-index `idx` reads `sum(idx[d] * strides[d])`
+    /// (0 strides broadcast).
+    Strided(Vec<usize>),
+}
+
+/// An operand: a register or an immediate constant.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub(crate) enum Src {
+    /// A register.
+    Reg(usize),
+    /// A constant.
+    Imm(f32),
+}
+
+/// One instruction of a fused program; every instruction writes a register
+/// distinct from its sources.
+#[derive(Clone, Debug, PartialEq)]
+pub(crate) enum Instr {
+    /// `dst = input[load]` for the tile.
+    Load { load: usize, dst: usize },
+    /// `dst = op(src)`.
+    Unary { op: UnaryOp, src: usize, dst: usize },
+    /// `dst = a op b`.
+    Binary { op: BinaryOp, a: Src, b: Src, dst: usize },
+    /// `dst = (a cmp b) as 0/1`.
+    Compare { op: CmpOp, a: Src, b: Src, dst: usize },
+    /// `dst = c != 0 ? a : b`.
+    Select { c: Src, a: Src, b: Src, dst: usize },
+    /// `dst = (src != 0) as 0/1` (a cast to bool).
+    ToBool { src: usize, dst: usize },
+    /// `output[out] = reg` for the tile.
+    Store { src: usize, out: usize },
+}
+
+/// A load: which kernel input and how it is indexed.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub(crate) struct LoadSpec {
+    /// Index into the kernel's inputs.
+    pub input: usize,
+    /// The index map.
+    pub access: Access,
+}
+
+/// A compiled fused program over an output of `shape`.
+#[derive(Clone, Debug, PartialEq)]
+pub(crate) struct FusedProgram {
+    /// The shape every member computes.
+    pub shape: Vec<usize>,
+    /// The loads.
+    pub loads: Vec<LoadSpec>,
+    /// The instructions, run once per tile.
+    pub instrs: Vec<Instr>,
+    /// Registers needed.
+    pub registers: usize,
+    /// The dtype of each output (`F32` or `Bool`).
+    pub output_dtypes: Vec<DType>,
+}
+
+/// Where a kernel input's data is: its own buffer, or an output buffer the
+/// output overwrites in place (read tile by tile before being written).
+pub(crate) enum Source<'a> {
+    /// A separate buffer.
+    Data(&'a HostData),
+    /// The buffer of output `k`, holding this input on entry.
+    Output(usize),
+}
+
+impl FusedProgram {
+    fn numel(&self) -> usize {
+        self.shape.iter().product()
+    }
+
+    /// Run over all tiles. `outputs` are sized for the shape (in-place
+    /// outputs hold their input on entry).
+    pub(crate) fn run(&self, inputs: &[Source], outputs: &mut [HostData]) -> Result<(), String> {
+        let numel = self.numel();
+        let mut regs: Vec<Vec<f32>> = vec![vec![0f32; TILE]; self.registers];
+        let mut scratch = vec![0usize; self.shape.len()];
+        let mut start = 0;
+        while start < numel {
+            let len = TILE.min(numel - start);
+            for instr in &self.instrs {
+                self.step(instr, start, len, inputs, outputs, &mut regs, &mut scratch)?;
+            }
+            start += len;
+        }
+        Ok(())
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    #[inline]
+    fn step(
+        &self,
+        instr: &Instr,
+        start: usize,
+        len: usize,
+        inputs: &[Source],
+        outputs: &mut [HostData],
+        regs: &mut [Vec<f32>],
+        scratch: &mut [usize],
+    ) -> Result<(), String> {
+        match *instr {
+            Instr::Load { load, dst } => {
+                let spec = &self.loads[load];
+                let data = match inputs[spec.input] {
+                    Source::Data(d) => d,
+                    Source::Output(k) => &outputs[k],
+                };
+                load_tile(data, &spec.access, &self.shape, start, &mut regs[dst][..len], scratch)?;
+            }
+            Instr::Unary { op, src, dst } => {
+                let mut out = std::mem::take(&mut regs[dst]);
+                float_unary(op, (&regs[src][..len], &mut out[..len]));
+                regs[dst] = out;
+            }
+            Instr::Binary { op, a, b, dst } => {
+                let mut out = std::mem::take(&mut regs[dst]);
+                let (ia, ib) = (imm(a), imm(b));
+                float_binary(op, (operand(regs, a, &ia, len), operand(regs, b, &ib, len), &mut out[..len]));
+                regs[dst] = out;
+            }
+            Instr::Compare { op, a, b, dst } => {
+                let mut out = std::mem::take(&mut regs[dst]);
+                let (ia, ib) = (imm(a), imm(b));
+                compare(op, operand(regs, a, &ia, len), operand(regs, b, &ib, len), &mut out[..len]);
+                regs[dst] = out;
+            }
+            Instr::Select { c, a, b, dst } => {
+                let mut out = std::mem::take(&mut regs[dst]);
+                let (ic, ia, ib) = (imm(c), imm(a), imm(b));
+                let (c, a, b) = (operand(regs, c, &ic, len), operand(regs, a, &ia, len), operand(regs, b, &ib, len));
+                for (i, o) in out[..len].iter_mut().enumerate() {
+                    *o = if at(c, i) != 0.0 { at(a, i) } else { at(b, i) };
+                }
+                regs[dst] = out;
+            }
+            Instr::ToBool { src, dst } => {
+                let mut out = std::mem::take(&mut regs[dst]);
+                (&regs[src][..len], &mut out[..len]).apply(|x| f32::from(u8::from(x != 0.0)));
+                regs[dst] = out;
+            }
+            Instr::Store { src, out } => {
+                let value = &regs[src][..len];
+                match &mut outputs[out] {
+                    HostData::F32(o) => o[start..start + len].copy_from_slice(value),
+                    HostData::Bool(o) => o[start..start + len].iter_mut().zip(value).for_each(|(o, &v)| *o = v != 0.0),
+                    other => return Err(format!("a fused kernel cannot store {} values", other.dtype())),
+                }
+            }
+        }
+        Ok(())
+    }
+}
+
+fn imm(src: Src) -> [f32; 1] {
+    match src {
+        Src::Imm(v) => [v],
+        Src::Reg(_) => [0.0],
+    }
+}
+
+/// The tile of `src`: a register, or a one-element slice for an immediate
+/// (the lanes broadcast one-element operands).
+fn operand<'a>(regs: &'a [Vec<f32>], src: Src, imm: &'a [f32; 1], len: usize) -> &'a [f32] {
+    match src {
+        Src::Reg(r) => &regs[r][..len],
+        Src::Imm(_) => imm,
+    }
+}
+
+#[inline(always)]
+fn at(v: &[f32], i: usize) -> f32 {
+    if v.len() == 1 {
+        v[0]
+    } else {
+        v[i]
+    }
+}
+
+fn compare(op: CmpOp, a: &[f32], b: &[f32], o: &mut [f32]) {
+    let f: fn(f32, f32) -> bool = match op {
+        CmpOp::Eq => |x, y| x == y,
+        CmpOp::Ne => |x, y| x != y,
+        CmpOp::Lt => |x, y| x < y,
+        CmpOp::Le => |x, y| x <= y,
+        CmpOp::Gt => |x, y| x > y,
+        CmpOp::Ge => |x, y| x >= y,
+    };
+    for (i, o) in o.iter_mut().enumerate() {
+        *o = f32::from(u8::from(f(at(a, i), at(b, i))));
+    }
+}
+
+/// Read `out.len()` elements of the output tile starting at `start`.
+fn load_tile(
+    data: &HostData,
+    access: &Access,
+    shape: &[usize],
+    start: usize,
+    out: &mut [f32],
+    index: &mut [usize],
+) -> Result<(), String> {
+    match data {
+        HostData::F32(x) => load_with(x, access, shape, start, out, index, |v| v),
+        HostData::Bool(x) => load_with(x, access, shape, start, out, index, |v| f32::from(u8::from(v))),
+        other => return Err(format!("a fused kernel cannot load {} values", other.dtype())),
+    }
+    Ok(())
+}
+
+fn load_with<T: Copy>(
+    x: &[T],
+    access: &Access,
+    shape: &[usize],
+    start: usize,
+    out: &mut [f32],
+    index: &mut [usize],
+    convert: impl Fn(T) -> f32,
+) {
+    match access {
+        Access::Contiguous => {
+            let len = out.len();
+            out.iter_mut().zip(&x[start..start + len]).for_each(|(o, &v)| *o = convert(v))
+        }
+        Access::Splat => out.fill(convert(x[0])),
+        Access::Strided(strides) => {
+            // The multi-index of `start`, then runs along the innermost axis.
+            let rank = shape.len();
+            let mut rest = start;
+            for d in (0..rank).rev() {
+                index[d] = rest % shape[d];
+                rest /= shape[d];
+            }
+            let inner = shape[rank - 1];
+            let inner_stride = strides[rank - 1];
+            let mut done = 0;
+            while done < out.len() {
+                let base: usize = index.iter().zip(strides).map(|(i, s)| i * s).sum();
+                let run = (inner - index[rank - 1]).min(out.len() - done);
+                let dst = &mut out[done..done + run];
+                match inner_stride {
+                    0 => dst.fill(convert(x[base])),
+                    1 => dst.iter_mut().zip(&x[base..base + run]).for_each(|(o, &v)| *o = convert(v)),
+                    s => dst.iter_mut().enumerate().for_each(|(k, o)| *o = convert(x[base + k * s])),
+                }
+                done += run;
+                index[rank - 1] += run;
+                for d in (1..rank).rev() {
+                    if index[d] < shape[d] {
+                        break;
+                    }
+                    index[d] = 0;
+                    index[d - 1] += 1;
+                }
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn strided_loads_broadcast_rows_and_columns() {
+        let shape = vec![3, 4];
+        let row = HostData::F32(vec![1.0, 2.0, 3.0, 4.0]);
+        let col = HostData::F32(vec![10.0, 20.0, 30.0]);
+        let mut out = vec![0f32; 7];
+        let mut index = vec![0; 2];
+        load_tile(&row, &Access::Strided(vec![0, 1]), &shape, 3, &mut out, &mut index).unwrap();
+        assert_eq!(out, [4.0, 1.0, 2.0, 3.0, 4.0, 1.0, 2.0]);
+        load_tile(&col, &Access::Strided(vec![1, 0]), &shape, 3, &mut out, &mut index).unwrap();
+        assert_eq!(out, [10.0, 20.0, 20.0, 20.0, 20.0, 30.0, 30.0]);
+        let t = HostData::F32((0..12).map(|v| v as f32).collect());
+        load_tile(&t, &Access::Strided(vec![1, 3]), &shape, 0, &mut out, &mut index).unwrap();
+        assert_eq!(out, [0.0, 3.0, 6.0, 9.0, 1.0, 4.0, 7.0], "a transposed read");
+    }
+}
