@@ -42,11 +42,28 @@ fn layout(in_shape: &[usize], axes: &[usize]) -> Layout {
     Layout::General
 }
 
+/// The sum of `row` in `f64` with eight interleaved accumulators (a fixed
+/// order, so the result is reproducible, and independent chains that
+/// vectorise instead of one serial dependency).
+fn sum_f64<T: FloatLike>(row: &[T]) -> f64 {
+    let mut acc = [0f64; 8];
+    let mut chunks = row.chunks_exact(8);
+    for chunk in &mut chunks {
+        for (a, v) in acc.iter_mut().zip(chunk) {
+            *a += v.widen().to_f64();
+        }
+    }
+    for (a, v) in acc.iter_mut().zip(chunks.remainder()) {
+        *a += v.widen().to_f64();
+    }
+    ((acc[0] + acc[4]) + (acc[2] + acc[6])) + ((acc[1] + acc[5]) + (acc[3] + acc[7]))
+}
+
 fn reduce_float<T: FloatLike>(op: ReduceOp, x: &[T], in_shape: &[usize], axes: &[usize], o: &mut [T]) {
     match (layout(in_shape, axes), op) {
         (Layout::Trailing { inner }, ReduceOp::Sum) => {
             for (o, row) in o.iter_mut().zip(x.chunks_exact(inner)) {
-                *o = T::narrow(T::Math::from_f64(row.iter().map(|v| v.widen().to_f64()).sum()));
+                *o = T::narrow(T::Math::from_f64(sum_f64(row)));
             }
             return;
         }
