@@ -76,11 +76,10 @@ pub(crate) fn eval(
 }
 
 /// True when `node` can write its output over input `position` (elementwise
-/// with the same dtype, so element `i` is read before it is written; a
-/// reshape of a dying buffer just keeps it).
+/// with the same dtype, so element `i` is read before it is written).
 pub(crate) fn can_run_in_place(node: &Node, position: usize) -> bool {
     match node.op {
-        Op::Unary(_) | Op::Binary(_) | Op::Reshape => true,
+        Op::Unary(_) | Op::Binary(_) => true,
         Op::Select => position > 0,
         _ => false,
     }
@@ -98,7 +97,6 @@ pub(crate) fn eval_in_place(
         Op::Unary(op) => elementwise::unary_inplace(op, out),
         Op::Binary(op) => elementwise::binary_inplace(op, position == 0, others[0], out),
         Op::Select if position > 0 => elementwise::select_inplace(others[0], others[1], position == 1, out),
-        Op::Reshape => Ok(()),
         _ => Err(format!("{} cannot run in place", node.op.name())),
     }
 }
