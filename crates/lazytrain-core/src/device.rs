@@ -281,13 +281,14 @@ impl Device {
             hash: format!("{hash:016x}"),
             nodes: graph.nodes.len(),
             kernels: exe.stats().kernels,
+            fused_kernels: exe.stats().fused_kernels,
             compile_ms,
             reason,
         };
         if self.inner.debug {
             eprintln!(
-                "[lazytrain] compile {} at {}: {} nodes -> {} kernels in {:.2} ms ({})",
-                event.hash, event.site, event.nodes, event.kernels, event.compile_ms, event.reason
+                "[lazytrain] compile {} at {}: {} nodes -> {} kernels ({} fused) in {:.2} ms ({})",
+                event.hash, event.site, event.nodes, event.kernels, event.fused_kernels, event.compile_ms, event.reason
             );
         }
         self.inner.metrics.record_compile(event);

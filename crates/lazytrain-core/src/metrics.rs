@@ -22,6 +22,9 @@ pub struct CompileEvent {
     pub nodes: usize,
     /// Kernels in the executable.
     pub kernels: usize,
+    /// Of those, fused elementwise kernels.
+    #[serde(default)]
+    pub fused_kernels: usize,
     /// Wall time of optimisation and code generation.
     pub compile_ms: f64,
     /// Why the cache missed: `first compile at this site`, or what differs
@@ -107,8 +110,8 @@ impl MetricsReport {
             for e in &self.compile_events {
                 let _ = writeln!(
                     s,
-                    "    {} at {}: {} nodes, {} kernels, {:.3} ms: {}",
-                    e.hash, e.site, e.nodes, e.kernels, e.compile_ms, e.reason
+                    "    {} at {}: {} nodes, {} kernels ({} fused), {:.3} ms: {}",
+                    e.hash, e.site, e.nodes, e.kernels, e.fused_kernels, e.compile_ms, e.reason
                 );
             }
         }

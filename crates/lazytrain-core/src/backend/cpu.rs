@@ -73,7 +73,7 @@ impl Backend for CpuBackend {
         let plan = MemoryPlan::new(graph, &lengths, &fusion);
         let mut steps = Vec::new();
         for (i, node) in graph.nodes.iter().enumerate() {
-            if matches!(node.op, Op::Parameter(_)) || fusion.view[i].is_some() {
+            if matches!(node.op, Op::Parameter(_)) || fusion.view[i].is_some() || fusion.inlined[i] {
                 continue;
             }
             if let Some(g) = fusion.group_of[i] {

@@ -50,12 +50,14 @@ pub(crate) struct Fusion {
     pub groups: Vec<Group>,
     /// Views (no kernel, no buffer).
     pub view: Vec<Option<View>>,
+    /// Constants read only as immediates of fused kernels (no kernel, no buffer).
+    pub inlined: Vec<bool>,
 }
 
 impl Fusion {
     /// No fusion: every node runs its own kernel.
     pub fn none(nodes: usize) -> Fusion {
-        Fusion { group_of: vec![None; nodes], groups: Vec::new(), view: vec![None; nodes] }
+        Fusion { group_of: vec![None; nodes], groups: Vec::new(), view: vec![None; nodes], inlined: vec![false; nodes] }
     }
 
     /// Where node `i`'s value is produced: its group's last member, or itself.
@@ -65,7 +67,9 @@ impl Fusion {
 
     /// True when node `i` has a buffer of its own.
     pub fn materialised(&self, i: usize) -> bool {
-        self.view[i].is_none() && self.group_of[i].is_none_or(|g| self.groups[g].outputs.contains(&i))
+        self.view[i].is_none()
+            && !self.inlined[i]
+            && self.group_of[i].is_none_or(|g| self.groups[g].outputs.contains(&i))
     }
 
     /// The node whose buffer holds the data a reader of `i` reads.
@@ -76,7 +80,7 @@ impl Fusion {
     /// The nodes whose buffers executing node `i` reads (empty for group
     /// members other than the last, which reads all of the group's inputs).
     pub fn reads(&self, graph: &Graph, i: usize) -> Vec<usize> {
-        if self.view[i].is_some() {
+        if self.view[i].is_some() || self.inlined[i] {
             return Vec::new();
         }
         match self.group_of[i] {
@@ -133,7 +137,7 @@ pub(crate) fn plan(graph: &Graph, splat: &[bool]) -> Fusion {
         is_output[id.index()] = true;
     }
     let view = plan_views(graph, splat, &fusible, &consumers, &is_output);
-    let mut fusion = Fusion { group_of: vec![None; n], groups: Vec::new(), view };
+    let mut fusion = Fusion { group_of: vec![None; n], groups: Vec::new(), view, inlined: vec![false; n] };
     // Back to front: a node joins the group of its readers when they all
     // belong to that one group; otherwise it roots a group of its own.
     let mut members: Vec<Vec<usize>> = Vec::new();
@@ -169,6 +173,12 @@ pub(crate) fn plan(graph: &Graph, splat: &[bool]) -> Fusion {
         fusion.groups.push(built);
     }
     fusion.group_of = final_of;
+    for i in 0..n {
+        fusion.inlined[i] = immediate(graph, i).is_some()
+            && !is_output[i]
+            && !consumers[i].is_empty()
+            && consumers[i].iter().all(|&c| fusion.group_of[c].is_some() || fusion.view[c].is_some());
+    }
     fusion
 }
 

@@ -80,7 +80,7 @@ impl MemoryPlan {
                     continue;
                 }
             }
-            if fusion.view[i].is_some() {
+            if fusion.view[i].is_some() || fusion.inlined[i] {
                 continue;
             }
             if let Some(g) = fusion.group_of[i] {

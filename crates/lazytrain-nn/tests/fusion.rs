@@ -1,0 +1,124 @@
+//! Kernel structure after fusion: what LayerNorm, softmax, an attention
+//! block and an AdamW update compile into (counted from the compile events),
+//! and fused executables computing exactly what unfused ones compute.
+
+use lazytrain_core::backend::CpuBackend;
+use lazytrain_core::cache::CompileCache;
+use lazytrain_core::{Device, Tensor};
+use lazytrain_nn::init::Initializer;
+use lazytrain_nn::optim::{decay_groups, AdamW, AdamWConfig, Optimizer};
+use lazytrain_nn::{named_parameters, Context, LayerNorm, SelfAttention};
+use std::sync::Arc;
+
+type Result<T> = std::result::Result<T, Box<dyn std::error::Error>>;
+
+/// `(kernels, fused kernels)` of the last compile on `device`.
+fn last_compile(device: &Device) -> (usize, usize) {
+    let report = device.metrics();
+    let event = report.compile_events.last().expect("a compile happened");
+    (event.kernels, event.fused_kernels)
+}
+
+fn device(fuse: bool) -> Device {
+    Device::with_backend(Arc::new(CpuBackend { fuse }), Arc::new(CompileCache::new()), 0)
+}
+
+fn input(shape: &[usize], device: &Device) -> Result<Tensor> {
+    let n: usize = shape.iter().product();
+    Ok(Tensor::from_vec((0..n).map(|i| ((i * 37 % 101) as f32 - 50.0) / 25.0).collect(), shape.to_vec(), device)?)
+}
+
+#[test]
+fn layer_norm_is_two_reductions_and_three_fused_kernels() -> Result<()> {
+    let device = device(true);
+    let norm = LayerNorm::new(&mut Initializer::new(0, &device), 64, 1e-5)?;
+    let _y = norm.forward(&input(&[16, 64], &device)?)?;
+    device.sync()?;
+    // sum(x); mean = sum / 64 (a [16, 1] kernel with its constant);
+    // fused x - mean; square (feeding the reduction); sum; fused
+    // var / 64 + eps -> rsqrt; fused centered * rstd * weight + bias, the
+    // broadcasts read in place.
+    assert_eq!(last_compile(&device), (8, 3));
+    let unfused = device_counts(|d| {
+        Ok(vec![LayerNorm::new(&mut Initializer::new(0, d), 64, 1e-5)?.forward(&input(&[16, 64], d)?)?])
+    })?;
+    assert!(unfused.0 >= 15, "without fusion every op and broadcast is a kernel: {unfused:?}");
+    Ok(())
+}
+
+/// `(kernels, fused)` of the graph `build` traces, without fusion.
+fn device_counts(build: impl Fn(&Device) -> Result<Vec<Tensor>>) -> Result<(usize, usize)> {
+    let d = device(false);
+    let _kept = build(&d)?;
+    d.sync()?;
+    Ok(last_compile(&d))
+}
+
+#[test]
+fn softmax_is_two_reductions_and_two_fused_kernels() -> Result<()> {
+    let device = device(true);
+    let _y = input(&[16, 64], &device)?.softmax(-1)?;
+    device.sync()?;
+    // max; fused exp(x - max) (read by the sum and the division); sum; fused division.
+    assert_eq!(last_compile(&device), (4, 2));
+    Ok(())
+}
+
+#[test]
+fn an_attention_block_fuses_its_elementwise_work() -> Result<()> {
+    let device = device(true);
+    let attention = SelfAttention::new(&mut Initializer::new(1, &device), 32, 2, 0.0)?;
+    let mask = Tensor::from_vec(vec![0f32; 2 * 16], [2, 1, 1, 16], &device)?;
+    let _y = attention.forward(&input(&[2, 16, 32], &device)?, Some(&mask), &Context::eval())?;
+    device.sync()?;
+    let (kernels, fused) = last_compile(&device);
+    let unfused = device_counts(|d| {
+        let attention = SelfAttention::new(&mut Initializer::new(1, d), 32, 2, 0.0)?;
+        let mask = Tensor::from_vec(vec![0f32; 2 * 16], [2, 1, 1, 16], d)?;
+        Ok(vec![attention.forward(&input(&[2, 16, 32], d)?, Some(&mask), &Context::eval())?])
+    })?;
+    assert!(fused >= 5 && kernels * 3 <= unfused.0 * 2, "{kernels} kernels ({fused} fused) vs {unfused:?} unfused");
+    Ok(())
+}
+
+#[test]
+fn each_parameter_update_of_adamw_is_one_fused_kernel() -> Result<()> {
+    let device = device(true);
+    let attention = SelfAttention::new(&mut Initializer::new(1, &device), 32, 2, 0.0)?;
+    let params = named_parameters(&attention);
+    let mut opt = AdamW::new(decay_groups(params.clone(), 0.01), AdamWConfig::default())?;
+    for (_, p) in &params {
+        p.set_grad(Some(p.mul_scalar(0.5)?.add_scalar(0.25)?.detach()));
+    }
+    device.sync()?;
+    opt.step()?;
+    device.sync()?;
+    let (kernels, fused) = last_compile(&device);
+    assert_eq!(fused, params.len(), "weight decay, both moments and the update: one kernel per parameter");
+    assert!(kernels - fused <= 16, "the rest are scalar step-size computations: {kernels}");
+    Ok(())
+}
+
+#[test]
+fn fused_and_unfused_training_steps_agree_bit_for_bit() -> Result<()> {
+    let run = |fuse: bool| -> Result<Vec<Vec<f32>>> {
+        let d = device(fuse);
+        let attention = SelfAttention::new(&mut Initializer::new(4, &d), 32, 4, 0.1)?;
+        let norm = LayerNorm::new(&mut Initializer::new(5, &d), 32, 1e-12)?;
+        let mut params = named_parameters(&attention);
+        params.extend(named_parameters(&norm));
+        let mut opt = AdamW::new(decay_groups(params.clone(), 0.01), AdamWConfig::default())?;
+        let x = input(&[2, 16, 32], &d)?;
+        for step in 0..3 {
+            let ctx = Context::train(&d, 7, step)?;
+            let y = norm.forward(&attention.forward(&x, None, &ctx)?.add(&x)?)?;
+            y.gelu()?.square()?.mean(&[0, 1, 2], false)?.backward()?;
+            opt.step()?;
+            opt.zero_grad();
+            d.mark_step()?;
+        }
+        Ok(params.iter().map(|(_, p)| p.to_vec::<f32>()).collect::<lazytrain_core::Result<_>>()?)
+    };
+    assert_eq!(run(true)?, run(false)?);
+    Ok(())
+}
