@@ -190,3 +190,13 @@ fn sigmoid_values_match_the_logistic_function() {
         assert!((got - want).abs() <= 1e-15 + 1e-9 * want, "{got} vs {want}");
     }
 }
+
+#[test]
+fn no_gradient_flows_through_stop_gradient() {
+    let device = Device::cpu();
+    let x = Tensor::from_vec(vec![1.5f64, -2.0, 3.0], [3], &device).unwrap();
+    let y = x.stop_gradient().unwrap().mul(&x).unwrap().sum_all().unwrap();
+    let g = grad(&y, &[&x]).unwrap().remove(0).to_vec::<f64>().unwrap();
+    assert_eq!(g, [1.5, -2.0, 3.0], "d(c * x)/dx with c = x held constant");
+    assert_eq!(y.item::<f64>().unwrap(), 1.5 * 1.5 + 4.0 + 9.0);
+}

@@ -119,6 +119,14 @@ fn composed_permutes_and_reshapes_collapse() {
     assert!(matches!(&opt.nodes[1].op, Op::Permute(p) if p == &vec![2, 1, 0]));
     let data = HostData::F32((0..24).map(|i| i as f32).collect());
     assert_eq!(run_compiled(&g, std::slice::from_ref(&data)), interpret(&g, &[&data]).unwrap());
+    // A reshape round trip back to the original shape vanishes.
+    let mut b = GraphBuilder::new();
+    let x = param(&mut b, 0, &[4, 6]);
+    let r1 = b.push(Node { op: Op::Reshape, inputs: vec![x], shape: Shape::new([2, 2, 6]), dtype: DType::F32 });
+    let r2 = b.push(Node { op: Op::Reshape, inputs: vec![r1], shape: Shape::new([4, 6]), dtype: DType::F32 });
+    let e = node(&mut b, Op::Unary(UnaryOp::Exp), vec![r2]);
+    let opt = optimize(&b.finish(vec![e], 1), None).unwrap();
+    assert_eq!(opt.nodes.len(), 2, "parameter and exp:\n{opt}");
 }
 
 #[test]

@@ -97,6 +97,7 @@ pub(crate) fn vjp(node: &Node, x: &[Tensor], y: &Tensor, g: &Tensor, wanted: &[b
             vec![ga, gb]
         }
         Op::AllReduce(op) => vec![Some(g.all_reduce(*op)?)],
+        Op::StopGradient => vec![None],
     })
 }
 

@@ -187,11 +187,11 @@ impl Executable for CpuExecutable {
                         .filter(|(pos, _)| Some(*pos) != *in_place)
                         .map(|(_, op)| operand(op, &inputs, &slots))
                         .collect();
+                    let shapes: Vec<&[usize]> = input_shapes.iter().map(Vec::as_slice).collect();
                     let result = match in_place {
-                        Some(position) => kernels::eval_in_place(node, *position, &operands, &mut out),
+                        Some(position) => kernels::eval_in_place(node, *position, &operands, &shapes, &mut out),
                         None => {
                             out.reset(node.dtype, node.shape.numel());
-                            let shapes: Vec<&[usize]> = input_shapes.iter().map(Vec::as_slice).collect();
                             kernels::eval(node, &operands, &shapes, &mut out, MatmulKernel::Gemm)
                         }
                     };

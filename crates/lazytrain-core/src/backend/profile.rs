@@ -26,7 +26,13 @@ pub(crate) fn kind_of(op: &crate::ir::Op) -> &'static str {
         Op::Unary(_) | Op::Binary(_) | Op::Compare(_) | Op::Select | Op::Cast => "elementwise",
         Op::Reduce { .. } => "reduction",
         Op::Gather { .. } | Op::ScatterAdd { .. } => "gather/scatter",
-        Op::Reshape | Op::Permute(_) | Op::Expand | Op::Slice { .. } | Op::Concat { .. } | Op::Pad { .. } => "copies",
+        Op::Reshape
+        | Op::Permute(_)
+        | Op::Expand
+        | Op::Slice { .. }
+        | Op::Concat { .. }
+        | Op::Pad { .. }
+        | Op::StopGradient => "copies",
         _ => "other",
     }
 }

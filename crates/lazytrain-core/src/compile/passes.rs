@@ -110,7 +110,12 @@ pub fn simplify_algebra(graph: &Graph) -> Graph {
                 Rewrite::Forward(input(0))
             }
             Op::Reshape if in_node(0).op == Op::Reshape => {
-                Rewrite::Emit(Node { inputs: vec![in_node(0).inputs[0]], ..node })
+                let source = in_node(0).inputs[0];
+                if b.node(source).shape == node.shape {
+                    Rewrite::Forward(source)
+                } else {
+                    Rewrite::Emit(Node { inputs: vec![source], ..node })
+                }
             }
             Op::Permute(perm) if perm.iter().enumerate().all(|(i, &p)| i == p) => Rewrite::Forward(input(0)),
             Op::Permute(outer) => match &in_node(0).op {
@@ -130,6 +135,7 @@ pub fn simplify_algebra(graph: &Graph) -> Graph {
             }
             Op::Pad { low, high, .. } if low.iter().chain(high).all(|&w| w == 0) => Rewrite::Forward(input(0)),
             Op::Concat { .. } if node.inputs.len() == 1 => Rewrite::Forward(input(0)),
+            Op::StopGradient => Rewrite::Forward(input(0)),
             _ => Rewrite::Emit(node),
         }
     })

@@ -302,7 +302,7 @@ pub fn check_node(node: &Node, inputs: &[Meta]) -> Result<(), RuleError> {
         Op::RngUniform { .. } | Op::Unary(_) | Op::Cast | Op::Reduce { .. } | Op::Reshape | Op::Permute(_) => {
             inputs.len() == 1
         }
-        Op::Expand | Op::Slice { .. } | Op::Pad { .. } | Op::AllReduce(_) => inputs.len() == 1,
+        Op::Expand | Op::Slice { .. } | Op::Pad { .. } | Op::AllReduce(_) | Op::StopGradient => inputs.len() == 1,
         Op::Binary(_) | Op::Compare(_) | Op::Gather { .. } | Op::Dot { .. } => inputs.len() == 2,
         Op::Select | Op::ScatterAdd { .. } => inputs.len() == 3,
         Op::Concat { .. } => !inputs.is_empty(),
@@ -329,7 +329,7 @@ pub fn check_node(node: &Node, inputs: &[Meta]) -> Result<(), RuleError> {
         Op::Gather { axis } => gather(inputs[0], inputs[1], *axis),
         Op::ScatterAdd { axis } => scatter_add(inputs[0], inputs[1], inputs[2], *axis),
         Op::Dot { lhs_t, rhs_t } => dot(inputs[0], inputs[1], *lhs_t, *rhs_t),
-        Op::AllReduce(_) => Ok((inputs[0].0.clone(), inputs[0].1)),
+        Op::AllReduce(_) | Op::StopGradient => Ok((inputs[0].0.clone(), inputs[0].1)),
     }?;
     if derived.0 != node.shape || derived.1 != node.dtype {
         return Err(err(

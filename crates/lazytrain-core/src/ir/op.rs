@@ -217,6 +217,9 @@ pub enum Op {
     },
     /// Combine the value across data-parallel replicas (identity with one).
     AllReduce(AllReduceOp),
+    /// The input's value, as a constant for autodiff (no gradient flows
+    /// through it); the optimiser forwards the input.
+    StopGradient,
 }
 
 impl Op {
@@ -244,6 +247,7 @@ impl Op {
             Op::ScatterAdd { .. } => "scatter_add",
             Op::Dot { .. } => "dot",
             Op::AllReduce(_) => "all_reduce",
+            Op::StopGradient => "stop_gradient",
         }
     }
 

@@ -40,7 +40,7 @@ pub(crate) fn eval(
         Op::Compare(op) => elementwise::compare(*op, inputs[0], inputs[1], out)?,
         Op::Select => elementwise::select(inputs[0], inputs[1], inputs[2], out)?,
         Op::Reduce { op, axes } => reduce::reduce(*op, inputs[0], shapes[0], axes, out)?,
-        Op::Reshape | Op::AllReduce(_) => {
+        Op::Reshape | Op::AllReduce(_) | Op::StopGradient => {
             movement::strided_copy(inputs[0], &[out.len()], &[1], 0, out)?;
         }
         Op::Permute(perm) => {
@@ -80,20 +80,26 @@ pub(crate) fn eval(
 pub(crate) fn can_run_in_place(node: &Node, position: usize) -> bool {
     match node.op {
         Op::Unary(_) | Op::Binary(_) => true,
+        Op::ScatterAdd { .. } => position == 0,
         Op::Select => position > 0,
         _ => false,
     }
 }
 
 /// Compute `node` in place: `out` holds input `position` on entry and the
-/// result on exit; `others` are the remaining inputs in order.
+/// result on exit; `others` are the remaining inputs in order; `shapes` are
+/// the shapes of all inputs.
 pub(crate) fn eval_in_place(
     node: &Node,
     position: usize,
     others: &[&HostData],
+    shapes: &InputShapes,
     out: &mut HostData,
 ) -> Result<(), String> {
     match node.op {
+        Op::ScatterAdd { axis } if position == 0 => {
+            index::scatter_add_inplace(shapes[0], others[0], shapes[1], others[1], axis, out)
+        }
         Op::Unary(op) => elementwise::unary_inplace(op, out),
         Op::Binary(op) => elementwise::binary_inplace(op, position == 0, others[0], out),
         Op::Select if position > 0 => elementwise::select_inplace(others[0], others[1], position == 1, out),

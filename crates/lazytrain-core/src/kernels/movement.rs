@@ -7,6 +7,21 @@ use crate::shape::contiguous_strides;
 use crate::storage::HostData;
 
 fn gather_strided<T: Copy>(x: &[T], shape: &[usize], strides: &[usize], base: usize, o: &mut [T]) {
+    // Rows that are contiguous (or broadcast) in the input copy (or fill) as a block.
+    if let (Some(&inner), Some(&step)) = (shape.last(), strides.last()) {
+        if inner > 0 && step <= 1 {
+            let rank = shape.len();
+            for_each_strided(&shape[..rank - 1], &strides[..rank - 1], base, |row, off| {
+                let dst = &mut o[row * inner..(row + 1) * inner];
+                if step == 1 {
+                    dst.copy_from_slice(&x[off..off + inner]);
+                } else {
+                    dst.fill(x[off]);
+                }
+            });
+            return;
+        }
+    }
     for_each_strided(shape, strides, base, |i, off| o[i] = x[off]);
 }
 

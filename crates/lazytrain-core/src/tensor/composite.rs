@@ -8,18 +8,20 @@ use crate::shape::Shape;
 use std::panic::Location;
 
 impl Tensor {
-    /// `softmax` along `axis`, stabilised by subtracting the maximum.
+    /// `softmax` along `axis`, stabilised by subtracting the maximum (a
+    /// constant for autodiff: softmax does not depend on it).
     #[track_caller]
     pub fn softmax(&self, axis: isize) -> Result<Tensor> {
-        let shifted = self.sub(&self.max(&[axis], true)?)?;
+        let shifted = self.sub(&self.max(&[axis], true)?.stop_gradient()?)?;
         let e = shifted.exp()?;
         e.div(&e.sum(&[axis], true)?)
     }
 
-    /// `log_softmax` along `axis`: `x - max - log(sum(exp(x - max)))`.
+    /// `log_softmax` along `axis`: `x - max - log(sum(exp(x - max)))`; the
+    /// maximum is a constant for autodiff (its gradient is zero).
     #[track_caller]
     pub fn log_softmax(&self, axis: isize) -> Result<Tensor> {
-        let shifted = self.sub(&self.max(&[axis], true)?)?;
+        let shifted = self.sub(&self.max(&[axis], true)?.stop_gradient()?)?;
         let log_sum = shifted.exp()?.sum(&[axis], true)?.log()?;
         shifted.sub(&log_sum)
     }
@@ -92,13 +94,18 @@ impl Tensor {
         }
         let classes = self.dims()[self.rank() - 1];
         let n = labels.numel();
-        let logp = self.reshape([n, classes])?.log_softmax(-1)?;
+        // loss_i = logsumexp(x_i) - x_i[label]: the [n, classes] work is one
+        // max, one exp-and-sum and (backward) one softmax; the shift by the
+        // row maximum is a constant for autodiff (its gradient is zero).
+        let x = self.reshape([n, classes])?;
+        let shift = x.max(&[-1], true)?.stop_gradient()?;
+        let lse = x.sub(&shift)?.exp()?.sum(&[-1], true)?.log()?.add(&shift)?;
         let labels = labels.reshape([n])?;
         let valid = labels.ne_scalar(ignore_index as f64)?;
         let safe = Tensor::select(&valid, &labels, &Tensor::zeros(Shape::scalar(), labels.dtype(), self.device())?)?;
-        let picked = logp.gather(1, &safe.reshape([n, 1])?)?.reshape([n])?;
+        let picked = x.gather(1, &safe.reshape([n, 1])?)?;
         let weights = valid.cast(self.dtype())?;
-        let total = picked.mul(&weights)?.sum_all()?.neg()?;
+        let total = lse.sub(&picked)?.reshape([n])?.mul(&weights)?.sum_all()?;
         Ok((total, weights.sum_all()?))
     }
 }

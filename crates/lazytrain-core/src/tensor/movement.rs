@@ -226,4 +226,13 @@ impl Tensor {
         let loc = Location::caller();
         trace("all_reduce", loc, self.device(), Op::AllReduce(op), &[self], (self.shape().clone(), self.dtype()))
     }
+
+    /// This value, treated as a constant by autodiff: no gradient flows
+    /// through it (`torch.Tensor.detach` inside a traced step). It costs
+    /// nothing at run time.
+    #[track_caller]
+    pub fn stop_gradient(&self) -> Result<Tensor> {
+        let loc = Location::caller();
+        trace("stop_gradient", loc, self.device(), Op::StopGradient, &[self], (self.shape().clone(), self.dtype()))
+    }
 }
