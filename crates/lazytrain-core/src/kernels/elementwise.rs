@@ -13,6 +13,7 @@ pub(super) trait Lanes1<T: Copy> {
 }
 
 impl<T: Copy> Lanes1<T> for (&[T], &mut [T]) {
+    #[inline(always)]
     fn apply(self, f: impl Fn(T) -> T) {
         let (x, o) = self;
         if x.len() == 1 && o.len() != 1 {
@@ -40,6 +41,7 @@ pub(super) trait Lanes2<T: Copy> {
 }
 
 impl<T: Copy> Lanes2<T> for (&[T], &[T], &mut [T]) {
+    #[inline(always)]
     fn apply(self, f: impl Fn(T, T) -> T) {
         let (a, b, o) = self;
         match (a.len() == 1 && o.len() != 1, b.len() == 1 && o.len() != 1) {
@@ -65,6 +67,7 @@ impl<T: Copy> Lanes2<T> for (&mut [T], &[T], bool) {
     }
 }
 
+#[inline(always)]
 pub(super) fn float_unary<T: FloatLike>(op: UnaryOp, lanes: impl Lanes1<T>) {
     let lift = |f: fn(T::Math) -> T::Math| move |x: T| T::narrow(f(x.widen()));
     match op {
@@ -92,6 +95,13 @@ fn int_unary<T: IntLike>(op: UnaryOp, lanes: impl Lanes1<T>) -> Result<(), Strin
 
 /// `out = op(x)`.
 pub(crate) fn unary(op: UnaryOp, x: &HostData, out: &mut HostData) -> Result<(), String> {
+    match (op, x, &mut *out) {
+        (UnaryOp::Exp, HostData::F32(x), HostData::F32(o)) if x.len() == o.len() => {
+            o.iter_mut().zip(x).for_each(|(o, &v)| *o = super::numeric::exp_f32(v));
+            return Ok(());
+        }
+        _ => {}
+    }
     match (x, out) {
         (HostData::F32(x), HostData::F32(o)) => float_unary(op, (x.as_slice(), o.as_mut_slice())),
         (HostData::F64(x), HostData::F64(o)) => float_unary(op, (x.as_slice(), o.as_mut_slice())),
@@ -140,6 +150,7 @@ fn nan_min<R: Real>(a: R, b: R) -> R {
     }
 }
 
+#[inline(always)]
 pub(super) fn float_binary<T: FloatLike>(op: BinaryOp, lanes: impl Lanes2<T>) {
     let lift = |f: fn(T::Math, T::Math) -> T::Math| move |a: T, b: T| T::narrow(f(a.widen(), b.widen()));
     match op {

@@ -9,6 +9,7 @@
 //! fused program computes bit-identical results.
 
 use super::elementwise::{float_binary, float_unary, Lanes1};
+use super::numeric::exp_f32;
 use crate::dtype::DType;
 use crate::ir::{BinaryOp, CmpOp, UnaryOp};
 use crate::storage::HostData;
@@ -97,8 +98,27 @@ impl FusedProgram {
     }
 
     /// Run over all tiles. `outputs` are sized for the shape (in-place
-    /// outputs hold their input on entry).
+    /// outputs hold their input on entry). On CPUs with AVX2 and FMA the
+    /// same code is compiled for them (picked at run time).
     pub(crate) fn run(&self, inputs: &[Source], outputs: &mut [HostData]) -> Result<(), String> {
+        #[cfg(target_arch = "x86_64")]
+        {
+            if std::is_x86_feature_detected!("avx2") && std::is_x86_feature_detected!("fma") {
+                // SAFETY: the features were just detected on this CPU.
+                return unsafe { self.run_avx2(inputs, outputs) };
+            }
+        }
+        self.run_tiles(inputs, outputs)
+    }
+
+    #[cfg(target_arch = "x86_64")]
+    #[target_feature(enable = "avx2,fma")]
+    unsafe fn run_avx2(&self, inputs: &[Source], outputs: &mut [HostData]) -> Result<(), String> {
+        self.run_tiles(inputs, outputs)
+    }
+
+    #[inline(always)]
+    fn run_tiles(&self, inputs: &[Source], outputs: &mut [HostData]) -> Result<(), String> {
         let numel = self.numel();
         let mut regs: Vec<Vec<f32>> = vec![vec![0f32; TILE]; self.registers];
         let mut scratch = vec![0usize; self.shape.len()];
@@ -114,7 +134,7 @@ impl FusedProgram {
     }
 
     #[allow(clippy::too_many_arguments)]
-    #[inline]
+    #[inline(always)]
     fn step(
         &self,
         instr: &Instr,
@@ -136,7 +156,12 @@ impl FusedProgram {
             }
             Instr::Unary { op, src, dst } => {
                 let mut out = std::mem::take(&mut regs[dst]);
-                float_unary(op, (&regs[src][..len], &mut out[..len]));
+                let x = &regs[src][..len];
+                match op {
+                    // A direct loop over the inlined polynomial vectorises.
+                    UnaryOp::Exp => out[..len].iter_mut().zip(x).for_each(|(o, &v)| *o = exp_f32(v)),
+                    _ => float_unary(op, (x, &mut out[..len])),
+                }
                 regs[dst] = out;
             }
             Instr::Binary { op, a, b, dst } => {
@@ -203,6 +228,7 @@ fn at(v: &[f32], i: usize) -> f32 {
     }
 }
 
+#[inline(always)]
 fn compare(op: CmpOp, a: &[f32], b: &[f32], o: &mut [f32]) {
     let f: fn(f32, f32) -> bool = match op {
         CmpOp::Eq => |x, y| x == y,
@@ -218,6 +244,7 @@ fn compare(op: CmpOp, a: &[f32], b: &[f32], o: &mut [f32]) {
 }
 
 /// Read `out.len()` elements of the output tile starting at `start`.
+#[inline(always)]
 fn load_tile(
     data: &HostData,
     access: &Access,
@@ -234,6 +261,7 @@ fn load_tile(
     Ok(())
 }
 
+#[inline(always)]
 fn load_with<T: Copy>(
     x: &[T],
     access: &Access,

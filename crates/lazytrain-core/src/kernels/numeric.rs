@@ -96,8 +96,10 @@ pub(crate) fn exp_f32(x: f32) -> f32 {
     const ROUND: f32 = 12_582_912.0; // 1.5 * 2^23: adding it rounds to an integer
     const HIGH: f32 = 88.722_84;
     const LOW: f32 = -87.336_55;
-    let xc = x.clamp(LOW, HIGH);
-    let n = (xc * LOG2E + ROUND) - ROUND;
+    let xc = x.max(LOW).min(HIGH);
+    // Adding ROUND leaves n in the low mantissa bits: no float-to-int conversion.
+    let t = xc * LOG2E + ROUND;
+    let n = t - ROUND;
     let r = xc - n * LN2_HI - n * LN2_LO;
     let mut p = 1.987_569_1e-4_f32;
     p = p * r + 1.398_199_9e-3;
@@ -106,15 +108,15 @@ pub(crate) fn exp_f32(x: f32) -> f32 {
     p = p * r + 1.666_666_5e-1;
     p = p * r + 0.5;
     let y = p * r * r + r + 1.0;
-    let k = n as i32;
+    let k = (t.to_bits() as i32).wrapping_sub(ROUND.to_bits() as i32);
     let half = k >> 1;
     let scale_a = f32::from_bits(((half + 127) as u32) << 23);
     let scale_b = f32::from_bits(((k - half + 127) as u32) << 23);
     let e = y * scale_a * scale_b;
-    if x > HIGH {
-        f32::INFINITY
-    } else if x < LOW {
-        0.0
+    let e = if x > HIGH { f32::INFINITY } else { e };
+    let e = if x < LOW { 0.0 } else { e };
+    if x.is_nan() {
+        x
     } else {
         e
     }
@@ -237,6 +239,10 @@ pub(crate) fn fill_from_i64(out: &mut HostData, values: impl Iterator<Item = i64
 /// Fill every element of `out` with `value`.
 pub(crate) fn fill_literal(out: &mut HostData, value: Literal) {
     let len = out.len();
+    if let HostData::F32(o) = out {
+        o.fill(value.as_f64() as f32);
+        return;
+    }
     match (value, out.dtype()) {
         (Literal::Int(v), dtype) if !dtype.is_float() => fill_from_i64(out, std::iter::repeat_n(v, len)),
         (v, _) => fill_from_f64(out, std::iter::repeat_n(v.as_f64(), len)),

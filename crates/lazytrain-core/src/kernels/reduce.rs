@@ -59,6 +59,23 @@ fn sum_f64<T: FloatLike>(row: &[T]) -> f64 {
     ((acc[0] + acc[4]) + (acc[2] + acc[6])) + ((acc[1] + acc[5]) + (acc[3] + acc[7]))
 }
 
+/// The maximum of `row` (NaN if any element is NaN) over eight interleaved
+/// lanes, which vectorise.
+fn max_lanes<T: FloatLike>(row: &[T]) -> T::Math {
+    let pick = |m: T::Math, v: T::Math| if v > m || v.is_nan() { v } else { m };
+    let mut acc = [T::Math::NEG_INFINITY; 8];
+    let mut chunks = row.chunks_exact(8);
+    for chunk in &mut chunks {
+        for (a, v) in acc.iter_mut().zip(chunk) {
+            *a = pick(*a, v.widen());
+        }
+    }
+    for (a, v) in acc.iter_mut().zip(chunks.remainder()) {
+        *a = pick(*a, v.widen());
+    }
+    acc.into_iter().fold(T::Math::NEG_INFINITY, |m, v| if m.is_nan() { m } else { pick(m, v) })
+}
+
 fn reduce_float<T: FloatLike>(op: ReduceOp, x: &[T], in_shape: &[usize], axes: &[usize], o: &mut [T]) {
     match (layout(in_shape, axes), op) {
         (Layout::Trailing { inner }, ReduceOp::Sum) => {
@@ -69,14 +86,7 @@ fn reduce_float<T: FloatLike>(op: ReduceOp, x: &[T], in_shape: &[usize], axes: &
         }
         (Layout::Trailing { inner }, ReduceOp::Max) => {
             for (o, row) in o.iter_mut().zip(x.chunks_exact(inner)) {
-                let mut m = T::Math::NEG_INFINITY;
-                for v in row {
-                    let v = v.widen();
-                    if v > m || v.is_nan() {
-                        m = v;
-                    }
-                }
-                *o = T::narrow(m);
+                *o = T::narrow(max_lanes(row));
             }
             return;
         }
