@@ -96,7 +96,7 @@ pub(crate) fn exp_f32(x: f32) -> f32 {
     const ROUND: f32 = 12_582_912.0; // 1.5 * 2^23: adding it rounds to an integer
     const HIGH: f32 = 88.722_84;
     const LOW: f32 = -87.336_55;
-    let xc = x.max(LOW).min(HIGH);
+    let xc = x.clamp(LOW, HIGH);
     // Adding ROUND leaves n in the low mantissa bits: no float-to-int conversion.
     let t = xc * LOG2E + ROUND;
     let n = t - ROUND;
