@@ -98,37 +98,66 @@ impl FusedProgram {
     }
 
     /// Run over all tiles. `outputs` are sized for the shape (in-place
-    /// outputs hold their input on entry). On CPUs with AVX2 and FMA the
-    /// same code is compiled for them (picked at run time).
+    /// outputs hold their input on entry). Large outputs are split into two
+    /// halves run on two threads; on CPUs with AVX2 and FMA the same code
+    /// is compiled for them (picked at run time).
     pub(crate) fn run(&self, inputs: &[Source], outputs: &mut [HostData]) -> Result<(), String> {
+        let numel = self.numel();
+        let outs = OutViews(
+            outputs
+                .iter_mut()
+                .map(|o| match o {
+                    HostData::F32(v) if v.len() == numel => Ok(OutView::F32(v.as_mut_ptr())),
+                    HostData::Bool(v) if v.len() == numel => Ok(OutView::Bool(v.as_mut_ptr())),
+                    other => Err(format!("a fused kernel cannot write {} x {}", other.len(), other.dtype())),
+                })
+                .collect::<Result<_, _>>()?,
+        );
+        let threads = rayon::current_num_threads();
+        if threads > 1 && numel >= PARALLEL_MIN {
+            let mid = numel.div_ceil(2 * TILE) * TILE;
+            let (a, b) =
+                rayon::join(|| self.run_range(inputs, &outs, 0, mid), || self.run_range(inputs, &outs, mid, numel));
+            return a.and(b);
+        }
+        self.run_range(inputs, &outs, 0, numel)
+    }
+
+    fn run_range(&self, inputs: &[Source], outs: &OutViews, start: usize, end: usize) -> Result<(), String> {
         #[cfg(target_arch = "x86_64")]
         {
             if std::is_x86_feature_detected!("avx2") && std::is_x86_feature_detected!("fma") {
                 // SAFETY: the features were just detected on this CPU.
-                return unsafe { self.run_avx2(inputs, outputs) };
+                return unsafe { self.run_range_avx2(inputs, outs, start, end) };
             }
         }
-        self.run_tiles(inputs, outputs)
+        self.run_tiles(inputs, outs, start, end)
     }
 
     #[cfg(target_arch = "x86_64")]
     #[target_feature(enable = "avx2,fma")]
-    unsafe fn run_avx2(&self, inputs: &[Source], outputs: &mut [HostData]) -> Result<(), String> {
-        self.run_tiles(inputs, outputs)
+    unsafe fn run_range_avx2(
+        &self,
+        inputs: &[Source],
+        outs: &OutViews,
+        start: usize,
+        end: usize,
+    ) -> Result<(), String> {
+        self.run_tiles(inputs, outs, start, end)
     }
 
+    /// Elements `start..end` (a multiple of the tile size apart, except at the end).
     #[inline(always)]
-    fn run_tiles(&self, inputs: &[Source], outputs: &mut [HostData]) -> Result<(), String> {
-        let numel = self.numel();
+    fn run_tiles(&self, inputs: &[Source], outs: &OutViews, start: usize, end: usize) -> Result<(), String> {
         let mut regs: Vec<Vec<f32>> = vec![vec![0f32; TILE]; self.registers];
         let mut scratch = vec![0usize; self.shape.len()];
-        let mut start = 0;
-        while start < numel {
-            let len = TILE.min(numel - start);
+        let mut at = start;
+        while at < end {
+            let len = TILE.min(end - at);
             for instr in &self.instrs {
-                self.step(instr, start, len, inputs, outputs, &mut regs, &mut scratch)?;
+                self.step(instr, at, len, inputs, outs, &mut regs, &mut scratch)?;
             }
-            start += len;
+            at += len;
         }
         Ok(())
     }
@@ -141,18 +170,23 @@ impl FusedProgram {
         start: usize,
         len: usize,
         inputs: &[Source],
-        outputs: &mut [HostData],
+        outs: &OutViews,
         regs: &mut [Vec<f32>],
         scratch: &mut [usize],
     ) -> Result<(), String> {
         match *instr {
             Instr::Load { load, dst } => {
                 let spec = &self.loads[load];
-                let data = match inputs[spec.input] {
-                    Source::Data(d) => d,
-                    Source::Output(k) => &outputs[k],
-                };
-                load_tile(data, &spec.access, &self.shape, start, &mut regs[dst][..len], scratch)?;
+                match inputs[spec.input] {
+                    Source::Data(d) => load_tile(d, &spec.access, &self.shape, start, &mut regs[dst][..len], scratch)?,
+                    Source::Output(k) if spec.access == Access::Contiguous => {
+                        // SAFETY: this thread owns elements start..start + len
+                        // of every output; they are read here before the
+                        // tile's stores write them.
+                        unsafe { outs.0[k].read(start, &mut regs[dst][..len]) }
+                    }
+                    Source::Output(_) => return Err("an in-place input must be read at its own positions".into()),
+                }
             }
             Instr::Unary { op, src, dst } => {
                 let mut out = std::mem::take(&mut regs[dst]);
@@ -191,17 +225,59 @@ impl FusedProgram {
                 regs[dst] = out;
             }
             Instr::Store { src, out } => {
-                let value = &regs[src][..len];
-                match &mut outputs[out] {
-                    HostData::F32(o) => o[start..start + len].copy_from_slice(value),
-                    HostData::Bool(o) => o[start..start + len].iter_mut().zip(value).for_each(|(o, &v)| *o = v != 0.0),
-                    other => return Err(format!("a fused kernel cannot store {} values", other.dtype())),
-                }
+                // SAFETY: as for in-place loads, this thread owns these elements.
+                unsafe { outs.0[out].write(start, &regs[src][..len]) }
             }
         }
         Ok(())
     }
 }
+
+/// Outputs at least this large run on two threads.
+const PARALLEL_MIN: usize = 1 << 18;
+
+/// Where an output's elements are written (the buffer outlives the run).
+#[derive(Clone, Copy)]
+enum OutView {
+    F32(*mut f32),
+    Bool(*mut bool),
+}
+
+impl OutView {
+    /// Copy elements `start..start + out.len()` into `out`.
+    ///
+    /// # Safety
+    /// The range is in bounds and no other thread accesses it meanwhile.
+    unsafe fn read(self, start: usize, out: &mut [f32]) {
+        match self {
+            OutView::F32(p) => out.copy_from_slice(std::slice::from_raw_parts(p.add(start), out.len())),
+            OutView::Bool(p) => {
+                let values = std::slice::from_raw_parts(p.add(start), out.len());
+                out.iter_mut().zip(values).for_each(|(o, &v)| *o = f32::from(u8::from(v)));
+            }
+        }
+    }
+
+    /// Write `values` at `start..`.
+    ///
+    /// # Safety
+    /// As for [`OutView::read`].
+    unsafe fn write(self, start: usize, values: &[f32]) {
+        match self {
+            OutView::F32(p) => std::slice::from_raw_parts_mut(p.add(start), values.len()).copy_from_slice(values),
+            OutView::Bool(p) => std::slice::from_raw_parts_mut(p.add(start), values.len())
+                .iter_mut()
+                .zip(values)
+                .for_each(|(o, &v)| *o = v != 0.0),
+        }
+    }
+}
+
+/// The outputs of one run, shared by its threads, which write disjoint ranges.
+struct OutViews(Vec<OutView>);
+
+// SAFETY: the threads of one run touch disjoint element ranges of each output.
+unsafe impl Sync for OutViews {}
 
 fn imm(src: Src) -> [f32; 1] {
     match src {
