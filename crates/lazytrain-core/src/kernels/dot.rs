@@ -61,14 +61,40 @@ fn naive_typed<T: FloatLike>(d: DotDims, a: &[T], b: &[T], o: &mut [T]) {
     }
 }
 
-fn gemm_native<T: Real + 'static>(d: DotDims, a: &[T], b: &[T], o: &mut [T]) {
-    let (ars, acs) = d.lhs_strides();
-    let (brs, bcs) = d.rhs_strides();
+fn gemm_native<T: Real + Send + Sync + 'static>(d: DotDims, a: &[T], b: &[T], o: &mut [T]) {
     if d.k == 0 {
         o.fill(T::ZERO);
         return;
     }
     let parallelism = matmul_parallelism(d.m * d.n * d.k);
+    let threads = rayon::current_num_threads();
+    if d.batch >= 2
+        && threads > 1
+        && matches!(parallelism, gemm::Parallelism::None)
+        && d.batch * d.m * d.n * d.k >= 1 << 21
+    {
+        // Many small matrices (attention heads): split the batch between two
+        // threads, each running its matrices one after another.
+        let half = d.batch / 2;
+        let (a1, a2) = a.split_at(half * d.m * d.k);
+        let (b1, b2) = b.split_at(half * d.k * d.n);
+        let (o1, o2) = o.split_at_mut(half * d.m * d.n);
+        let first = DotDims { batch: half, ..d };
+        let second = DotDims { batch: d.batch - half, ..d };
+        rayon::join(|| gemm_serial(first, a1, b1, o1), || gemm_serial(second, a2, b2, o2));
+        return;
+    }
+    gemm_batches(d, a, b, o, parallelism);
+}
+
+/// The matrices of `d` one after another on this thread.
+fn gemm_serial<T: Real + 'static>(d: DotDims, a: &[T], b: &[T], o: &mut [T]) {
+    gemm_batches(d, a, b, o, gemm::Parallelism::None);
+}
+
+fn gemm_batches<T: Real + 'static>(d: DotDims, a: &[T], b: &[T], o: &mut [T], parallelism: gemm::Parallelism) {
+    let (ars, acs) = d.lhs_strides();
+    let (brs, bcs) = d.rhs_strides();
     for bi in 0..d.batch {
         let a = &a[bi * d.m * d.k..(bi + 1) * d.m * d.k];
         let b = &b[bi * d.k * d.n..(bi + 1) * d.k * d.n];
