@@ -28,9 +28,16 @@ pub fn philox4x32_10(counter: [u32; 4], key: [u32; 2]) -> [u32; 4] {
 /// Fill `out` with uniform floats in `[0, 1)`: element `i` uses word `i % 4`
 /// of the block with counter `(i / 4, stream)`, keyed by `seed`.
 pub fn uniform_f32(seed: u64, stream: u64, out: &mut [f32]) {
+    uniform_f32_from(seed, stream, 0, out);
+}
+
+/// Elements `first..first + out.len()` of the draw [`uniform_f32`] makes
+/// (`first` a multiple of 4), so a draw can be split between threads.
+pub fn uniform_f32_from(seed: u64, stream: u64, first: usize, out: &mut [f32]) {
+    debug_assert_eq!(first % 4, 0, "draws split at block boundaries");
     let key = [seed as u32, (seed >> 32) as u32];
     for (block, chunk) in out.chunks_mut(4).enumerate() {
-        let b = block as u64;
+        let b = (first / 4 + block) as u64;
         let words = philox4x32_10([b as u32, (b >> 32) as u32, stream as u32, (stream >> 32) as u32], key);
         for (o, w) in chunk.iter_mut().zip(words) {
             *o = (w >> 8) as f32 * (1.0 / (1u32 << 24) as f32);
@@ -63,5 +70,8 @@ mod tests {
         let mut w = vec![0f32; 10_000];
         uniform_f32(7, 1, &mut w);
         assert_ne!(v, w);
+        let mut tail = vec![0f32; 6_000];
+        uniform_f32_from(7, 0, 4_000, &mut tail);
+        assert_eq!(tail, v[4_000..], "a split draw equals the whole one");
     }
 }

@@ -326,3 +326,30 @@ proptest! {
         }
     }
 }
+
+#[test]
+fn a_scatter_into_zeros_added_to_a_value_scatters_into_the_value() {
+    let mut b = GraphBuilder::new();
+    let y = param(&mut b, 0, &[3, 4]);
+    let index = b.push(Node { op: Op::Parameter(1), inputs: vec![], shape: Shape::new([3, 1]), dtype: DType::I64 });
+    let updates = param(&mut b, 2, &[3, 1]);
+    let zeros = constant(&mut b, 0.0, &[3, 4]);
+    let scatter = b.push(Node {
+        op: Op::ScatterAdd { axis: 1 },
+        inputs: vec![zeros, index, updates],
+        shape: Shape::new([3, 4]),
+        dtype: DType::F32,
+    });
+    let sum = node(&mut b, Op::Binary(BinaryOp::Add), vec![scatter, y]);
+    let g = b.finish(vec![sum], 3);
+    let opt = optimize(&g, None).unwrap();
+    assert!(!opt.nodes.iter().any(|n| matches!(n.op, Op::Constant(_))), "no dense zeros:\n{opt}");
+    assert_eq!(opt.nodes.iter().filter(|n| matches!(n.op, Op::ScatterAdd { .. })).count(), 1);
+    let params = [
+        HostData::F32((0..12).map(|i| i as f32 * 0.5).collect()),
+        HostData::I64(vec![3, 0, 2]),
+        HostData::F32(vec![10.0, 20.0, 30.0]),
+    ];
+    let expected: Vec<f32> = vec![0.0, 0.5, 1.0, 11.5, 22.0, 2.5, 3.0, 3.5, 4.0, 4.5, 35.0, 5.5];
+    assert_eq!(run_compiled(&g, &params), vec![HostData::F32(expected)]);
+}

@@ -89,7 +89,16 @@ fn is_splat(b: &GraphBuilder, id: NodeId, value: f64) -> bool {
     constant(b, id).is_some_and(|v| v.as_f64() == value)
 }
 
-/// Algebraic identities: `x+0`, `x-0`, `x*1`, `x/1`, `--x`, and movement ops
+/// The axis of `id` when it is a scatter-add into zeros.
+fn zero_scatter(b: &GraphBuilder, id: NodeId) -> Option<usize> {
+    match b.node(id).op {
+        Op::ScatterAdd { axis } if is_splat(b, b.node(id).inputs[0], 0.0) => Some(axis),
+        _ => None,
+    }
+}
+
+/// Algebraic identities: `x+0`, `x-0`, `x*1`, `x/1`, `--x`,
+/// `scatter_add(0, i, u) + y = scatter_add(y, i, u)`, and movement ops
 /// that do nothing (same shape, identity permutation, full slice, zero pad)
 /// or that compose (reshape of reshape, permute of permute).
 pub fn simplify_algebra(graph: &Graph) -> Graph {
@@ -98,6 +107,13 @@ pub fn simplify_algebra(graph: &Graph) -> Graph {
         let in_node = |k: usize| b.node(node.inputs[k]);
         match &node.op {
             Op::Binary(BinaryOp::Add) if is_splat(b, input(1), 0.0) => Rewrite::Forward(input(0)),
+            // scatter_add(0, i, u) + y = scatter_add(y, i, u): no dense zeros, one pass fewer.
+            Op::Binary(BinaryOp::Add) if zero_scatter(b, input(0)).is_some() || zero_scatter(b, input(1)).is_some() => {
+                let (scatter, other) =
+                    if zero_scatter(b, input(0)).is_some() { (input(0), input(1)) } else { (input(1), input(0)) };
+                let s = b.node(scatter).clone();
+                Rewrite::Emit(Node { op: s.op, inputs: vec![other, s.inputs[1], s.inputs[2]], ..node })
+            }
             Op::Binary(BinaryOp::Add) if is_splat(b, input(0), 0.0) => Rewrite::Forward(input(1)),
             Op::Binary(BinaryOp::Sub) if is_splat(b, input(1), 0.0) => Rewrite::Forward(input(0)),
             Op::Binary(BinaryOp::Mul) if is_splat(b, input(1), 1.0) => Rewrite::Forward(input(0)),

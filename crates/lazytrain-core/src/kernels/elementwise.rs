@@ -341,6 +341,15 @@ pub(crate) fn rng_uniform(seed: &HostData, stream: u64, out: &mut HostData) -> R
         other => return Err(format!("the seed must be one integer, got {} x {}", other.len(), other.dtype())),
     };
     match out {
+        HostData::F32(o) if o.len() >= 1 << 18 && rayon::current_num_threads() > 1 => {
+            // Counter-based: the two halves are drawn independently.
+            let mid = o.len() / 8 * 4;
+            let (a, b) = o.split_at_mut(mid);
+            rayon::join(
+                || crate::random::uniform_f32_from(seed, stream, 0, a),
+                || crate::random::uniform_f32_from(seed, stream, mid, b),
+            );
+        }
         HostData::F32(o) => crate::random::uniform_f32(seed, stream, o),
         other => {
             let mut tmp = vec![0f32; other.len()];
