@@ -56,6 +56,21 @@ impl HostData {
         }
     }
 
+    /// An empty buffer of `dtype` with room for `capacity` elements, so it
+    /// can be resized up to that without reallocating.
+    pub fn with_capacity(dtype: DType, capacity: usize) -> HostData {
+        match dtype {
+            DType::F32 => HostData::F32(Vec::with_capacity(capacity)),
+            DType::F64 => HostData::F64(Vec::with_capacity(capacity)),
+            DType::BF16 => HostData::BF16(Vec::with_capacity(capacity)),
+            DType::F16 => HostData::F16(Vec::with_capacity(capacity)),
+            DType::I64 => HostData::I64(Vec::with_capacity(capacity)),
+            DType::I32 => HostData::I32(Vec::with_capacity(capacity)),
+            DType::U8 => HostData::U8(Vec::with_capacity(capacity)),
+            DType::Bool => HostData::Bool(Vec::with_capacity(capacity)),
+        }
+    }
+
     /// The element type.
     pub fn dtype(&self) -> DType {
         match self {

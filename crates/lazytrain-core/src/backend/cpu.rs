@@ -153,6 +153,15 @@ fn splat_nodes(graph: &Graph) -> Vec<bool> {
     splat
 }
 
+impl CpuExecutable {
+    /// A slot's buffer, allocated once at its planned capacity: every value
+    /// the slot holds fits without reallocating (no heap churn, no copies).
+    fn fresh_slot(&self, slot: usize) -> HostData {
+        let (dtype, capacity) = self.plan.slots[slot];
+        HostData::with_capacity(dtype, capacity)
+    }
+}
+
 impl Executable for CpuExecutable {
     fn run(&self, inputs: Vec<Arc<Buffer>>) -> Result<Vec<Arc<Buffer>>> {
         if inputs.len() != self.num_params {
@@ -179,7 +188,7 @@ impl Executable for CpuExecutable {
             let started = profile::enabled().then(std::time::Instant::now);
             let (result, kind) = match &step.kernel {
                 Kernel::Primitive { node, input_shapes, slot, in_place } => {
-                    let mut out = slots[*slot].take().unwrap_or_else(|| HostData::zeros(node.dtype, 0));
+                    let mut out = slots[*slot].take().unwrap_or_else(|| self.fresh_slot(*slot));
                     let operands: Vec<&HostData> = step
                         .inputs
                         .iter()
@@ -202,7 +211,7 @@ impl Executable for CpuExecutable {
                     let numel = program.shape.iter().product();
                     let mut outs: Vec<HostData> = outputs
                         .iter()
-                        .map(|&s| slots[s].take().unwrap_or_else(|| HostData::zeros(program.output_dtypes[0], 0)))
+                        .map(|&s| slots[s].take().unwrap_or_else(|| self.fresh_slot(s)))
                         .collect();
                     for (k, out) in outs.iter_mut().enumerate() {
                         if !alias.contains(&Some(k)) {
