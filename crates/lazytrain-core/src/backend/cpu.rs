@@ -29,7 +29,14 @@ impl Default for CpuBackend {
 /// What a step runs.
 enum Kernel {
     /// One primitive.
-    Primitive { node: Node, input_shapes: Vec<Vec<usize>>, slot: usize, in_place: Option<usize> },
+    Primitive {
+        node: Node,
+        input_shapes: Vec<Vec<usize>>,
+        /// Element strides of inputs read as views of another buffer (matmul operands).
+        views: Vec<Option<Vec<usize>>>,
+        slot: usize,
+        in_place: Option<usize>,
+    },
     /// A fused group: input `j` is read from output `alias[j]` when that
     /// output overwrites it in place.
     Fused { program: FusedProgram, outputs: Vec<usize>, alias: Vec<Option<usize>> },
@@ -111,10 +118,15 @@ impl Backend for CpuBackend {
                     kernel: Kernel::Primitive {
                         node: lowered,
                         input_shapes: node.inputs.iter().map(|id| graph.node(*id).shape.dims().to_vec()).collect(),
+                        views: node
+                            .inputs
+                            .iter()
+                            .map(|id| fusion.view[id.index()].as_ref().map(|v| v.strides.clone()))
+                            .collect(),
                         slot,
                         in_place: plan.in_place[i],
                     },
-                    inputs: node.inputs.iter().map(|id| plan.operands[id.index()]).collect(),
+                    inputs: node.inputs.iter().map(|id| plan.operands[fusion.resolve(id.index())]).collect(),
                 });
             }
         }
@@ -187,7 +199,7 @@ impl Executable for CpuExecutable {
         for step in &self.steps {
             let started = profile::enabled().then(std::time::Instant::now);
             let (result, kind) = match &step.kernel {
-                Kernel::Primitive { node, input_shapes, slot, in_place } => {
+                Kernel::Primitive { node, input_shapes, views, slot, in_place } => {
                     let mut out = slots[*slot].take().unwrap_or_else(|| self.fresh_slot(*slot));
                     let operands: Vec<&HostData> = step
                         .inputs
@@ -201,7 +213,8 @@ impl Executable for CpuExecutable {
                         Some(position) => kernels::eval_in_place(node, *position, &operands, &shapes, &mut out),
                         None => {
                             out.reset(node.dtype, node.shape.numel());
-                            kernels::eval(node, &operands, &shapes, &mut out, MatmulKernel::Gemm)
+                            let views: Vec<Option<&[usize]>> = views.iter().map(|v| v.as_deref()).collect();
+                            kernels::eval_with_views(node, &operands, &shapes, &views, &mut out, MatmulKernel::Gemm)
                         }
                     };
                     slots[*slot] = Some(out);
@@ -209,10 +222,8 @@ impl Executable for CpuExecutable {
                 }
                 Kernel::Fused { program, outputs, alias } => {
                     let numel = program.shape.iter().product();
-                    let mut outs: Vec<HostData> = outputs
-                        .iter()
-                        .map(|&s| slots[s].take().unwrap_or_else(|| self.fresh_slot(s)))
-                        .collect();
+                    let mut outs: Vec<HostData> =
+                        outputs.iter().map(|&s| slots[s].take().unwrap_or_else(|| self.fresh_slot(s))).collect();
                     for (k, out) in outs.iter_mut().enumerate() {
                         if !alias.contains(&Some(k)) {
                             out.reset(program.output_dtypes[k], numel);

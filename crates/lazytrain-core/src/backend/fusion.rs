@@ -3,8 +3,9 @@
 //! Connected elementwise nodes of one shape become a group computed by one
 //! fused kernel ([`crate::kernels::fused`]) at the position of its last
 //! member. `reshape`, `expand` and `permute` nodes read only by fused
-//! kernels become *views*: no kernel and no buffer, just an index map the
-//! loads follow. Members read outside their group (or graph outputs) are the
+//! kernels (and reshapes of contiguous data read by matmuls) become *views*:
+//! no kernel and no buffer, just an index map the loads (or the matmul's
+//! operand strides) follow. Members read outside their group (or graph outputs) are the
 //! group's outputs and get buffers; the rest live only in tile registers.
 //!
 //! A node joins the group of its readers when all of them belong to that
@@ -73,7 +74,7 @@ impl Fusion {
     }
 
     /// The node whose buffer holds the data a reader of `i` reads.
-    fn resolve(&self, i: usize) -> usize {
+    pub fn resolve(&self, i: usize) -> usize {
         self.view[i].as_ref().map_or(i, |v| v.base)
     }
 
@@ -200,10 +201,12 @@ fn plan_views(
             && fusible_dtype(node.dtype)
             && node.shape.numel() > 1
     };
-    // Readers only: fusible nodes or other candidates (decided back to front).
+    // Readers only: fusible nodes, matmuls (which take strided operands) or
+    // other candidates (decided back to front).
+    let reads_views = |c: usize| fusible[c] || matches!(graph.nodes[c].op, Op::Dot { .. });
     let mut keep = vec![false; n];
     for i in (0..n).rev() {
-        keep[i] = candidate(i) && consumers[i].iter().all(|&c| fusible[c] || keep[c]);
+        keep[i] = candidate(i) && consumers[i].iter().all(|&c| reads_views(c) || keep[c]);
     }
     let mut view: Vec<Option<View>> = vec![None; n];
     for _ in 0..2 {
@@ -219,7 +222,14 @@ fn plan_views(
         }
         // A view read by a node that is no longer a view must have a buffer.
         for i in (0..n).rev() {
-            if keep[i] && !consumers[i].iter().all(|&c| fusible[c] || keep[c]) {
+            // Matmuls take only views that are the base's own layout (a
+            // reshape of contiguous data); gemm packs strided operands more
+            // slowly than a copy costs.
+            let dot_ok = |c: usize| {
+                !matches!(graph.nodes[c].op, Op::Dot { .. })
+                    || view[i].as_ref().is_some_and(|v| v.strides == contiguous_strides(graph.nodes[i].shape.dims()))
+            };
+            if keep[i] && !consumers[i].iter().all(|&c| (reads_views(c) && dot_ok(c)) || keep[c]) {
                 keep[i] = false;
             }
         }

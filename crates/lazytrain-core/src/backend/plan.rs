@@ -182,12 +182,14 @@ impl MemoryPlan {
     }
 }
 
-/// The smallest free slot of `dtype` holding at least `len` elements, or a new one.
+/// The smallest free slot of `dtype` holding at least `len` and at most
+/// `2 len` elements, or a new one. Without the upper bound a small value
+/// can pin a huge slot and force another huge allocation later.
 fn take_slot(free: &mut Vec<usize>, slots: &mut Vec<(DType, usize)>, dtype: DType, len: usize) -> usize {
     let best = free
         .iter()
         .enumerate()
-        .filter(|(_, &s)| slots[s].0 == dtype && slots[s].1 >= len)
+        .filter(|(_, &s)| slots[s].0 == dtype && slots[s].1 >= len && slots[s].1 <= len.saturating_mul(2))
         .min_by_key(|(_, &s)| slots[s].1)
         .map(|(pos, _)| pos);
     match best {

@@ -61,7 +61,58 @@ fn naive_typed<T: FloatLike>(d: DotDims, a: &[T], b: &[T], o: &mut [T]) {
     }
 }
 
-fn gemm_native<T: Real + Send + Sync + 'static>(d: DotDims, a: &[T], b: &[T], o: &mut [T]) {
+/// Where an operand's matrices sit in its buffer: an offset per batch and
+/// the row and column strides of the logical (untransposed) matrix.
+#[derive(Clone, Debug)]
+pub(crate) struct MatrixLayout {
+    offsets: Vec<usize>,
+    rs: usize,
+    cs: usize,
+}
+
+impl MatrixLayout {
+    /// The layout of an operand of logical `rows x cols` matrices stored as
+    /// `shape` (`[batch.., p, q]`, transposed when `transposed`) with
+    /// element `strides`; `len` is the buffer's length (checked).
+    fn new(shape: &[usize], strides: &[usize], transposed: bool, len: usize) -> Result<MatrixLayout, String> {
+        let rank = shape.len();
+        let (p, q) = (strides[rank - 2], strides[rank - 1]);
+        let (rs, cs) = if transposed { (q, p) } else { (p, q) };
+        let batch_shape = &shape[..rank - 2];
+        let batches: usize = batch_shape.iter().product();
+        let mut offsets = Vec::with_capacity(batches);
+        let mut index = vec![0usize; batch_shape.len()];
+        for _ in 0..batches {
+            offsets.push(index.iter().zip(strides).map(|(i, s)| i * s).sum());
+            for d in (0..index.len()).rev() {
+                index[d] += 1;
+                if index[d] < batch_shape[d] {
+                    break;
+                }
+                index[d] = 0;
+            }
+        }
+        let last = offsets.iter().max().copied().unwrap_or(0)
+            + (shape[rank - 2].max(1) - 1) * strides[rank - 2]
+            + (shape[rank - 1].max(1) - 1) * strides[rank - 1];
+        if shape.iter().product::<usize>() > 0 && last >= len {
+            return Err(format!("a matmul operand reaches element {last} of a buffer of {len}"));
+        }
+        Ok(MatrixLayout { offsets, rs, cs })
+    }
+
+    /// The layout of a contiguous operand.
+    fn contiguous(shape: &[usize], transposed: bool, len: usize) -> Result<MatrixLayout, String> {
+        MatrixLayout::new(shape, &crate::shape::contiguous_strides(shape), transposed, len)
+    }
+}
+
+fn gemm_native<T: Real + Send + Sync + 'static>(
+    d: DotDims,
+    a: (&[T], &MatrixLayout),
+    b: (&[T], &MatrixLayout),
+    o: &mut [T],
+) {
     if d.k == 0 {
         o.fill(T::ZERO);
         return;
@@ -76,31 +127,29 @@ fn gemm_native<T: Real + Send + Sync + 'static>(d: DotDims, a: &[T], b: &[T], o:
         // Many small matrices (attention heads): split the batch between two
         // threads, each running its matrices one after another.
         let half = d.batch / 2;
-        let (a1, a2) = a.split_at(half * d.m * d.k);
-        let (b1, b2) = b.split_at(half * d.k * d.n);
         let (o1, o2) = o.split_at_mut(half * d.m * d.n);
-        let first = DotDims { batch: half, ..d };
-        let second = DotDims { batch: d.batch - half, ..d };
-        rayon::join(|| gemm_serial(first, a1, b1, o1), || gemm_serial(second, a2, b2, o2));
+        rayon::join(
+            || gemm_batches(d, a, b, o1, 0..half, gemm::Parallelism::None),
+            || gemm_batches(d, a, b, o2, half..d.batch, gemm::Parallelism::None),
+        );
         return;
     }
-    gemm_batches(d, a, b, o, parallelism);
+    gemm_batches(d, a, b, o, 0..d.batch, parallelism);
 }
 
-/// The matrices of `d` one after another on this thread.
-fn gemm_serial<T: Real + 'static>(d: DotDims, a: &[T], b: &[T], o: &mut [T]) {
-    gemm_batches(d, a, b, o, gemm::Parallelism::None);
-}
-
-fn gemm_batches<T: Real + 'static>(d: DotDims, a: &[T], b: &[T], o: &mut [T], parallelism: gemm::Parallelism) {
-    let (ars, acs) = d.lhs_strides();
-    let (brs, bcs) = d.rhs_strides();
-    for bi in 0..d.batch {
-        let a = &a[bi * d.m * d.k..(bi + 1) * d.m * d.k];
-        let b = &b[bi * d.k * d.n..(bi + 1) * d.k * d.n];
-        let o = &mut o[bi * d.m * d.n..(bi + 1) * d.m * d.n];
-        // SAFETY: the slices hold exactly m*k, k*n and m*n elements and the
-        // strides describe matrices inside them; `o` does not alias `a` or `b`.
+/// Batches `range` of the product into `o` (which holds exactly them).
+fn gemm_batches<T: Real + 'static>(
+    d: DotDims,
+    (a, la): (&[T], &MatrixLayout),
+    (b, lb): (&[T], &MatrixLayout),
+    o: &mut [T],
+    range: std::ops::Range<usize>,
+    parallelism: gemm::Parallelism,
+) {
+    for (slot, bi) in range.enumerate() {
+        let o = &mut o[slot * d.m * d.n..(slot + 1) * d.m * d.n];
+        // SAFETY: `MatrixLayout::new` checked that every matrix lies inside
+        // its buffer; `o` holds exactly m*n elements and aliases neither input.
         unsafe {
             gemm::gemm(
                 d.m,
@@ -110,12 +159,12 @@ fn gemm_batches<T: Real + 'static>(d: DotDims, a: &[T], b: &[T], o: &mut [T], pa
                 1,
                 d.n as isize,
                 false,
-                a.as_ptr(),
-                acs as isize,
-                ars as isize,
-                b.as_ptr(),
-                bcs as isize,
-                brs as isize,
+                a.as_ptr().add(la.offsets[bi]),
+                la.cs as isize,
+                la.rs as isize,
+                b.as_ptr().add(lb.offsets[bi]),
+                lb.cs as isize,
+                lb.rs as isize,
                 T::ZERO,
                 T::ONE,
                 false,
@@ -143,31 +192,60 @@ fn widen<T: FloatLike<Math = f32>>(v: &[T]) -> Vec<f32> {
     v.iter().map(|x| x.widen()).collect()
 }
 
-fn gemm_widened<T: FloatLike<Math = f32>>(d: DotDims, a: &[T], b: &[T], o: &mut [T]) {
+fn gemm_widened<T: FloatLike<Math = f32>>(
+    d: DotDims,
+    (a, la): (&[T], &MatrixLayout),
+    (b, lb): (&[T], &MatrixLayout),
+    o: &mut [T],
+) {
     let mut out = vec![0f32; o.len()];
-    gemm_native(d, &widen(a), &widen(b), &mut out);
+    gemm_native(d, (&widen(a), la), (&widen(b), lb), &mut out);
     for (o, v) in o.iter_mut().zip(out) {
         *o = T::narrow(v);
     }
+}
+
+/// A matmul operand: its buffer, stored shape, and element strides when it
+/// is a strided view of the buffer (`None`: contiguous).
+pub(crate) struct DotOperand<'a> {
+    pub data: &'a HostData,
+    pub shape: &'a [usize],
+    pub strides: Option<&'a [usize]>,
 }
 
 /// `out = lhs x rhs` with the given geometry.
 pub(crate) fn dot(
     kernel: MatmulKernel,
     d: DotDims,
-    a: &HostData,
-    b: &HostData,
+    a: DotOperand,
+    b: DotOperand,
     out: &mut HostData,
 ) -> Result<(), String> {
-    match (kernel, a, b, out) {
+    let layout = |x: &DotOperand, transposed: bool| match x.strides {
+        Some(s) => MatrixLayout::new(x.shape, s, transposed, x.data.len()),
+        None => MatrixLayout::contiguous(x.shape, transposed, x.data.len()),
+    };
+    if kernel == MatmulKernel::Naive && (a.strides.is_some() || b.strides.is_some()) {
+        return Err("the reference matmul reads contiguous operands only".into());
+    }
+    let (la, lb) = (layout(&a, d.lhs_t)?, layout(&b, d.rhs_t)?);
+    match (kernel, a.data, b.data, out) {
         (MatmulKernel::Naive, HostData::F32(a), HostData::F32(b), HostData::F32(o)) => naive_typed(d, a, b, o),
         (MatmulKernel::Naive, HostData::F64(a), HostData::F64(b), HostData::F64(o)) => naive_typed(d, a, b, o),
         (MatmulKernel::Naive, HostData::BF16(a), HostData::BF16(b), HostData::BF16(o)) => naive_typed(d, a, b, o),
         (MatmulKernel::Naive, HostData::F16(a), HostData::F16(b), HostData::F16(o)) => naive_typed(d, a, b, o),
-        (MatmulKernel::Gemm, HostData::F32(a), HostData::F32(b), HostData::F32(o)) => gemm_native(d, a, b, o),
-        (MatmulKernel::Gemm, HostData::F64(a), HostData::F64(b), HostData::F64(o)) => gemm_native(d, a, b, o),
-        (MatmulKernel::Gemm, HostData::BF16(a), HostData::BF16(b), HostData::BF16(o)) => gemm_widened(d, a, b, o),
-        (MatmulKernel::Gemm, HostData::F16(a), HostData::F16(b), HostData::F16(o)) => gemm_widened(d, a, b, o),
+        (MatmulKernel::Gemm, HostData::F32(a), HostData::F32(b), HostData::F32(o)) => {
+            gemm_native(d, (a, &la), (b, &lb), o)
+        }
+        (MatmulKernel::Gemm, HostData::F64(a), HostData::F64(b), HostData::F64(o)) => {
+            gemm_native(d, (a, &la), (b, &lb), o)
+        }
+        (MatmulKernel::Gemm, HostData::BF16(a), HostData::BF16(b), HostData::BF16(o)) => {
+            gemm_widened(d, (a, &la), (b, &lb), o)
+        }
+        (MatmulKernel::Gemm, HostData::F16(a), HostData::F16(b), HostData::F16(o)) => {
+            gemm_widened(d, (a, &la), (b, &lb), o)
+        }
         (_, a, b, _) => return Err(format!("dot of {} and {}", a.dtype(), b.dtype())),
     }
     Ok(())

@@ -28,6 +28,19 @@ pub(crate) fn eval(
     out: &mut HostData,
     matmul: MatmulKernel,
 ) -> Result<(), String> {
+    eval_with_views(node, inputs, shapes, &[None, None], out, matmul)
+}
+
+/// [`eval`], where a matmul operand may be a strided view of its buffer
+/// (`views[i]`: the element strides of input `i` over its shape).
+pub(crate) fn eval_with_views(
+    node: &Node,
+    inputs: &[&HostData],
+    shapes: &InputShapes,
+    views: &[Option<&[usize]>],
+    out: &mut HostData,
+    matmul: MatmulKernel,
+) -> Result<(), String> {
     let out_shape = node.shape.dims();
     match &node.op {
         Op::Parameter(k) => return Err(format!("parameter {k} has no kernel")),
@@ -69,7 +82,8 @@ pub(crate) fn eval(
             let k = if *lhs_t { a[rank - 2] } else { a[rank - 1] };
             let batch = out_shape[..rank - 2].iter().product();
             let dims = dot::DotDims { batch, m, k, n, lhs_t: *lhs_t, rhs_t: *rhs_t };
-            dot::dot(matmul, dims, inputs[0], inputs[1], out)?;
+            let operand = |i: usize| dot::DotOperand { data: inputs[i], shape: shapes[i], strides: views[i] };
+            dot::dot(matmul, dims, operand(0), operand(1), out)?;
         }
     }
     Ok(())
