@@ -25,14 +25,6 @@ pub enum TaskData {
 }
 
 impl TaskData {
-    /// The longest sequence a batch can have.
-    pub fn max_sequence(&self) -> usize {
-        match self {
-            TaskData::MaskedLm { block_size } => *block_size,
-            TaskData::SequenceClassification { max_length, .. } => *max_length,
-        }
-    }
-
     /// The collator for this data: MLM masking seeded by `seed`, or labelled
     /// rows padded to their buckets.
     pub fn collator(&self, tokenizer: &TextTokenizer, mlm_probability: f64, seed: u64) -> TaskCollator {
