@@ -227,15 +227,21 @@ pub(crate) fn binary_inplace(
     Ok(())
 }
 
-fn cmp_slices<T: PartialOrd + Copy>(op: CmpOp, a: &[T], b: &[T], o: &mut [bool]) {
-    let f: fn(&T, &T) -> bool = match op {
+/// The comparison `op` as a predicate.
+#[inline(always)]
+pub(super) fn predicate<T: PartialOrd>(op: CmpOp) -> fn(&T, &T) -> bool {
+    match op {
         CmpOp::Eq => |x, y| x == y,
         CmpOp::Ne => |x, y| x != y,
         CmpOp::Lt => |x, y| x < y,
         CmpOp::Le => |x, y| x <= y,
         CmpOp::Gt => |x, y| x > y,
         CmpOp::Ge => |x, y| x >= y,
-    };
+    }
+}
+
+fn cmp_slices<T: PartialOrd + Copy>(op: CmpOp, a: &[T], b: &[T], o: &mut [bool]) {
+    let f = predicate::<T>(op);
     for (i, o) in o.iter_mut().enumerate() {
         *o = f(&at(a, i), &at(b, i));
     }
@@ -262,7 +268,7 @@ pub(crate) fn compare(op: CmpOp, a: &HostData, b: &HostData, out: &mut HostData)
 
 /// Element `i` of `v`, or its only element when it is a broadcast splat.
 #[inline(always)]
-fn at<T: Copy>(v: &[T], i: usize) -> T {
+pub(super) fn at<T: Copy>(v: &[T], i: usize) -> T {
     if v.len() == 1 {
         v[0]
     } else {

@@ -8,7 +8,7 @@
 //! interpreter monomorphic. The arithmetic is the unfused kernels' own, so a
 //! fused program computes bit-identical results.
 
-use super::elementwise::{float_binary, float_unary, Lanes1};
+use super::elementwise::{at, float_binary, float_unary, predicate, Lanes1};
 use super::numeric::exp_f32;
 use crate::dtype::DType;
 use crate::ir::{BinaryOp, CmpOp, UnaryOp};
@@ -296,26 +296,10 @@ fn operand<'a>(regs: &'a [Vec<f32>], src: Src, imm: &'a [f32; 1], len: usize) ->
 }
 
 #[inline(always)]
-fn at(v: &[f32], i: usize) -> f32 {
-    if v.len() == 1 {
-        v[0]
-    } else {
-        v[i]
-    }
-}
-
-#[inline(always)]
 fn compare(op: CmpOp, a: &[f32], b: &[f32], o: &mut [f32]) {
-    let f: fn(f32, f32) -> bool = match op {
-        CmpOp::Eq => |x, y| x == y,
-        CmpOp::Ne => |x, y| x != y,
-        CmpOp::Lt => |x, y| x < y,
-        CmpOp::Le => |x, y| x <= y,
-        CmpOp::Gt => |x, y| x > y,
-        CmpOp::Ge => |x, y| x >= y,
-    };
+    let f = predicate::<f32>(op);
     for (i, o) in o.iter_mut().enumerate() {
-        *o = f32::from(u8::from(f(at(a, i), at(b, i))));
+        *o = f32::from(u8::from(f(&at(a, i), &at(b, i))));
     }
 }
 

@@ -55,19 +55,13 @@ pub(crate) fn gather(
     Ok(())
 }
 
-fn add_float<T: FloatLike>(o: &mut [T], base: Option<&[T]>, upd: &[T], offsets: &[usize]) {
-    if let Some(base) = base {
-        o.copy_from_slice(base);
-    }
+fn add_float<T: FloatLike>(o: &mut [T], upd: &[T], offsets: &[usize]) {
     for (u, &off) in upd.iter().zip(offsets) {
         o[off] = T::narrow(o[off].widen() + u.widen());
     }
 }
 
-fn add_int<T: IntLike>(o: &mut [T], base: Option<&[T]>, upd: &[T], offsets: &[usize]) {
-    if let Some(base) = base {
-        o.copy_from_slice(base);
-    }
+fn add_int<T: IntLike>(o: &mut [T], upd: &[T], offsets: &[usize]) {
     for (u, &off) in upd.iter().zip(offsets) {
         o[off] = T::from_i64(o[off].to_i64().wrapping_add(u.to_i64()));
     }
@@ -83,18 +77,8 @@ pub(crate) fn scatter_add(
     axis: usize,
     out: &mut HostData,
 ) -> Result<(), String> {
-    let offsets = addressed_offsets(base_shape, index, index_shape, axis)?;
-    match (base, updates, out) {
-        (HostData::F32(b), HostData::F32(u), HostData::F32(o)) => add_float(o, Some(b), u, &offsets),
-        (HostData::F64(b), HostData::F64(u), HostData::F64(o)) => add_float(o, Some(b), u, &offsets),
-        (HostData::BF16(b), HostData::BF16(u), HostData::BF16(o)) => add_float(o, Some(b), u, &offsets),
-        (HostData::F16(b), HostData::F16(u), HostData::F16(o)) => add_float(o, Some(b), u, &offsets),
-        (HostData::I64(b), HostData::I64(u), HostData::I64(o)) => add_int(o, Some(b), u, &offsets),
-        (HostData::I32(b), HostData::I32(u), HostData::I32(o)) => add_int(o, Some(b), u, &offsets),
-        (HostData::U8(b), HostData::U8(u), HostData::U8(o)) => add_int(o, Some(b), u, &offsets),
-        (b, u, _) => return Err(format!("scatter_add of {} into {}", u.dtype(), b.dtype())),
-    }
-    Ok(())
+    super::movement::strided_copy(base, &[base.len()], &[1], 0, out)?;
+    scatter_add_inplace(base_shape, index, index_shape, updates, axis, out)
 }
 
 /// `out[offset(i)] += updates[i]`, in place: `out` holds the base on entry.
@@ -108,13 +92,13 @@ pub(crate) fn scatter_add_inplace(
 ) -> Result<(), String> {
     let offsets = addressed_offsets(base_shape, index, index_shape, axis)?;
     match (updates, out) {
-        (HostData::F32(u), HostData::F32(o)) => add_float(o, None, u, &offsets),
-        (HostData::F64(u), HostData::F64(o)) => add_float(o, None, u, &offsets),
-        (HostData::BF16(u), HostData::BF16(o)) => add_float(o, None, u, &offsets),
-        (HostData::F16(u), HostData::F16(o)) => add_float(o, None, u, &offsets),
-        (HostData::I64(u), HostData::I64(o)) => add_int(o, None, u, &offsets),
-        (HostData::I32(u), HostData::I32(o)) => add_int(o, None, u, &offsets),
-        (HostData::U8(u), HostData::U8(o)) => add_int(o, None, u, &offsets),
+        (HostData::F32(u), HostData::F32(o)) => add_float(o, u, &offsets),
+        (HostData::F64(u), HostData::F64(o)) => add_float(o, u, &offsets),
+        (HostData::BF16(u), HostData::BF16(o)) => add_float(o, u, &offsets),
+        (HostData::F16(u), HostData::F16(o)) => add_float(o, u, &offsets),
+        (HostData::I64(u), HostData::I64(o)) => add_int(o, u, &offsets),
+        (HostData::I32(u), HostData::I32(o)) => add_int(o, u, &offsets),
+        (HostData::U8(u), HostData::U8(o)) => add_int(o, u, &offsets),
         (u, o) => return Err(format!("scatter_add of {} into {}", u.dtype(), o.dtype())),
     }
     Ok(())
