@@ -14,7 +14,7 @@
 //! the root has run, and no path leaves the group and comes back.
 
 use crate::dtype::DType;
-use crate::ir::{Graph, Op};
+use crate::ir::{BinaryOp, Graph, Op};
 use crate::kernels::fused::{Access, FusedProgram, Instr, LoadSpec, Src};
 use crate::shape::contiguous_strides;
 
@@ -274,6 +274,32 @@ enum Value {
     Imm(f32),
 }
 
+/// Instructions under construction and their virtual registers.
+#[derive(Default)]
+struct ProgramBuilder {
+    instrs: Vec<Instr>,
+    registers: usize,
+}
+
+impl ProgramBuilder {
+    /// Append the instruction `make(dst)` writing a fresh register; returns it.
+    fn emit(&mut self, make: impl FnOnce(usize) -> Instr) -> usize {
+        self.registers += 1;
+        self.instrs.push(make(self.registers - 1));
+        self.registers - 1
+    }
+
+    /// A register holding `v` (a constant is written into one as `v * 1`).
+    fn register(&mut self, v: Value) -> usize {
+        match v {
+            Value::Reg(r) => r,
+            Value::Imm(x) => {
+                self.emit(|dst| Instr::Binary { op: BinaryOp::Mul, a: Src::Imm(x), b: Src::Imm(1.0), dst })
+            }
+        }
+    }
+}
+
 /// Assemble the kernel of a group.
 fn build_group(
     graph: &Graph,
@@ -288,13 +314,8 @@ fn build_group(
     let contiguous = contiguous_strides(&shape);
     let mut inputs: Vec<usize> = Vec::new();
     let mut loads: Vec<LoadSpec> = Vec::new();
-    let mut instrs: Vec<Instr> = Vec::new();
-    let mut next_reg = 0;
+    let mut program = ProgramBuilder::default();
     let mut value_of: Vec<Option<Value>> = vec![None; graph.nodes.len()];
-    let mut fresh = || {
-        next_reg += 1;
-        next_reg - 1
-    };
     let mut outputs = Vec::new();
     for &m in members {
         let node = &graph.nodes[m];
@@ -326,9 +347,7 @@ fn build_group(
                     loads.push(spec);
                     loads.len() - 1
                 });
-                let dst = fresh();
-                instrs.push(Instr::Load { load, dst });
-                Value::Reg(dst)
+                Value::Reg(program.emit(|dst| Instr::Load { load, dst }))
             };
             operands.push(value);
         }
@@ -336,42 +355,26 @@ fn build_group(
             Value::Reg(r) => Src::Reg(r),
             Value::Imm(x) => Src::Imm(x),
         };
-        let mut reg_of = |v: Value, instrs: &mut Vec<Instr>| match v {
-            Value::Reg(r) => r,
-            Value::Imm(x) => {
-                let dst = fresh();
-                instrs.push(Instr::Binary { op: crate::ir::BinaryOp::Mul, a: Src::Imm(x), b: Src::Imm(1.0), dst });
-                dst
-            }
-        };
         let result = match &node.op {
             Op::Unary(op) => {
-                let s = reg_of(operands[0], &mut instrs);
-                let dst = fresh();
-                instrs.push(Instr::Unary { op: *op, src: s, dst });
-                Value::Reg(dst)
+                let s = program.register(operands[0]);
+                Value::Reg(program.emit(|dst| Instr::Unary { op: *op, src: s, dst }))
             }
             Op::Binary(op) => {
-                let dst = fresh();
-                instrs.push(Instr::Binary { op: *op, a: src(operands[0]), b: src(operands[1]), dst });
-                Value::Reg(dst)
+                let (a, b) = (src(operands[0]), src(operands[1]));
+                Value::Reg(program.emit(|dst| Instr::Binary { op: *op, a, b, dst }))
             }
             Op::Compare(op) => {
-                let dst = fresh();
-                instrs.push(Instr::Compare { op: *op, a: src(operands[0]), b: src(operands[1]), dst });
-                Value::Reg(dst)
+                let (a, b) = (src(operands[0]), src(operands[1]));
+                Value::Reg(program.emit(|dst| Instr::Compare { op: *op, a, b, dst }))
             }
             Op::Select => {
-                let dst = fresh();
                 let (c, a, b) = (src(operands[0]), src(operands[1]), src(operands[2]));
-                instrs.push(Instr::Select { c, a, b, dst });
-                Value::Reg(dst)
+                Value::Reg(program.emit(|dst| Instr::Select { c, a, b, dst }))
             }
             Op::Cast if node.dtype == DType::Bool && graph.nodes[node.inputs[0].index()].dtype != DType::Bool => {
-                let s = reg_of(operands[0], &mut instrs);
-                let dst = fresh();
-                instrs.push(Instr::ToBool { src: s, dst });
-                Value::Reg(dst)
+                let s = program.register(operands[0]);
+                Value::Reg(program.emit(|dst| Instr::ToBool { src: s, dst }))
             }
             Op::Cast => operands[0],
             other => unreachable!("{} is not fusible", other.name()),
@@ -384,18 +387,11 @@ fn build_group(
     }
     let mut output_dtypes = Vec::new();
     for (k, &m) in outputs.iter().enumerate() {
-        let s = match value_of[m].expect("built") {
-            Value::Reg(r) => r,
-            Value::Imm(x) => {
-                let dst = fresh();
-                instrs.push(Instr::Binary { op: crate::ir::BinaryOp::Mul, a: Src::Imm(x), b: Src::Imm(1.0), dst });
-                dst
-            }
-        };
-        instrs.push(Instr::Store { src: s, out: k });
+        let s = program.register(value_of[m].expect("built"));
+        program.instrs.push(Instr::Store { src: s, out: k });
         output_dtypes.push(graph.nodes[m].dtype);
     }
-    let (instrs, registers) = allocate_registers(instrs, next_reg);
+    let (instrs, registers) = allocate_registers(program.instrs, program.registers);
     let contiguous_inputs = (0..inputs.len())
         .filter(|&k| loads.iter().filter(|l| l.input == k).all(|l| l.access == Access::Contiguous))
         .map(|k| inputs[k])

@@ -111,11 +111,7 @@ impl MemoryPlan {
                             dying[last_use[o].max(i)].push(slot);
                         }
                     }
-                    for s in std::mem::take(&mut dying[i]) {
-                        if !free.contains(&s) && !taken.contains(&s) {
-                            free.push(s);
-                        }
-                    }
+                    release(&mut dying[i], &mut free);
                 }
                 continue;
             }
@@ -152,11 +148,7 @@ impl MemoryPlan {
                 if last_use[i] != usize::MAX {
                     dying[last_use[i]].push(slot);
                 }
-                for s in std::mem::take(&mut dying[i]) {
-                    if !free.contains(&s) {
-                        free.push(s);
-                    }
-                }
+                release(&mut dying[i], &mut free);
                 continue;
             }
             let slot = take_slot(&mut free, &mut slots, node.dtype, len);
@@ -164,11 +156,7 @@ impl MemoryPlan {
             if last_use[i] != usize::MAX {
                 dying[last_use[i].max(i)].push(slot);
             }
-            for s in std::mem::take(&mut dying[i]) {
-                if !free.contains(&s) {
-                    free.push(s);
-                }
-            }
+            release(&mut dying[i], &mut free);
         }
         let input_bytes = graph
             .nodes
@@ -179,6 +167,15 @@ impl MemoryPlan {
             })
             .sum();
         MemoryPlan { operands, slots, in_place, donated, unplanned_bytes, input_bytes }
+    }
+}
+
+/// Return the slots of the values whose last reader just ran to the free list.
+fn release(dying: &mut Vec<usize>, free: &mut Vec<usize>) {
+    for s in std::mem::take(dying) {
+        if !free.contains(&s) {
+            free.push(s);
+        }
     }
 }
 
