@@ -59,19 +59,12 @@ pub struct Manifest {
 impl Manifest {
     /// Read `manifest.json` from a prepared folder.
     pub fn read(dir: &Path) -> Result<Manifest> {
-        let path = dir.join("manifest.json");
-        let text = std::fs::read_to_string(&path).map_err(|e| DataError::Io {
-            path: path.display().to_string(),
-            detail: format!("cannot read the manifest ({e}); run `lazytrain prepare` first"),
-        })?;
-        if text.contains("\"task\"") {
-            return Err(DataError::Io {
-                path: path.display().to_string(),
-                detail: "this folder holds labelled data from `prepare-classification`, not masked-LM blocks; train it with --task sequence-classification".into(),
-            });
-        }
-        serde_json::from_str(&text)
-            .map_err(|e| DataError::Io { path: path.display().to_string(), detail: e.to_string() })
+        read_manifest(
+            dir,
+            None,
+            "lazytrain prepare",
+            "this folder holds labelled data from `prepare-classification`, not masked-LM blocks; train it with --task sequence-classification",
+        )
     }
 
     /// Training records in all shards.
@@ -185,6 +178,26 @@ pub fn prepare(
     };
     write_json(&out_dir.join("manifest.json"), &manifest)?;
     Ok(manifest)
+}
+
+/// Read `manifest.json` in `dir`, written by `command`, whose `task` field
+/// must be `task` (absent for masked-LM blocks); a folder of the other kind
+/// is refused with `mismatch`.
+pub(crate) fn read_manifest<T: serde::de::DeserializeOwned>(
+    dir: &Path,
+    task: Option<&str>,
+    command: &str,
+    mismatch: &str,
+) -> Result<T> {
+    let path = dir.join("manifest.json");
+    let io = |detail: String| DataError::Io { path: path.display().to_string(), detail };
+    let text = std::fs::read_to_string(&path)
+        .map_err(|e| io(format!("cannot read the manifest ({e}); run `{command}` first")))?;
+    let value: serde_json::Value = serde_json::from_str(&text).map_err(|e| io(e.to_string()))?;
+    if value.get("task").and_then(serde_json::Value::as_str) != task {
+        return Err(io(mismatch.to_string()));
+    }
+    serde_json::from_value(value).map_err(|e| io(e.to_string()))
 }
 
 /// `n` shard writers `{split}-{i:05}-of-{n:05}.tfrecord` in `out_dir`.

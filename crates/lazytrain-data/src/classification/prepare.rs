@@ -7,7 +7,7 @@ use super::rows::{
     label_names, read_labelled_file, BadRowCounts, BadRowKind, Columns, LabelOrder, LabelledRow, RowPolicy,
 };
 use crate::example::encode_int64_example;
-use crate::prepare::{finish_shards, shard_writers, stage_bar, tokenizer_hash, write_json, ShardInfo};
+use crate::prepare::{finish_shards, read_manifest, shard_writers, stage_bar, tokenizer_hash, write_json, ShardInfo};
 use crate::tokenizer::TextTokenizer;
 use crate::{DataError, Result};
 use serde::{Deserialize, Serialize};
@@ -78,14 +78,12 @@ pub struct ClassificationManifest {
 impl ClassificationManifest {
     /// Read `manifest.json` of a `prepare-classification` folder.
     pub fn read(dir: &Path) -> Result<ClassificationManifest> {
-        let path = dir.join("manifest.json");
-        let io = |detail: String| DataError::Io { path: path.display().to_string(), detail };
-        let text = std::fs::read_to_string(&path)
-            .map_err(|e| io(format!("cannot read the manifest ({e}); run `lazytrain prepare-classification` first")))?;
-        if !text.contains(SEQUENCE_CLASSIFICATION) {
-            return Err(io("this folder holds masked-LM blocks from `prepare`, not labelled data; prepare labelled data with `lazytrain prepare-classification`".into()));
-        }
-        serde_json::from_str(&text).map_err(|e| io(e.to_string()))
+        read_manifest(
+            dir,
+            Some(SEQUENCE_CLASSIFICATION),
+            "lazytrain prepare-classification",
+            "this folder holds masked-LM blocks from `prepare`, not labelled data; prepare labelled data with `lazytrain prepare-classification`",
+        )
     }
 
     /// `id2label` as Hugging Face's `config.json` writes it.
