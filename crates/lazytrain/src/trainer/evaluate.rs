@@ -39,7 +39,8 @@ impl<M: TaskModel> Trainer<M> {
             let records: Vec<usize> = (first..(first + rows).min(eval.len())).collect();
             let mut host = collator.collate_records(&eval, &records, 0)?;
             host.pad_to_rows(rows, pad);
-            let labels = host.labels.clone();
+            // The classifier scores predictions on the host against these.
+            let labels = matches!(tally, Tally::Classification { .. }).then(|| host.labels.clone());
             let batch = upload(host, &self.device, 0, first)?;
             let types = batch.token_type_ids.as_ref();
             let logits = self.model.forward(&batch.input_ids, Some(&batch.attention_mask), types, &ctx)?;
@@ -64,7 +65,7 @@ impl<M: TaskModel> Trainer<M> {
                     *loss_sum += loss.item::<f32>()? as f64;
                     let classes = logits.dims()[1];
                     let predictions = argmax_rows(&logits.to_vec::<f32>()?, classes);
-                    for (&label, prediction) in labels.iter().zip(predictions) {
+                    for (&label, prediction) in labels.iter().flatten().zip(predictions) {
                         if label >= 0 {
                             confusion.add(label as usize, prediction);
                         }
