@@ -23,6 +23,7 @@ struct State {
 #[derive(Default)]
 pub struct CompileCache {
     state: Mutex<State>,
+    compiling: Mutex<()>,
 }
 
 impl CompileCache {
@@ -33,6 +34,11 @@ impl CompileCache {
 
     fn lock(&self) -> std::sync::MutexGuard<'_, State> {
         self.state.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Held while compiling, so devices sharing the cache compile a graph once.
+    pub(crate) fn compile_guard(&self) -> std::sync::MutexGuard<'_, ()> {
+        self.compiling.lock().unwrap_or_else(|p| p.into_inner())
     }
 
     /// The executable compiled for a graph equal to `graph`, if any.

@@ -6,10 +6,11 @@
 //! hashes the result, looks it up in the compile cache (compiling on a miss)
 //! and runs it; the tensors then hold their buffers.
 
-use crate::backend::{Backend, CpuBackend};
+use crate::backend::{Backend, CpuBackend, Executable};
 use crate::cache::CompileCache;
+use crate::collective::{ReplicaLink, RunContext};
 use crate::compile;
-use crate::error::Result;
+use crate::error::{Error, Result};
 use crate::ir::{Graph, GraphBuilder, Node, NodeId, Op};
 use crate::metrics::{CompileEvent, Metrics, MetricsReport};
 use crate::storage::Buffer;
@@ -18,7 +19,9 @@ use rustc_hash::FxHashMap;
 use std::fmt;
 use std::panic::Location;
 use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard, Weak};
+use std::sync::mpsc;
+use std::sync::{Arc, Condvar, Mutex, MutexGuard, Weak};
+use std::thread::JoinHandle;
 use std::time::Instant;
 
 static NEXT_DEVICE_ID: AtomicUsize = AtomicUsize::new(0);
@@ -90,14 +93,144 @@ impl LiveGraph {
     }
 }
 
+/// How a device is set up: its place in a replica group, its threads and
+/// whether `sync` waits for the step.
+#[derive(Clone, Debug, Default)]
+pub struct DeviceOptions {
+    /// The replica ordinal (0 for a lone device).
+    pub ordinal: usize,
+    /// The replica group `all_reduce` nodes reduce over (none: a lone device).
+    pub replica: Option<ReplicaLink>,
+    /// Threads for this device's kernels (none: the process-wide pool, all cores).
+    pub threads: Option<usize>,
+    /// `sync` enqueues the step on the device's worker thread and returns;
+    /// reading a value waits for it.
+    pub asynchronous: bool,
+}
+
+/// What running an executable needs, shared by the host (synchronous
+/// devices) and the worker thread (asynchronous ones).
+struct Runner {
+    metrics: Arc<Metrics>,
+    replica: Option<ReplicaLink>,
+    pool: Option<Arc<rayon::ThreadPool>>,
+}
+
+impl Runner {
+    fn run(&self, exe: &dyn Executable, inputs: Vec<Arc<Buffer>>) -> Result<Vec<Arc<Buffer>>> {
+        let context = RunContext { replica: self.replica.as_ref() };
+        let start = Instant::now();
+        let results = match &self.pool {
+            Some(pool) => pool.install(|| exe.run(inputs, &context)),
+            None => exe.run(inputs, &context),
+        }?;
+        let ms = start.elapsed().as_secs_f64() * 1e3;
+        let peak = exe.stats().peak_bytes as u64;
+        self.metrics.update(|m| {
+            m.executions += 1;
+            m.execute_ms += ms;
+            m.peak_execution_bytes = m.peak_execution_bytes.max(peak);
+        });
+        Ok(results)
+    }
+}
+
+/// A step enqueued on an asynchronous device: its outputs are in-flight
+/// buffers, held weakly so a value nobody reads any more is simply dropped.
+struct Job {
+    executable: Arc<dyn Executable>,
+    inputs: Vec<Arc<Buffer>>,
+    outputs: Vec<Weak<Buffer>>,
+}
+
+/// Steps enqueued but not finished, and the first failure since the last wait.
+#[derive(Default)]
+struct Queue {
+    state: Mutex<(usize, Option<String>)>,
+    drained: Condvar,
+}
+
+/// The worker thread of an asynchronous device.
+struct Worker {
+    sender: Option<mpsc::Sender<Job>>,
+    handle: Option<JoinHandle<()>>,
+}
+
+impl Worker {
+    fn start(runner: Arc<Runner>, queue: Arc<Queue>, name: String) -> std::io::Result<Worker> {
+        let (sender, receiver) = mpsc::channel::<Job>();
+        let handle = std::thread::Builder::new().name(name).spawn(move || {
+            let mut idle_since: Option<Instant> = None;
+            while let Ok(job) = receiver.recv() {
+                if let Some(t) = idle_since {
+                    let idle = t.elapsed().as_secs_f64() * 1e3;
+                    runner.metrics.update(|m| m.device_idle_ms += idle);
+                }
+                let outcome = runner.run(&*job.executable, job.inputs);
+                let failure = fulfil(&job.outputs, outcome);
+                let mut state = queue.state.lock().unwrap_or_else(|p| p.into_inner());
+                state.0 -= 1;
+                if state.1.is_none() {
+                    state.1 = failure;
+                }
+                if state.0 == 0 {
+                    idle_since = Some(Instant::now());
+                    queue.drained.notify_all();
+                } else {
+                    idle_since = None;
+                }
+            }
+        })?;
+        Ok(Worker { sender: Some(sender), handle: Some(handle) })
+    }
+}
+
+impl Drop for Worker {
+    fn drop(&mut self) {
+        self.sender.take();
+        if let Some(handle) = self.handle.take() {
+            let _ = handle.join();
+        }
+    }
+}
+
+/// Move a finished step's results into its in-flight output buffers (or the
+/// failure); returns the failure's message.
+fn fulfil(outputs: &[Weak<Buffer>], outcome: Result<Vec<Arc<Buffer>>>) -> Option<String> {
+    match outcome {
+        Ok(results) => {
+            for (slot, result) in outputs.iter().zip(results) {
+                if let Some(buffer) = slot.upgrade() {
+                    let data = match Arc::try_unwrap(result) {
+                        Ok(owned) => owned.into_host(),
+                        Err(shared) => shared.wait().cloned(),
+                    };
+                    buffer.fulfil(data);
+                }
+            }
+            None
+        }
+        Err(e) => {
+            let message: Arc<str> = e.to_string().into();
+            for buffer in outputs.iter().filter_map(Weak::upgrade) {
+                buffer.fulfil(Err(message.clone()));
+            }
+            Some(e.to_string())
+        }
+    }
+}
+
 pub(crate) struct DeviceInner {
     id: usize,
     ordinal: usize,
     backend: Arc<dyn Backend>,
     cache: Arc<CompileCache>,
-    metrics: Metrics,
+    metrics: Arc<Metrics>,
     live: Mutex<LiveGraph>,
     debug: bool,
+    runner: Arc<Runner>,
+    queue: Arc<Queue>,
+    worker: Option<Mutex<Worker>>,
 }
 
 /// A device: where tensors live and graphs run. Cheap to clone.
@@ -126,20 +259,92 @@ impl Device {
         Device::with_backend(Arc::new(CpuBackend::default()), Arc::new(CompileCache::new()), 0)
     }
 
-    /// A device on `backend` sharing `cache` (replicas share one), with replica `ordinal`.
+    /// A synchronous device on `backend` sharing `cache`, with replica `ordinal`.
     pub fn with_backend(backend: Arc<dyn Backend>, cache: Arc<CompileCache>, ordinal: usize) -> Device {
+        let options = DeviceOptions { ordinal, ..DeviceOptions::default() };
+        Device::new(backend, cache, options).expect("a synchronous device without its own pool starts no thread")
+    }
+
+    /// A device on `backend` sharing `cache` (replicas share one), set up by
+    /// `options`. Fails when the operating system refuses a thread.
+    pub fn new(backend: Arc<dyn Backend>, cache: Arc<CompileCache>, options: DeviceOptions) -> Result<Device> {
         let debug = std::env::var("LAZYTRAIN_DEBUG").is_ok_and(|v| !v.is_empty() && v != "0");
-        Device {
+        let id = NEXT_DEVICE_ID.fetch_add(1, Ordering::Relaxed);
+        let thread_error = |e: &dyn fmt::Display| Error::Execution {
+            node: 0,
+            op: "device",
+            detail: format!("could not start the device's threads: {e}"),
+        };
+        let pool = match options.threads {
+            Some(n) => Some(Arc::new(
+                rayon::ThreadPoolBuilder::new()
+                    .num_threads(n.max(1))
+                    .thread_name(move |i| format!("lazytrain-{id}-kernel-{i}"))
+                    .build()
+                    .map_err(|e| thread_error(&e))?,
+            )),
+            None => None,
+        };
+        let metrics = Arc::new(Metrics::default());
+        let runner = Arc::new(Runner { metrics: metrics.clone(), replica: options.replica.clone(), pool });
+        let queue = Arc::new(Queue::default());
+        let worker = match options.asynchronous {
+            true => Some(Mutex::new(
+                Worker::start(runner.clone(), queue.clone(), format!("lazytrain-{id}-worker"))
+                    .map_err(|e| thread_error(&e))?,
+            )),
+            false => None,
+        };
+        Ok(Device {
             inner: Arc::new(DeviceInner {
-                id: NEXT_DEVICE_ID.fetch_add(1, Ordering::Relaxed),
-                ordinal,
+                id,
+                ordinal: options.ordinal,
                 backend,
                 cache,
-                metrics: Metrics::default(),
+                metrics,
                 live: Mutex::new(LiveGraph::default()),
                 debug,
+                runner,
+                queue,
+                worker,
             }),
+        })
+    }
+
+    /// True when `sync` enqueues steps instead of running them.
+    pub fn is_asynchronous(&self) -> bool {
+        self.inner.worker.is_some()
+    }
+
+    /// The replica group this device belongs to, if any.
+    pub fn replica(&self) -> Option<&ReplicaLink> {
+        self.inner.runner.replica.as_ref()
+    }
+
+    /// Wait until every enqueued step has finished. Returns the first
+    /// failure of a step since the last wait (its outputs hold the error too).
+    pub fn wait(&self) -> Result<()> {
+        let start = Instant::now();
+        let mut state = self.inner.queue.state.lock().unwrap_or_else(|p| p.into_inner());
+        let waited = state.0 > 0;
+        while state.0 > 0 {
+            state = self.inner.queue.drained.wait(state).unwrap_or_else(|p| p.into_inner());
         }
+        let failure = state.1.take();
+        drop(state);
+        if waited {
+            self.record_host_wait(start);
+        }
+        match failure {
+            Some(detail) => Err(Error::Execution { node: 0, op: "step", detail }),
+            None => Ok(()),
+        }
+    }
+
+    /// Count the time since `start` as the host waiting on the device.
+    pub(crate) fn record_host_wait(&self, start: Instant) {
+        let ms = start.elapsed().as_secs_f64() * 1e3;
+        self.inner.metrics.update(|m| m.host_wait_ms += ms);
     }
 
     /// `cpu:N`-style name (backend and replica ordinal).
@@ -227,27 +432,33 @@ impl Device {
         // A buffer only this sync still holds is donated: the executable may
         // write the step's new values into it.
         graph.donated = inputs.iter().map(|b| Arc::strong_count(b) == 1).collect();
-        let outcome = self.executable_for(graph, location, cut_start).and_then(|exe| {
-            let start = Instant::now();
-            let results = exe.run(inputs)?;
-            let ms = start.elapsed().as_secs_f64() * 1e3;
-            let peak = exe.stats().peak_bytes as u64;
-            self.inner.metrics.update(|m| {
-                m.executions += 1;
-                m.execute_ms += ms;
-                m.peak_execution_bytes = m.peak_execution_bytes.max(peak);
-            });
-            Ok(results)
-        });
-        let results = match outcome {
-            Ok(results) => results,
-            Err(e) => {
-                let message: Arc<str> = e.to_string().into();
-                for cell in &cells {
-                    *cell.lock_state() = TensorState::Failed(message.clone());
-                }
-                return Err(e);
+        let executable = match self.executable_for(graph, location, cut_start) {
+            Ok(exe) => exe,
+            Err(e) => return Err(fail_cells(&cells, e)),
+        };
+        if let Some(worker) = &self.inner.worker {
+            // Asynchronous: the outputs become in-flight buffers now and the
+            // worker fills them; the host goes on tracing.
+            let buffers: Vec<Arc<Buffer>> =
+                cells.iter().map(|cell| Arc::new(Buffer::in_flight(cell.dtype()))).collect();
+            let outputs = buffers.iter().map(Arc::downgrade).collect();
+            for (cell, buffer) in cells.iter().zip(buffers) {
+                *cell.lock_state() = TensorState::Ready(buffer);
             }
+            self.inner.queue.state.lock().unwrap_or_else(|p| p.into_inner()).0 += 1;
+            let job = Job { executable, inputs, outputs };
+            let sent = worker.lock().unwrap_or_else(|p| p.into_inner()).sender.as_ref().map(|s| s.send(job));
+            if !matches!(sent, Some(Ok(()))) {
+                self.inner.queue.state.lock().unwrap_or_else(|p| p.into_inner()).0 -= 1;
+                let e =
+                    Error::Execution { node: 0, op: "device", detail: "the device's worker thread has stopped".into() };
+                return Err(fail_cells(&cells, e));
+            }
+            return Ok(());
+        }
+        let results = match self.inner.runner.run(&*executable, inputs) {
+            Ok(results) => results,
+            Err(e) => return Err(fail_cells(&cells, e)),
         };
         for (cell, buffer) in cells.iter().zip(results) {
             *cell.lock_state() = TensorState::Ready(buffer);
@@ -261,12 +472,19 @@ impl Device {
         graph: Graph,
         location: &'static Location<'static>,
         cut_start: Instant,
-    ) -> Result<Arc<dyn crate::backend::Executable>> {
+    ) -> Result<Arc<dyn Executable>> {
         let hash = graph.structural_hash();
         let cached = self.inner.cache.get(hash, &graph);
         let lookup_ms = cut_start.elapsed().as_secs_f64() * 1e3;
         self.inner.metrics.update(|m| m.lookup_ms += lookup_ms);
         if let Some(exe) = cached {
+            self.inner.metrics.update(|m| m.cache_hits += 1);
+            return Ok(exe);
+        }
+        // Replicas trace the same step at the same time: one compiles it while
+        // the others wait here and then find it cached.
+        let _compiling = self.inner.cache.compile_guard();
+        if let Some(exe) = self.inner.cache.get(hash, &graph) {
             self.inner.metrics.update(|m| m.cache_hits += 1);
             return Ok(exe);
         }
@@ -295,6 +513,15 @@ impl Device {
         self.inner.cache.insert(hash, Arc::new(graph), &site, exe.clone());
         Ok(exe)
     }
+}
+
+/// Mark the cells of a failed step as failed and hand the error back.
+fn fail_cells(cells: &[Arc<TensorCell>], e: Error) -> Error {
+    let message: Arc<str> = e.to_string().into();
+    for cell in cells {
+        *cell.lock_state() = TensorState::Failed(message.clone());
+    }
+    e
 }
 
 /// Keep only what the outputs need and renumber parameters in order of first

@@ -32,6 +32,7 @@
 pub mod autodiff;
 pub mod backend;
 pub mod cache;
+pub mod collective;
 pub mod compile;
 mod device;
 mod dtype;
@@ -46,7 +47,7 @@ mod storage;
 mod tensor;
 
 pub use autodiff::grad;
-pub use device::Device;
+pub use device::{Device, DeviceOptions};
 pub use dtype::{DType, Literal};
 pub use error::{Error, Result, RuleError, RuleKind};
 pub use kernels::MatmulKernel;

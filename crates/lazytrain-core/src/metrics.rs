@@ -70,6 +70,10 @@ pub struct MetricsReport {
     /// The largest planned peak of one execution: intermediate buffers,
     /// donated inputs and the inputs that are not donated.
     pub peak_execution_bytes: u64,
+    /// Milliseconds the host spent waiting for an asynchronous device's results.
+    pub host_wait_ms: f64,
+    /// Milliseconds an asynchronous device's worker sat idle waiting for the host's next step.
+    pub device_idle_ms: f64,
     /// Bytes held by live device buffers now (process-wide).
     pub live_buffer_bytes: u64,
     /// The most bytes device buffers held at once (process-wide).
@@ -103,6 +107,8 @@ impl MetricsReport {
         let _ = writeln!(s, "  host->device bytes:   {}", self.host_to_device_bytes);
         let _ = writeln!(s, "  device->host bytes:   {}", self.device_to_host_bytes);
         let _ = writeln!(s, "  peak execution bytes: {}", self.peak_execution_bytes);
+        let _ = writeln!(s, "  host waited on device: {:.3} ms", self.host_wait_ms);
+        let _ = writeln!(s, "  device waited on host: {:.3} ms", self.device_idle_ms);
         let _ = writeln!(s, "  live buffer bytes:    {}", self.live_buffer_bytes);
         let _ = writeln!(s, "  peak buffer bytes:    {}", self.peak_buffer_bytes);
         if !self.compile_events.is_empty() {

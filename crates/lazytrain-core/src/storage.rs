@@ -3,6 +3,7 @@
 use crate::dtype::DType;
 use half::{bf16, f16};
 use std::sync::atomic::{AtomicI64, Ordering};
+use std::sync::{Arc, Condvar, Mutex, OnceLock};
 
 /// A flat, typed vector of elements on the host.
 #[derive(Clone, Debug, PartialEq)]
@@ -189,39 +190,84 @@ pub fn peak_buffer_bytes() -> u64 {
 
 /// Memory owned by a device. The CPU backend keeps it on the host; a CUDA
 /// backend would add a device-memory variant behind the same type.
+///
+/// A buffer may be *in flight*: created when its step was enqueued on an
+/// asynchronous device and filled when the step finishes. Reading it waits.
 #[derive(Debug)]
 pub struct Buffer {
-    data: HostData,
-    bytes: i64,
+    dtype: DType,
+    value: OnceLock<std::result::Result<HostData, Arc<str>>>,
+    filled: (Mutex<bool>, Condvar),
+    bytes: AtomicI64,
 }
 
 impl Buffer {
     /// Take ownership of host data as a device buffer.
     pub fn new(data: HostData) -> Buffer {
-        let bytes = data.size_in_bytes() as i64;
-        let live = LIVE_BUFFER_BYTES.fetch_add(bytes, Ordering::Relaxed) + bytes;
-        PEAK_BUFFER_BYTES.fetch_max(live, Ordering::Relaxed);
-        Buffer { data, bytes }
+        let buffer = Buffer::in_flight(data.dtype());
+        buffer.fulfil(Ok(data));
+        buffer
     }
 
-    /// The elements, readable on the host.
-    pub fn host(&self) -> &HostData {
-        &self.data
+    /// A buffer whose value a running step will provide ([`Buffer::fulfil`]).
+    pub(crate) fn in_flight(dtype: DType) -> Buffer {
+        Buffer { dtype, value: OnceLock::new(), filled: (Mutex::new(false), Condvar::new()), bytes: AtomicI64::new(0) }
+    }
+
+    /// Provide the value (or the failure) of an in-flight buffer and wake
+    /// its readers. A second call is ignored.
+    pub(crate) fn fulfil(&self, value: std::result::Result<HostData, Arc<str>>) {
+        let bytes = value.as_ref().map_or(0, |d| d.size_in_bytes() as i64);
+        if self.value.set(value).is_ok() {
+            self.bytes.store(bytes, Ordering::Relaxed);
+            let live = LIVE_BUFFER_BYTES.fetch_add(bytes, Ordering::Relaxed) + bytes;
+            PEAK_BUFFER_BYTES.fetch_max(live, Ordering::Relaxed);
+        }
+        let mut done = self.filled.0.lock().unwrap_or_else(|p| p.into_inner());
+        *done = true;
+        self.filled.1.notify_all();
+    }
+
+    /// True once the value (or its failure) is known.
+    pub fn is_ready(&self) -> bool {
+        self.value.get().is_some()
+    }
+
+    /// The elements, readable on the host; waits while the buffer is in
+    /// flight. The error is the failure of the step that should have
+    /// computed it.
+    pub fn wait(&self) -> std::result::Result<&HostData, Arc<str>> {
+        if self.value.get().is_none() {
+            let mut done = self.filled.0.lock().unwrap_or_else(|p| p.into_inner());
+            while !*done {
+                done = self.filled.1.wait(done).unwrap_or_else(|p| p.into_inner());
+            }
+        }
+        match self.value.get() {
+            Some(Ok(data)) => Ok(data),
+            Some(Err(message)) => Err(message.clone()),
+            None => Err("the buffer was never filled".into()),
+        }
     }
 
     /// The element type.
     pub fn dtype(&self) -> DType {
-        self.data.dtype()
+        self.dtype
     }
 
-    /// Give the memory back as host data.
-    pub fn into_host(mut self) -> HostData {
-        std::mem::replace(&mut self.data, HostData::Bool(Vec::new()))
+    /// Give the memory back as host data (waiting while in flight).
+    pub fn into_host(mut self) -> std::result::Result<HostData, Arc<str>> {
+        self.wait()?;
+        match self.value.take() {
+            Some(Ok(data)) => Ok(data),
+            Some(Err(message)) => Err(message),
+            None => Err("the buffer was never filled".into()),
+        }
     }
 }
 
 impl Drop for Buffer {
     fn drop(&mut self) {
-        LIVE_BUFFER_BYTES.fetch_sub(self.bytes, Ordering::Relaxed);
+        LIVE_BUFFER_BYTES.fetch_sub(self.bytes.load(Ordering::Relaxed), Ordering::Relaxed);
     }
 }

@@ -53,7 +53,7 @@ fn run_compiled(graph: &Graph, params: &[HostData]) -> Vec<HostData> {
     let optimized = optimize(graph, None).unwrap();
     let exe = CpuBackend::default().compile(&optimized).unwrap();
     let inputs = params.iter().map(|p| Arc::new(Buffer::new(p.clone()))).collect();
-    exe.run(inputs).unwrap().iter().map(|b| b.host().clone()).collect()
+    exe.run(inputs, &Default::default()).unwrap().iter().map(|b| b.wait().unwrap().clone()).collect()
 }
 
 fn kernels_after_optimize(graph: &Graph, fuse: bool) -> usize {

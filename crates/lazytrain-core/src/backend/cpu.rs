@@ -4,6 +4,7 @@
 use super::fusion::{self, Fusion};
 use super::plan::{MemoryPlan, Operand};
 use super::{profile, Backend, Executable, ExecutableStats};
+use crate::collective::RunContext;
 use crate::error::{Error, Result};
 use crate::ir::{Graph, Node, Op};
 use crate::kernels::fused::{FusedProgram, Source};
@@ -55,8 +56,9 @@ struct CpuExecutable {
     outputs: Vec<Operand>,
     num_params: usize,
     plan: MemoryPlan,
-    /// Intermediate buffers kept between runs.
-    pool: std::sync::Mutex<Vec<Option<HostData>>>,
+    /// Intermediate buffers kept between runs, one set per concurrent run
+    /// (replicas share the executable).
+    pool: std::sync::Mutex<Vec<Vec<Option<HostData>>>>,
 }
 
 impl Backend for CpuBackend {
@@ -175,7 +177,7 @@ impl CpuExecutable {
 }
 
 impl Executable for CpuExecutable {
-    fn run(&self, inputs: Vec<Arc<Buffer>>) -> Result<Vec<Arc<Buffer>>> {
+    fn run(&self, inputs: Vec<Arc<Buffer>>, context: &RunContext) -> Result<Vec<Arc<Buffer>>> {
         if inputs.len() != self.num_params {
             return Err(Error::Execution {
                 node: 0,
@@ -183,17 +185,23 @@ impl Executable for CpuExecutable {
                 detail: format!("the executable takes {} inputs, {} were given", self.num_params, inputs.len()),
             });
         }
+        for (k, input) in inputs.iter().enumerate() {
+            input.wait().map_err(|message| Error::Execution {
+                node: 0,
+                op: "parameter",
+                detail: format!("input {k} has no value because the step that computes it failed: {message}"),
+            })?;
+        }
         // Reuse the previous run's intermediate buffers: no allocation and no
         // page faults in steady state.
-        let mut slots: Vec<Option<HostData>> =
-            self.pool.lock().map(|mut p| std::mem::take(&mut *p)).unwrap_or_default();
+        let mut slots: Vec<Option<HostData>> = self.pool.lock().ok().and_then(|mut p| p.pop()).unwrap_or_default();
         slots.resize(self.plan.slots.len(), None);
         let mut inputs: Vec<Option<Arc<Buffer>>> = inputs.into_iter().map(Some).collect();
         for &(k, slot) in &self.plan.donated {
             // Take the memory over when nothing else holds it; copy otherwise.
             slots[slot] = inputs[k].take().map(|buffer| match Arc::try_unwrap(buffer) {
-                Ok(buffer) => buffer.into_host(),
-                Err(shared) => shared.host().clone(),
+                Ok(buffer) => buffer.into_host().expect("run checks that every input has a value"),
+                Err(shared) => ready(&shared).clone(),
             });
         }
         for step in &self.steps {
@@ -216,6 +224,10 @@ impl Executable for CpuExecutable {
                             let views: Vec<Option<&[usize]>> = views.iter().map(|v| v.as_deref()).collect();
                             kernels::eval_with_views(node, &operands, &shapes, &views, &mut out, MatmulKernel::Gemm)
                         }
+                    };
+                    let result = match (result, &node.op) {
+                        (Ok(()), Op::AllReduce(op)) => context.all_reduce(&mut out, *op),
+                        (result, _) => result,
                     };
                     slots[*slot] = Some(out);
                     (result.map_err(|detail| (node.op.name(), detail)), profile::kind_of(&node.op))
@@ -264,7 +276,7 @@ impl Executable for CpuExecutable {
             })
             .collect();
         if let Ok(mut pool) = self.pool.lock() {
-            *pool = slots;
+            pool.push(slots);
         }
         Ok(outputs)
     }
@@ -292,8 +304,13 @@ impl Executable for CpuExecutable {
 /// The data of an operand.
 fn operand<'a>(op: &Operand, inputs: &'a [Option<Arc<Buffer>>], slots: &'a [Option<HostData>]) -> &'a HostData {
     match *op {
-        Operand::Param(k) => inputs[k].as_ref().expect("only donated inputs are taken").host(),
+        Operand::Param(k) => ready(inputs[k].as_ref().expect("only donated inputs are taken")),
         Operand::Slot(s) => slots[s].as_ref().expect("the plan places every input before its reader"),
         Operand::Fused => unreachable!("kernels read buffers, never fused values"),
     }
+}
+
+/// The data of an input buffer `run` has already waited for.
+fn ready(buffer: &Buffer) -> &HostData {
+    buffer.wait().expect("run checks that every input has a value")
 }

@@ -11,6 +11,7 @@ pub mod profile;
 pub use cpu::CpuBackend;
 pub use plan::{MemoryPlan, Operand};
 
+use crate::collective::RunContext;
 use crate::error::Result;
 use crate::ir::Graph;
 use crate::storage::Buffer;
@@ -29,8 +30,9 @@ pub trait Backend: Send + Sync {
 pub trait Executable: Send + Sync {
     /// Run on `inputs` (indexed like `Op::Parameter`); returns one buffer per
     /// graph output. Inputs are passed by value so a future donation pass can
-    /// reuse a buffer nobody else holds.
-    fn run(&self, inputs: Vec<Arc<Buffer>>) -> Result<Vec<Arc<Buffer>>>;
+    /// reuse a buffer nobody else holds. `context` carries the replica group
+    /// that `all_reduce` nodes reduce over.
+    fn run(&self, inputs: Vec<Arc<Buffer>>, context: &RunContext) -> Result<Vec<Arc<Buffer>>>;
     /// Facts about the compiled program.
     fn stats(&self) -> ExecutableStats;
 }

@@ -33,6 +33,7 @@ pub(crate) fn kind_of(op: &crate::ir::Op) -> &'static str {
         | Op::Concat { .. }
         | Op::Pad { .. }
         | Op::StopGradient => "copies",
+        Op::AllReduce(_) => "collective",
         _ => "other",
     }
 }

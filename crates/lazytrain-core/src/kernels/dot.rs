@@ -176,13 +176,13 @@ fn gemm_batches<T: Real + 'static>(
     }
 }
 
-/// Threads for one matmul: all cores for large products, one for small ones
-/// (where starting threads costs more than it saves).
+/// Threads for one matmul: every thread of the current pool (all cores, or a
+/// replica's share) for large products, one for small ones (where starting
+/// threads costs more than it saves).
 fn matmul_parallelism(flops: usize) -> gemm::Parallelism {
-    static THREADS: std::sync::LazyLock<usize> =
-        std::sync::LazyLock::new(|| std::thread::available_parallelism().map_or(1, |n| n.get()));
-    if *THREADS > 1 && flops >= 1 << 21 {
-        gemm::Parallelism::Rayon(*THREADS)
+    let threads = rayon::current_num_threads();
+    if threads > 1 && flops >= 1 << 21 {
+        gemm::Parallelism::Rayon(threads)
     } else {
         gemm::Parallelism::None
     }

@@ -93,7 +93,7 @@ pub(crate) fn eval_with_views(
 /// with the same dtype, so element `i` is read before it is written).
 pub(crate) fn can_run_in_place(node: &Node, position: usize) -> bool {
     match node.op {
-        Op::Unary(_) | Op::Binary(_) => true,
+        Op::Unary(_) | Op::Binary(_) | Op::AllReduce(_) => true,
         Op::ScatterAdd { .. } => position == 0,
         Op::Select => position > 0,
         _ => false,
@@ -115,6 +115,9 @@ pub(crate) fn eval_in_place(
             index::scatter_add_inplace(shapes[0], others[0], shapes[1], others[1], axis, out)
         }
         Op::Unary(op) => elementwise::unary_inplace(op, out),
+        // The local part of an all-reduce is the identity; the executable
+        // then reduces `out` over the replicas.
+        Op::AllReduce(_) => Ok(()),
         Op::Binary(op) => elementwise::binary_inplace(op, position == 0, others[0], out),
         Op::Select if position > 0 => elementwise::select_inplace(others[0], others[1], position == 1, out),
         _ => Err(format!("{} cannot run in place", node.op.name())),

@@ -36,7 +36,7 @@ pub(crate) enum TensorState {
 }
 
 impl TensorState {
-    fn duplicate(&self) -> TensorState {
+    pub(crate) fn duplicate(&self) -> TensorState {
         match self {
             TensorState::Pending(id) => TensorState::Pending(*id),
             TensorState::Ready(buffer) => TensorState::Ready(buffer.clone()),
@@ -65,6 +65,10 @@ impl TensorCell {
             requires_grad: AtomicBool::new(false),
             grad: Mutex::new(None),
         }
+    }
+
+    pub(crate) fn dtype(&self) -> DType {
+        self.dtype
     }
 
     pub(crate) fn lock_state(&self) -> MutexGuard<'_, TensorState> {

@@ -15,8 +15,26 @@ impl Tensor {
         if self.is_pending() {
             self.device().forced_sync(location)?;
         }
-        let data = match &*self.cell.lock_state() {
-            TensorState::Ready(buffer) => buffer.host().clone(),
+        let state = self.cell.lock_state().duplicate();
+        let data = match state {
+            TensorState::Ready(buffer) => {
+                let start = std::time::Instant::now();
+                let in_flight = !buffer.is_ready();
+                let value = buffer.wait();
+                if in_flight {
+                    self.device().record_host_wait(start);
+                }
+                match value {
+                    Ok(data) => data.clone(),
+                    Err(message) => {
+                        return Err(Error::Data {
+                            what: "to_vec",
+                            detail: format!("the value could not be computed: {message}"),
+                            location,
+                        })
+                    }
+                }
+            }
             TensorState::Failed(message) => {
                 return Err(Error::Data {
                     what: "to_vec",

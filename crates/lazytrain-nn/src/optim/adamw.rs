@@ -99,6 +99,10 @@ impl Optimizer for AdamW {
         Ok(())
     }
 
+    fn parameters(&self) -> Vec<Tensor> {
+        self.slots.iter().map(|s| s.param.clone()).collect()
+    }
+
     fn zero_grad(&mut self) {
         for slot in &self.slots {
             slot.param.set_grad(None);

@@ -44,6 +44,9 @@ pub trait Optimizer {
     fn step(&mut self) -> Result<()>;
     /// Drop every parameter's gradient (so it is not a graph output).
     fn zero_grad(&mut self);
+    /// The parameters this optimizer updates, in order (data-parallel
+    /// training all-reduces their gradients before [`Optimizer::step`]).
+    fn parameters(&self) -> Vec<Tensor>;
     /// Set the learning rate of the next step (fed as a graph input).
     fn set_lr(&mut self, lr: f64);
     /// The learning rate of the next step.

@@ -1,0 +1,54 @@
+//! Collectives: how the replicas of a data-parallel run exchange values
+//! inside a step. The executable calls them for `all_reduce` nodes; the
+//! implementations live in `lazytrain-dist` (in-process today; MPI or NCCL
+//! would implement the same trait).
+
+use crate::ir::AllReduceOp;
+use crate::storage::HostData;
+use std::sync::Arc;
+
+/// A group of replicas that reduce values together.
+pub trait Collective: Send + Sync {
+    /// The number of replicas in the group.
+    fn world_size(&self) -> usize;
+
+    /// Replace `data` on replica `rank` by the elementwise reduction of every
+    /// replica's `data`. All replicas call this with the same dtype and
+    /// length, in the same order (they run the same executable). Returns an
+    /// error when the group was aborted (another replica failed) or the
+    /// replicas disagree.
+    fn all_reduce(&self, rank: usize, data: &mut HostData, op: AllReduceOp) -> Result<(), String>;
+}
+
+/// Where a device sits in a replica group.
+#[derive(Clone)]
+pub struct ReplicaLink {
+    /// This replica's rank (0 is the master).
+    pub rank: usize,
+    /// The group's collective.
+    pub collective: Arc<dyn Collective>,
+}
+
+impl std::fmt::Debug for ReplicaLink {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "replica {} of {}", self.rank, self.collective.world_size())
+    }
+}
+
+/// What an executable needs from its device besides the inputs.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct RunContext<'a> {
+    /// The replica group, when the device is one replica of several.
+    pub replica: Option<&'a ReplicaLink>,
+}
+
+impl RunContext<'_> {
+    /// Reduce `data` over the replica group (a no-op for a lone device,
+    /// where sum and mean over one replica are the identity).
+    pub fn all_reduce(&self, data: &mut HostData, op: AllReduceOp) -> Result<(), String> {
+        match self.replica {
+            Some(link) if link.collective.world_size() > 1 => link.collective.all_reduce(link.rank, data, op),
+            _ => Ok(()),
+        }
+    }
+}

@@ -1,0 +1,30 @@
+//! # lazytrain-dist
+//!
+//! Data-parallel training in the manner of PyTorch/XLA's `xmp.spawn`:
+//!
+//! - [`spawn`] runs n replicas as threads. Each gets its own [`Device`]
+//!   (ordinal, world size, a share of the cores, optionally asynchronous)
+//!   and all of them share one compile cache, so a step compiles once for
+//!   the whole group.
+//! - `all_reduce` is an IR op; inside a step the executable reduces over the
+//!   group through a [`Collective`]. [`InProcessCollective`] meets the
+//!   replicas at a barrier and reduces their buffers in shared memory, each
+//!   replica summing its own slice of every buffer (no staging copies).
+//! - [`optimizer_step`] all-reduces the gradients (mean) and applies the
+//!   update, all inside the step graph.
+//! - A replica that fails or panics aborts the group: replicas waiting at a
+//!   barrier return at once and [`spawn`] returns the failing replica's error.
+//!
+//! [`Device`]: lazytrain_core::Device
+//! [`Collective`]: lazytrain_core::collective::Collective
+
+mod barrier;
+mod error;
+mod in_process;
+mod optimizer;
+mod replica;
+
+pub use error::SpawnError;
+pub use in_process::InProcessCollective;
+pub use optimizer::{optimizer_step, reduce_gradients};
+pub use replica::{spawn, Replica, SpawnConfig};

@@ -1,0 +1,196 @@
+//! `spawn`: n replicas as threads, one device each, one compile cache.
+
+use crate::error::SpawnError;
+use crate::in_process::InProcessCollective;
+use lazytrain_core::backend::CpuBackend;
+use lazytrain_core::cache::CompileCache;
+use lazytrain_core::collective::ReplicaLink;
+use lazytrain_core::{Device, DeviceOptions};
+use std::panic::{catch_unwind, AssertUnwindSafe};
+use std::sync::Arc;
+
+/// How [`spawn`] sets the replicas up.
+#[derive(Clone, Debug)]
+pub struct SpawnConfig {
+    /// Number of replicas (threads), at least 1.
+    pub replicas: usize,
+    /// Kernel threads per replica; by default the cores divided among the
+    /// replicas (at least one each).
+    pub threads_per_replica: Option<usize>,
+    /// Asynchronous devices: `sync` enqueues the step and returns.
+    pub asynchronous: bool,
+}
+
+impl SpawnConfig {
+    /// `replicas` synchronous replicas sharing the cores.
+    pub fn new(replicas: usize) -> SpawnConfig {
+        SpawnConfig { replicas, threads_per_replica: None, asynchronous: false }
+    }
+
+    /// The same, with asynchronous devices.
+    pub fn asynchronous(mut self, asynchronous: bool) -> SpawnConfig {
+        self.asynchronous = asynchronous;
+        self
+    }
+
+    fn threads(&self) -> usize {
+        let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
+        self.threads_per_replica.unwrap_or(cores / self.replicas.max(1)).max(1)
+    }
+}
+
+/// One replica of a data-parallel group, as its function sees it.
+pub struct Replica {
+    device: Device,
+    rank: usize,
+    group: Arc<InProcessCollective>,
+}
+
+impl Replica {
+    /// This replica's device.
+    pub fn device(&self) -> &Device {
+        &self.device
+    }
+
+    /// This replica's rank (`xm.get_ordinal()`).
+    pub fn rank(&self) -> usize {
+        self.rank
+    }
+
+    /// The number of replicas (`xm.xrt_world_size()`).
+    pub fn world_size(&self) -> usize {
+        use lazytrain_core::collective::Collective;
+        self.group.world_size()
+    }
+
+    /// True for rank 0, the replica that logs and writes checkpoints.
+    pub fn is_master(&self) -> bool {
+        self.rank == 0
+    }
+
+    /// Wait until every replica reaches this point (`xm.rendezvous`). Fails
+    /// when another replica has stopped the group.
+    pub fn rendezvous(&self) -> std::result::Result<(), String> {
+        self.group.rendezvous()
+    }
+}
+
+/// Run `f` on `config.replicas` replicas, each a thread with its own device,
+/// and return their results in rank order (`xmp.spawn`).
+///
+/// All devices share one compile cache, so a step every replica traces
+/// compiles once. When a replica returns an error or panics, the group is
+/// aborted: replicas waiting in an `all_reduce` return at once, and `spawn`
+/// returns the first failing replica's error (not the "aborted" errors it
+/// caused in the others). Once a replica's function returns, its device is
+/// drained (every enqueued step finishes) before the replica counts as done.
+pub fn spawn<T, E, F>(config: &SpawnConfig, f: F) -> std::result::Result<Vec<T>, SpawnError<E>>
+where
+    F: Fn(&Replica) -> std::result::Result<T, E> + Sync,
+    T: Send,
+    E: Send + std::fmt::Display + From<lazytrain_core::Error>,
+{
+    if config.replicas == 0 {
+        return Err(SpawnError::Setup("the number of replicas must be at least 1".into()));
+    }
+    let n = config.replicas;
+    let group = Arc::new(InProcessCollective::new(n));
+    let cache = Arc::new(CompileCache::new());
+    let backend = Arc::new(CpuBackend::default());
+    let mut devices = Vec::with_capacity(n);
+    for rank in 0..n {
+        let options = DeviceOptions {
+            ordinal: rank,
+            replica: Some(ReplicaLink { rank, collective: group.clone() }),
+            threads: Some(config.threads()),
+            asynchronous: config.asynchronous,
+        };
+        devices
+            .push(Device::new(backend.clone(), cache.clone(), options).map_err(|e| SpawnError::Setup(e.to_string()))?);
+    }
+    let outcomes: Vec<Outcome<T, E>> = std::thread::scope(|scope| {
+        let handles: Vec<_> = devices
+            .into_iter()
+            .enumerate()
+            .map(|(rank, device)| {
+                let (f, group) = (&f, group.clone());
+                std::thread::Builder::new()
+                    .name(format!("lazytrain-replica-{rank}"))
+                    .spawn_scoped(scope, move || run_replica(Replica { device, rank, group }, f))
+            })
+            .collect();
+        handles
+            .into_iter()
+            .map(|h| match h {
+                Ok(handle) => handle.join().unwrap_or_else(|_| Outcome::Panicked("the replica thread died".into())),
+                Err(e) => Outcome::Panicked(format!("could not start the replica thread: {e}")),
+            })
+            .collect()
+    });
+    let first_failure = group.abort_reason().map(|(rank, _)| rank);
+    let mut results = Vec::with_capacity(n);
+    let mut failure = None;
+    for (rank, outcome) in outcomes.into_iter().enumerate() {
+        let error = match outcome {
+            Outcome::Done(value) => {
+                results.push(value);
+                continue;
+            }
+            Outcome::Failed(error) => SpawnError::Replica { rank, error },
+            Outcome::Panicked(message) => SpawnError::Panicked { rank, message },
+        };
+        // Keep the error of the replica that stopped the group.
+        if failure.is_none() || first_failure == Some(rank) {
+            failure = Some(error);
+        }
+    }
+    match failure {
+        Some(error) => Err(error),
+        None => Ok(results),
+    }
+}
+
+enum Outcome<T, E> {
+    Done(T),
+    Failed(E),
+    Panicked(String),
+}
+
+/// Run one replica's function, drain its device and report to the group.
+fn run_replica<T, E, F>(replica: Replica, f: &F) -> Outcome<T, E>
+where
+    F: Fn(&Replica) -> std::result::Result<T, E>,
+    E: std::fmt::Display + From<lazytrain_core::Error>,
+{
+    let outcome = match catch_unwind(AssertUnwindSafe(|| f(&replica))) {
+        Ok(Ok(value)) => match replica.device.wait() {
+            Ok(()) => Outcome::Done(value),
+            Err(e) => Outcome::Failed(E::from(e)),
+        },
+        Ok(Err(error)) => Outcome::Failed(error),
+        Err(panic) => Outcome::Panicked(panic_message(&*panic)),
+    };
+    let _ = replica.device.wait();
+    let group = &replica.group;
+    match &outcome {
+        Outcome::Done(_) => group.abort(
+            replica.rank,
+            format!(
+                "replica {} finished while another replica still waits for it in a collective; \
+                 every replica must run the same number of steps",
+                replica.rank
+            ),
+        ),
+        Outcome::Failed(error) => group.abort(replica.rank, error.to_string()),
+        Outcome::Panicked(message) => group.abort(replica.rank, format!("panicked: {message}")),
+    }
+    outcome
+}
+
+fn panic_message(panic: &(dyn std::any::Any + Send)) -> String {
+    panic
+        .downcast_ref::<&str>()
+        .map(|s| s.to_string())
+        .or_else(|| panic.downcast_ref::<String>().cloned())
+        .unwrap_or_else(|| "a panic without a message".into())
+}
