@@ -6,23 +6,14 @@ use lazytrain_core::ir::AllReduceOp;
 use lazytrain_nn::optim::Optimizer;
 use lazytrain_nn::{NnError, Result};
 
-/// Replace every parameter's gradient by its mean over the replicas (an
-/// `all_reduce` node in the step graph; the identity for one replica).
-/// Call it before clipping, so every replica clips the same gradients.
-pub fn reduce_gradients(optimizer: &dyn Optimizer, replica: &Replica) -> Result<()> {
+/// Replace every parameter's gradient by its mean over the replicas of its
+/// device's group (an `all_reduce` node in the step graph; nothing for a
+/// lone device). Call it before clipping, so every replica clips the same
+/// gradients.
+pub fn reduce_gradients(optimizer: &dyn Optimizer) -> Result<()> {
     for param in optimizer.parameters() {
-        if param.device() != replica.device() {
-            return Err(NnError::Invalid {
-                what: "optimizer_step",
-                detail: format!(
-                    "a parameter lives on {:?}, not on replica {}'s device {:?}; build the model on replica.device()",
-                    param.device(),
-                    replica.rank(),
-                    replica.device()
-                ),
-            });
-        }
-        if let Some(grad) = param.grad() {
+        let replicated = param.device().replica().is_some_and(|link| link.collective.world_size() > 1);
+        if let (true, Some(grad)) = (replicated, param.grad()) {
             param.set_grad(Some(grad.all_reduce(AllReduceOp::Mean)?));
         }
     }
@@ -31,8 +22,20 @@ pub fn reduce_gradients(optimizer: &dyn Optimizer, replica: &Replica) -> Result<
 
 /// PyTorch/XLA's `xm.optimizer_step`: all-reduce the gradients (mean over
 /// the replicas) and trace the update. Every replica calls it in the same
-/// step; the replicas then hold bit-identical parameters.
+/// step; the replicas then hold bit-identical parameters. Fails when a
+/// parameter does not live on `replica`'s device.
 pub fn optimizer_step(optimizer: &mut dyn Optimizer, replica: &Replica) -> Result<()> {
-    reduce_gradients(optimizer, replica)?;
+    if let Some(param) = optimizer.parameters().iter().find(|p| p.device() != replica.device()) {
+        return Err(NnError::Invalid {
+            what: "optimizer_step",
+            detail: format!(
+                "a parameter lives on {:?}, not on replica {}'s device {:?}; build the model on replica.device()",
+                param.device(),
+                replica.rank(),
+                replica.device()
+            ),
+        });
+    }
+    reduce_gradients(optimizer)?;
     optimizer.step()
 }

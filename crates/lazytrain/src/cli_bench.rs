@@ -3,6 +3,7 @@
 
 use clap::Args;
 use lazytrain_core::{Device, Tensor};
+use lazytrain_dist::{optimizer_step, spawn, Replica, SpawnConfig};
 use lazytrain_models::{ForMaskedLM, ModelConfig, ModelType};
 use lazytrain_nn::init::Initializer;
 use lazytrain_nn::optim::{AdamW, AdamWConfig, Optimizer, ParamGroup};
@@ -18,9 +19,23 @@ pub struct BenchArgs {
     /// Timed steps (after 3 warm-up steps).
     #[arg(long, default_value_t = 10)]
     steps: usize,
+    /// Data-parallel replicas, each training on its own batch of the
+    /// config's size (tokens/s counts all of them).
+    #[arg(long, default_value_t = 1)]
+    replicas: usize,
     /// Print one JSON line.
     #[arg(long)]
     json: bool,
+}
+
+/// What one replica measured.
+struct ReplicaRun {
+    times: Vec<f64>,
+    first_loss: f32,
+    params: usize,
+    compiles: u64,
+    cache_hits: u64,
+    compile_ms: f64,
 }
 
 /// The anchor's sequence length.
@@ -70,22 +85,12 @@ fn peak_rss_mb() -> f64 {
         .map_or(0.0, |kb| kb / 1024.0)
 }
 
-/// Run the benchmark and print the figures.
-pub fn run(args: &BenchArgs) -> lazytrain::Result<()> {
-    let Some((layers, hidden, heads, vocab, batch)) = anchor_config(&args.model) else {
-        return Err(lazytrain::Error::Input(format!(
-            "unknown bench model `{}`; choose tiny, mini, small or base",
-            args.model
-        )));
-    };
-    let device = Device::cpu();
-    let mut config = ModelConfig::preset("bert-tiny", vocab)?;
-    config.model_type = ModelType::Bert;
-    config.hidden_size = hidden;
-    config.num_hidden_layers = layers;
-    config.num_attention_heads = heads;
-    config.intermediate_size = 4 * hidden;
-    let model = ForMaskedLM::new(&mut Initializer::new(0, &device), &config)?;
+/// The anchor's training step on one replica: `steps + 3` steps of the
+/// model built from `config`, on this replica's own random batch.
+fn bench_replica(replica: &Replica, config: &ModelConfig, batch: usize, steps: usize) -> lazytrain::Result<ReplicaRun> {
+    let device = replica.device();
+    let vocab = config.vocab_size;
+    let model = ForMaskedLM::new(&mut Initializer::new(0, device), config)?;
     let params = named_parameters(&model);
     let n_params: usize = params.iter().map(|(_, p)| p.numel()).sum();
     let mut opt = AdamW::new(
@@ -93,21 +98,21 @@ pub fn run(args: &BenchArgs) -> lazytrain::Result<()> {
         AdamWConfig { lr: 1e-4, ..AdamWConfig::default() },
     )?;
     let mut u = vec![0f32; 2 * batch * SEQ];
-    lazytrain_core::random::uniform_f32(0, 0, &mut u);
+    lazytrain_core::random::uniform_f32(0, replica.rank() as u64, &mut u);
     let ids: Vec<i64> = u[..batch * SEQ].iter().map(|&x| 5 + (x * (vocab - 5) as f32) as i64).collect();
     let masked: Vec<bool> = u[batch * SEQ..].iter().map(|&x| x < 0.15).collect();
     let labels: Vec<i64> = ids.iter().zip(&masked).map(|(&t, &m)| if m { t } else { -100 }).collect();
     let inputs: Vec<i64> = ids.iter().zip(&masked).map(|(&t, &m)| if m { 4 } else { t }).collect();
-    let input_ids = Tensor::from_vec(inputs, [batch, SEQ], &device)?;
-    let labels = Tensor::from_vec(labels, [batch, SEQ], &device)?;
+    let input_ids = Tensor::from_vec(inputs, [batch, SEQ], device)?;
+    let labels = Tensor::from_vec(labels, [batch, SEQ], device)?;
     let mut times = Vec::new();
     let mut first_loss = f32::NAN;
-    for step in 0..args.steps + 3 {
+    for step in 0..steps + 3 {
         let start = Instant::now();
-        let ctx = Context::train(&device, 0, step as i64)?;
+        let ctx = Context::train(device, replica.rank() as i64, step as i64)?;
         let loss = model.loss(&model.forward(&input_ids, None, None, &ctx)?, &labels)?;
         loss.backward()?;
-        opt.step()?;
+        optimizer_step(&mut opt, replica)?;
         opt.zero_grad();
         device.mark_step()?;
         let value = loss.item::<f32>()?;
@@ -116,21 +121,56 @@ pub fn run(args: &BenchArgs) -> lazytrain::Result<()> {
             first_loss = value;
         }
     }
-    let first_step_s = times[0];
-    let mut timed = times[3..].to_vec();
+    let m = device.metrics();
+    Ok(ReplicaRun {
+        times,
+        first_loss,
+        params: n_params,
+        compiles: m.compiles,
+        cache_hits: m.cache_hits,
+        compile_ms: m.compile_ms,
+    })
+}
+
+/// Run the benchmark and print the figures.
+pub fn run(args: &BenchArgs) -> lazytrain::Result<()> {
+    let Some((layers, hidden, heads, vocab, batch)) = anchor_config(&args.model) else {
+        return Err(lazytrain::Error::Input(format!(
+            "unknown bench model `{}`; choose tiny, mini, small or base",
+            args.model
+        )));
+    };
+    if args.replicas == 0 || args.steps == 0 {
+        return Err(lazytrain::Error::Input("--replicas and --steps must be at least 1".into()));
+    }
+    let mut config = ModelConfig::preset("bert-tiny", vocab)?;
+    config.model_type = ModelType::Bert;
+    config.hidden_size = hidden;
+    config.num_hidden_layers = layers;
+    config.num_attention_heads = heads;
+    config.intermediate_size = 4 * hidden;
+    let runs = spawn(&SpawnConfig::new(args.replicas), |replica| bench_replica(replica, &config, batch, args.steps))?;
+    // The replicas step in lockstep (they meet in every all-reduce): the
+    // master's step times are the group's.
+    let master = &runs[0];
+    let first_step_s = master.times[0];
+    let mut timed = master.times[3..].to_vec();
     timed.sort_by(f64::total_cmp);
     let median = timed[timed.len() / 2];
-    let tokens = (batch * SEQ) as f64;
+    let tokens = (args.replicas * batch * SEQ) as f64;
     let gflops = flops_per_token(layers, hidden, vocab, SEQ) * tokens / median / 1e9;
-    let m = device.metrics();
-    let peak = gemm_peak_gflops(&device)?;
+    let compiles: u64 = runs.iter().map(|r| r.compiles).sum();
+    let cache_hits: u64 = runs.iter().map(|r| r.cache_hits).sum();
+    let compile_ms: f64 = runs.iter().map(|r| r.compile_ms).sum();
+    let peak = gemm_peak_gflops(&Device::cpu())?;
     let report = serde_json::json!({
-        "framework": "lazytrain", "config": args.model, "batch": batch, "seq": SEQ, "params": n_params,
-        "first_step_s": (first_step_s * 1000.0).round() / 1000.0, "first_loss": first_loss,
-        "compile_ms": (m.compile_ms * 100.0).round() / 100.0,
+        "framework": "lazytrain", "config": args.model, "replicas": args.replicas, "batch": batch, "seq": SEQ,
+        "params": master.params,
+        "first_step_s": (first_step_s * 1000.0).round() / 1000.0, "first_loss": master.first_loss,
+        "compile_ms": (compile_ms * 100.0).round() / 100.0,
         "step_ms_median": (median * 1e5).round() / 100.0, "tokens_per_s": (tokens / median * 10.0).round() / 10.0,
         "model_gflops": (gflops * 100.0).round() / 100.0, "gemm_peak_gflops": (peak * 100.0).round() / 100.0,
-        "mfu": (gflops / peak * 1000.0).round() / 1000.0, "compiles": m.compiles, "cache_hits": m.cache_hits,
+        "mfu": (gflops / peak * 1000.0).round() / 1000.0, "compiles": compiles, "cache_hits": cache_hits,
         "peak_rss_mb": peak_rss_mb().round(),
     });
     if lazytrain_core::backend::profile::enabled() {

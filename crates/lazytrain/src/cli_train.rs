@@ -1,7 +1,9 @@
 //! `lazytrain train`: the Trainer from the command line.
 
 use clap::Args;
-use lazytrain::trainer::{install_interrupt_handler, Trainer, TrainingArguments};
+use lazytrain::trainer::{
+    install_interrupt_handler, run_replicas, EvalMetrics, TrainOutput, Trainer, TrainingArguments,
+};
 use lazytrain::{Error, Result};
 use lazytrain_core::Device;
 use lazytrain_data::classification::ClassificationManifest;
@@ -228,7 +230,6 @@ pub fn resolve_args(config: Option<&Path>, flags: &TrainingFlags) -> Result<Trai
 /// Run `lazytrain train`.
 pub fn run(args: &TrainArgs) -> Result<()> {
     let training = resolve_args(args.config.as_deref(), &args.flags)?;
-    let device = Device::cpu();
     let tokenizer_dir = args.tokenizer.clone().unwrap_or_else(|| PathBuf::from(&args.model));
     let tokenizer = TextTokenizer::from_path(&tokenizer_dir)?;
     let train = open_split(&args.train_data, "train", training.skip_corrupt)?;
@@ -237,15 +238,21 @@ pub fn run(args: &TrainArgs) -> Result<()> {
         None => None,
     };
     install_interrupt_handler();
-    match args.task {
+    let output_dir = training.output_dir.clone();
+    // Each replica builds its model and trainer on its own device.
+    let out = match args.task {
         Task::MaskedLm => {
             if args.num_labels.is_some() {
                 return Err(Error::Input("--num-labels is for --task sequence-classification".into()));
             }
             let manifest = Manifest::read(&args.train_data)?;
-            let model = build_model(&args.model, &tokenizer, training.seed, &device)?;
-            let trainer = Trainer::new(training, model, tokenizer, train, eval, manifest.block_size, &device)?;
-            train_and_report(trainer)
+            run_replicas(training.num_replicas, |device| {
+                let model = build_model(&args.model, &tokenizer, training.seed, device)?;
+                let (train, eval) = (train.clone(), eval.clone());
+                let trainer =
+                    Trainer::new(training.clone(), model, tokenizer.clone(), train, eval, manifest.block_size, device)?;
+                train_and_evaluate(trainer)
+            })?
         }
         Task::SequenceClassification => {
             let manifest = ClassificationManifest::read(&args.train_data)?;
@@ -258,11 +265,24 @@ pub fn run(args: &TrainArgs) -> Result<()> {
                     manifest.labels.len()
                 )));
             }
-            let model = build_classifier(&args.model, &tokenizer, &manifest.labels, training.seed, &device)?;
-            let trainer = Trainer::for_classification(training, model, tokenizer, train, eval, &manifest, &device)?;
-            train_and_report(trainer)
+            run_replicas(training.num_replicas, |device| {
+                let model = build_classifier(&args.model, &tokenizer, &manifest.labels, training.seed, device)?;
+                let (train, eval) = (train.clone(), eval.clone());
+                let trainer = Trainer::for_classification(
+                    training.clone(),
+                    model,
+                    tokenizer.clone(),
+                    train,
+                    eval,
+                    &manifest,
+                    device,
+                )?;
+                train_and_evaluate(trainer)
+            })?
         }
-    }
+    };
+    report(&out, &output_dir);
+    Ok(())
 }
 
 /// A sequence classifier over `labels`: a preset sized to the tokenizer, or
@@ -287,19 +307,27 @@ pub fn build_classifier(
     Ok(ForSequenceClassification::new(&mut Initializer::new(seed, device), &config, labels.len())?)
 }
 
-fn train_and_report<M: TaskModel>(trainer: Trainer<M>) -> Result<()> {
+/// Train, then evaluate when `do_eval` is set (every replica takes part).
+fn train_and_evaluate<M: TaskModel>(trainer: Trainer<M>) -> Result<(TrainOutput, Option<EvalMetrics>)> {
     let mut trainer = trainer.with_progress_bar(true);
     let out = trainer.train()?;
+    let eval = match trainer.args.do_eval && !out.interrupted {
+        true => Some(trainer.evaluate()?),
+        false => None,
+    };
+    Ok((out, eval))
+}
+
+fn report((out, eval): &(TrainOutput, Option<EvalMetrics>), output_dir: &str) {
     if out.interrupted {
-        println!("interrupted: saved a checkpoint at step {} in {}", out.global_step, trainer.args.output_dir);
-        return Ok(());
+        println!("interrupted: saved a checkpoint at step {} in {output_dir}", out.global_step);
+        return;
     }
     println!(
-        "trained {} steps in {:.1} s ({:.0} tokens/s), mean loss {:.4}; model saved to {}",
-        out.global_step, out.seconds, out.tokens_per_second, out.training_loss, trainer.args.output_dir
+        "trained {} steps in {:.1} s ({:.0} tokens/s), mean loss {:.4}; model saved to {output_dir}",
+        out.global_step, out.seconds, out.tokens_per_second, out.training_loss
     );
-    if trainer.args.do_eval {
-        println!("eval: {}", trainer.evaluate()?);
+    if let Some(eval) = eval {
+        println!("eval: {eval}");
     }
-    Ok(())
 }

@@ -18,6 +18,26 @@ pub enum Error {
     /// Inputs a pipeline cannot handle.
     #[error("{0}")]
     Input(String),
+    /// A data-parallel replica failed (its error, or a panic), stopping the others.
+    #[error("replica {rank}: {source}")]
+    Replica {
+        /// The replica that failed first.
+        rank: usize,
+        /// Its error.
+        source: Box<Error>,
+    },
+}
+
+impl From<lazytrain_dist::SpawnError<Error>> for Error {
+    fn from(e: lazytrain_dist::SpawnError<Error>) -> Error {
+        match e {
+            lazytrain_dist::SpawnError::Replica { rank, error } => Error::Replica { rank, source: Box::new(error) },
+            lazytrain_dist::SpawnError::Panicked { rank, message } => {
+                Error::Replica { rank, source: Box::new(Error::Input(format!("panicked: {message}"))) }
+            }
+            lazytrain_dist::SpawnError::Setup(detail) => Error::Input(detail),
+        }
+    }
 }
 
 /// `Result` with [`Error`].

@@ -258,8 +258,8 @@ fn bad_configs_are_clear_errors() {
     assert!(msg.contains("at least 1"), "{msg}");
     let msg = invalid("bf16 = true\n", false);
     assert!(msg.contains("bf16"), "{msg}");
-    let msg = invalid("num_replicas = 4\n", false);
-    assert!(msg.contains("num_replicas = 4"), "{msg}");
+    let msg = invalid("num_replicas = 0\n", false);
+    assert!(msg.contains("num_replicas must be at least 1"), "{msg}");
     let msg = invalid("max_steps = -1\nnum_train_epochs = 0.0\n", false);
     assert!(msg.contains("max_steps > 0 or num_train_epochs > 0"), "{msg}");
     let json = tmp("json").join("args.json");

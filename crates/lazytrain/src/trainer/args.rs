@@ -230,11 +230,8 @@ impl TrainingArguments {
         if self.bf16 {
             return Err(invalid("bf16 mixed precision is not available yet; set bf16 = false".into()));
         }
-        if self.num_replicas != 1 {
-            return Err(invalid(format!(
-                "num_replicas = {} needs data-parallel replicas, which are not available yet; use 1",
-                self.num_replicas
-            )));
+        if self.num_replicas == 0 {
+            return Err(invalid("num_replicas must be at least 1".into()));
         }
         Ok(())
     }

@@ -5,7 +5,8 @@
 use super::task::{argmax_rows, ConfusionMatrix, EvalMetrics, TaskData};
 use super::Trainer;
 use crate::{Error, Result};
-use lazytrain_core::{DType, Tensor};
+use lazytrain_core::ir::AllReduceOp;
+use lazytrain_core::{DType, Device, Tensor};
 use lazytrain_data::collator::Collator;
 use lazytrain_data::loader::upload;
 use lazytrain_models::TaskModel;
@@ -17,10 +18,34 @@ enum Tally {
     Classification { loss: f64, confusion: ConfusionMatrix },
 }
 
+impl Tally {
+    /// The tally with every replica's counts added (one all-reduce).
+    fn summed_over_replicas(self, device: &Device) -> Result<Tally> {
+        let flat = match &self {
+            Tally::MaskedLm { loss, correct, count } => vec![*loss, *correct, *count],
+            Tally::Classification { loss, confusion } => {
+                let mut v = vec![*loss];
+                v.extend(confusion.to_flat());
+                v
+            }
+        };
+        let n = flat.len();
+        let summed = Tensor::from_vec(flat, [n], device)?.all_reduce(AllReduceOp::Sum)?.to_vec::<f64>()?;
+        Ok(match self {
+            Tally::MaskedLm { .. } => Tally::MaskedLm { loss: summed[0], correct: summed[1], count: summed[2] },
+            Tally::Classification { confusion, .. } => Tally::Classification {
+                loss: summed[0],
+                confusion: ConfusionMatrix::from_flat(confusion.classes(), &summed[1..]),
+            },
+        })
+    }
+}
+
 impl<M: TaskModel> Trainer<M> {
     /// Evaluate on the eval data. A masked LM reports the mean loss per
     /// masked token, perplexity and masked-token accuracy; a classifier the
-    /// mean loss per sequence, accuracy and macro-F1.
+    /// mean loss per sequence, accuracy and macro-F1. Replicas evaluate
+    /// every `world`-th batch each and add up their tallies.
     pub fn evaluate(&mut self) -> Result<EvalMetrics> {
         let Some(eval) = self.eval.clone() else {
             return Err(Error::Input("no eval data was given; pass --eval-data DIR".into()));
@@ -35,7 +60,8 @@ impl<M: TaskModel> Trainer<M> {
                 Tally::Classification { loss: 0.0, confusion: ConfusionMatrix::new(labels.len()) }
             }
         };
-        for first in (0..eval.len()).step_by(rows) {
+        let (rank, world) = self.replica_position();
+        for (_, first) in (0..eval.len()).step_by(rows).enumerate().filter(|(b, _)| b % world == rank) {
             let records: Vec<usize> = (first..(first + rows).min(eval.len())).collect();
             let mut host = collator.collate_records(&eval, &records, 0)?;
             host.pad_to_rows(rows, pad);
@@ -72,6 +98,9 @@ impl<M: TaskModel> Trainer<M> {
                     }
                 }
             }
+        }
+        if world > 1 {
+            tally = tally.summed_over_replicas(&self.device)?;
         }
         Ok(match tally {
             Tally::MaskedLm { loss, correct, count } => {

@@ -11,17 +11,20 @@ pub mod checkpoint;
 mod evaluate;
 pub mod events;
 mod logs;
+mod replicas;
 pub mod state;
 pub mod task;
 
 pub use args::{IntervalStrategy, TrainingArguments};
 pub use callbacks::{Control, EarlyStopping, TrainerCallback};
+pub use replicas::run_replicas;
 pub use state::{RngState, SchedulerState, TrainerState};
 pub use task::{EvalMetrics, TaskData};
 
 use crate::{Error, Result};
 use checkpoint::{latest_checkpoint, read_json, rotate, save_checkpoint, CheckpointContents};
-use lazytrain_core::{Device, Tensor};
+use lazytrain_core::ir::AllReduceOp;
+use lazytrain_core::{DType, Device, Tensor};
 use lazytrain_data::classification::ClassificationManifest;
 use lazytrain_data::dataset::{EpochSampler, ShardedDataset};
 use lazytrain_data::loader::{DeviceBatch, DeviceLoader, LoaderPlan};
@@ -37,6 +40,25 @@ use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::Instant;
+
+/// Replica `r` seeds its dropout with `seed + r * REPLICA_SEED_STRIDE`.
+const REPLICA_SEED_STRIDE: i64 = 1_000_000_007;
+
+/// `[mean of loss over the replicas, number of replicas that saw Ctrl-C]`.
+fn replica_mean_and_flag(loss: &Tensor, stop: bool) -> Result<Tensor> {
+    let device = loss.device();
+    let flag = Tensor::from_vec(vec![if stop { 1.0f32 } else { 0.0 }], [1], device)?;
+    let both = Tensor::cat(&[&loss.reshape([1])?, &flag], 0)?;
+    let mean = both.all_reduce(AllReduceOp::Mean)?;
+    Ok(mean)
+}
+
+/// Wait until every replica of the device's group gets here (a one-element
+/// all-reduce that is read back).
+fn replica_barrier(device: &Device) -> Result<()> {
+    Tensor::zeros([1], DType::F32, device)?.all_reduce(AllReduceOp::Sum)?.to_vec::<f32>()?;
+    Ok(())
+}
 
 /// Set by Ctrl-C: the loop saves a checkpoint and returns.
 static INTERRUPTED: AtomicBool = AtomicBool::new(false);
@@ -161,6 +183,13 @@ impl<M: TaskModel> Trainer<M> {
                 model.config().vocab_size
             )));
         }
+        let world = device.replica().map_or(1, |link| link.collective.world_size());
+        if world != args.num_replicas {
+            return Err(Error::Input(format!(
+                "num_replicas = {} but the trainer's device is one of {world} replicas; build each replica's trainer inside `trainer::run_replicas`",
+                args.num_replicas
+            )));
+        }
         let mut callbacks: Vec<Box<dyn TrainerCallback>> = Vec::new();
         if let Some(patience) = args.early_stopping_patience {
             let stopping = EarlyStopping::new(patience, 0.0)
@@ -198,6 +227,17 @@ impl<M: TaskModel> Trainer<M> {
         &self.device
     }
 
+    /// This trainer's replica rank and the number of replicas (its device's
+    /// place in a replica group; `(0, 1)` for a lone device).
+    pub fn replica_position(&self) -> (usize, usize) {
+        self.device.replica().map_or((0, 1), |link| (link.rank, link.collective.world_size()))
+    }
+
+    /// True on the replica that logs and writes checkpoints.
+    pub fn is_master(&self) -> bool {
+        self.replica_position().0 == 0
+    }
+
     /// What the trainer trains on.
     pub fn task(&self) -> &TaskData {
         &self.task
@@ -208,7 +248,8 @@ impl<M: TaskModel> Trainer<M> {
     }
 
     fn batches_per_epoch(&self) -> Result<u64> {
-        let sampler = EpochSampler::new(self.train.len(), self.args.seed, true, 0, 1)?;
+        let (_, world) = self.replica_position();
+        let sampler = EpochSampler::new(self.train.len(), self.args.seed, true, 0, world)?;
         let per = (sampler.samples_per_epoch() / self.args.per_device_train_batch_size) as u64;
         if per < self.args.gradient_accumulation_steps as u64 {
             return Err(Error::Input(format!(
@@ -304,12 +345,15 @@ impl<M: TaskModel> Trainer<M> {
         if let Some(dir) = self.resume_dir()? {
             self.restore(&dir, &mut optimizer)?;
         }
-        let mut sinks = LogSinks::open(&output_dir, &self.args.report_to)?;
+        let (rank, world) = self.replica_position();
+        let master = rank == 0;
+        let report_to = if master { self.args.report_to.clone() } else { Vec::new() };
+        let mut sinks = LogSinks::open(&output_dir, &report_to)?;
         let accumulation = self.args.gradient_accumulation_steps;
         let batch_size = self.args.per_device_train_batch_size;
         let batches_per_epoch = self.batches_per_epoch()?;
         let remaining = total.saturating_sub(self.state.global_step);
-        let sampler = EpochSampler::new(self.train.len(), self.args.seed, true, 0, 1)?;
+        let sampler = EpochSampler::new(self.train.len(), self.args.seed, true, rank, world)?;
         let plan = LoaderPlan {
             batch_size,
             prefetch: self.args.dataloader_prefetch,
@@ -321,7 +365,7 @@ impl<M: TaskModel> Trainer<M> {
         let mut loader =
             DeviceLoader::new(self.train.clone(), sampler, self.collator(self.args.seed), plan, &self.device)?;
         let params: Vec<Tensor> = named_parameters(&self.model).into_iter().map(|(_, t)| t).collect();
-        let bar = progress_bar(total, self.show_progress, "step {pos}/{len} [{bar:30}] {msg} eta {eta}");
+        let bar = progress_bar(total, self.show_progress && master, "step {pos}/{len} [{bar:30}] {msg} eta {eta}");
         bar.set_position(self.state.global_step);
         for cb in &mut self.callbacks {
             cb.on_train_begin(&self.state);
@@ -344,7 +388,9 @@ impl<M: TaskModel> Trainer<M> {
             let step = self.state.global_step;
             let labelled: usize = window.iter().map(|b| b.label_count).sum();
             let scale = Tensor::scalar(1.0f32 / labelled.max(1) as f32, &self.device);
-            let ctx = Context::train(&self.device, self.args.seed as i64, step as i64)?;
+            // Each replica draws its own dropout masks.
+            let dropout_seed = self.args.seed as i64 + rank as i64 * REPLICA_SEED_STRIDE;
+            let ctx = Context::train(&self.device, dropout_seed, step as i64)?;
             let mut step_loss: Option<Tensor> = None;
             for batch in &window {
                 let types = batch.token_type_ids.as_ref();
@@ -356,6 +402,9 @@ impl<M: TaskModel> Trainer<M> {
                     None => loss,
                 });
             }
+            // Replicas average their gradients before clipping, so all clip
+            // and apply the same update.
+            lazytrain_dist::reduce_gradients(&optimizer)?;
             if self.args.max_grad_norm > 0.0 {
                 clip_grad_norm(&params, self.args.max_grad_norm)?;
             }
@@ -363,8 +412,22 @@ impl<M: TaskModel> Trainer<M> {
             optimizer.set_lr(lr);
             optimizer.step()?;
             optimizer.zero_grad();
+            // The logged loss is the mean over replicas, and Ctrl-C stops
+            // every replica after the same step.
+            let stop_requested = world > 1 && INTERRUPTED.load(Ordering::SeqCst);
+            let shared = match step_loss {
+                Some(loss) if world > 1 => Some(replica_mean_and_flag(&loss, stop_requested)?),
+                other => other,
+            };
             self.device.mark_step()?;
-            let loss_value = step_loss.map_or(Ok(f32::NAN), |l| l.item::<f32>())?;
+            let (loss_value, interrupt_seen) = match shared {
+                Some(t) if world > 1 => {
+                    let v = t.to_vec::<f32>()?;
+                    (v[0], v[1] > 0.0)
+                }
+                Some(t) => (t.item::<f32>()?, false),
+                None => (f32::NAN, false),
+            };
             if !loss_value.is_finite() {
                 bar.abandon();
                 let kept = latest_checkpoint(&output_dir).map_or("no checkpoint was saved".to_string(), |p| {
@@ -389,7 +452,8 @@ impl<M: TaskModel> Trainer<M> {
             losses.push(loss_value);
             logged_loss += loss_value as f64;
             logged_steps += 1;
-            tokens += window.iter().map(|b| b.input_ids.dims().iter().product::<usize>()).sum::<usize>() as u64;
+            tokens +=
+                (world * window.iter().map(|b| b.input_ids.dims().iter().product::<usize>()).sum::<usize>()) as u64;
             let gs = self.state.global_step;
             let mut control = Control::default();
             for cb in &mut self.callbacks {
@@ -418,7 +482,7 @@ impl<M: TaskModel> Trainer<M> {
                     control.should_stop |= cb.on_evaluate(&self.state, &metrics).should_stop;
                 }
             }
-            interrupted = INTERRUPTED.swap(false, Ordering::SeqCst);
+            interrupted = if world > 1 { interrupt_seen } else { INTERRUPTED.swap(false, Ordering::SeqCst) };
             if interrupted || due(self.args.save_strategy, self.args.save_steps) {
                 self.checkpoint(&optimizer, &schedule, &output_dir)?;
             }
@@ -432,10 +496,15 @@ impl<M: TaskModel> Trainer<M> {
             cb.on_train_end(&self.state);
         }
         let seconds = start.elapsed().as_secs_f64();
-        if !interrupted {
-            if self.args.load_best_model_at_end {
-                self.load_best_model()?;
-            }
+        if world > 1 {
+            INTERRUPTED.store(false, Ordering::SeqCst);
+            // The master may still be writing the last checkpoint.
+            replica_barrier(&self.device)?;
+        }
+        if !interrupted && self.args.load_best_model_at_end {
+            self.load_best_model()?;
+        }
+        if !interrupted && master {
             crate::folder::save_folder(&output_dir, &self.model, self.model.config(), &self.tokenizer)?;
             let text = serde_json::to_string_pretty(&self.state).map_err(|e| Error::Input(e.to_string()))?;
             lazytrain_nn::state::write_atomically(&output_dir.join("trainer_state.json"), text.as_bytes())?;
@@ -536,6 +605,10 @@ impl<M: TaskModel> Trainer<M> {
             state: &self.state,
             args: &self.args,
         };
+        let path = output_dir.join(format!("checkpoint-{}", self.state.global_step));
+        if !self.is_master() {
+            return Ok(path);
+        }
         let path = save_checkpoint(output_dir, &contents)?;
         if let Some(limit) = self.args.save_total_limit {
             rotate(output_dir, limit, self.state.best_model_checkpoint.as_deref())?;

@@ -132,6 +132,25 @@ impl ConfusionMatrix {
         }
     }
 
+    /// The counts, row by row (label-major), as floats.
+    pub fn to_flat(&self) -> Vec<f64> {
+        self.counts.iter().flatten().map(|&c| c as f64).collect()
+    }
+
+    /// A matrix over `classes` labels from [`ConfusionMatrix::to_flat`]'s layout.
+    pub fn from_flat(classes: usize, flat: &[f64]) -> ConfusionMatrix {
+        let mut m = ConfusionMatrix::new(classes);
+        for (i, &c) in flat.iter().take(classes * classes).enumerate() {
+            m.counts[i / classes][i % classes] = c.round().max(0.0) as u64;
+        }
+        m
+    }
+
+    /// The number of classes.
+    pub fn classes(&self) -> usize {
+        self.counts.len()
+    }
+
     /// Predictions counted.
     pub fn total(&self) -> u64 {
         self.counts.iter().flatten().sum()
