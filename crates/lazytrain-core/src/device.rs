@@ -10,6 +10,7 @@ use crate::backend::{Backend, CpuBackend, Executable};
 use crate::cache::CompileCache;
 use crate::collective::{ReplicaLink, RunContext};
 use crate::compile;
+use crate::dtype::DType;
 use crate::error::{Error, Result};
 use crate::ir::{Graph, GraphBuilder, Node, NodeId, Op};
 use crate::metrics::{CompileEvent, Metrics, MetricsReport};
@@ -231,6 +232,21 @@ pub(crate) struct DeviceInner {
     runner: Arc<Runner>,
     queue: Arc<Queue>,
     worker: Option<Mutex<Worker>>,
+    /// The dtype matmuls of f32 values compute in, inside an autocast region.
+    autocast: Mutex<Option<DType>>,
+}
+
+/// Restores the previous autocast setting when dropped (see [`Device::autocast`]).
+#[must_use = "the autocast region ends when the guard is dropped"]
+pub struct AutocastGuard {
+    device: Device,
+    previous: Option<DType>,
+}
+
+impl Drop for AutocastGuard {
+    fn drop(&mut self) {
+        *self.device.inner.autocast.lock().unwrap_or_else(|p| p.into_inner()) = self.previous;
+    }
 }
 
 /// A device: where tensors live and graphs run. Cheap to clone.
@@ -307,8 +323,34 @@ impl Device {
                 runner,
                 queue,
                 worker,
+                autocast: Mutex::new(None),
             }),
         })
+    }
+
+    /// Mixed precision for the ops traced while the guard lives (PyTorch's
+    /// `torch.autocast`): matmuls of f32 values cast their operands to
+    /// `dtype` (bf16), multiply with f32 accumulation and cast the product
+    /// back to f32. Everything else (softmax, LayerNorm, the loss, the
+    /// optimizer) stays f32, and parameters stay f32 master weights. The
+    /// casts are graph ops: the backward pass of such a matmul runs in
+    /// `dtype` too, and the fuser folds the casts into neighbouring kernels.
+    #[track_caller]
+    pub fn autocast(&self, dtype: DType) -> Result<AutocastGuard> {
+        if dtype != DType::BF16 {
+            return Err(Error::Data {
+                what: "autocast",
+                detail: format!("autocast computes matmuls in bf16, not {dtype}"),
+                location: Location::caller(),
+            });
+        }
+        let previous = self.inner.autocast.lock().unwrap_or_else(|p| p.into_inner()).replace(dtype);
+        Ok(AutocastGuard { device: self.clone(), previous })
+    }
+
+    /// The dtype matmuls of f32 values compute in right now, if autocasting.
+    pub fn autocast_dtype(&self) -> Option<DType> {
+        *self.inner.autocast.lock().unwrap_or_else(|p| p.into_inner())
     }
 
     /// True when `sync` enqueues steps instead of running them.

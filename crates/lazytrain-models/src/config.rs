@@ -177,7 +177,7 @@ impl ModelConfig {
 
     fn validate(&self, path: &str) -> Result<()> {
         let bad = |detail: String| Err(ModelError::Config { path: path.to_string(), detail });
-        if self.num_attention_heads == 0 || self.hidden_size % self.num_attention_heads != 0 {
+        if self.num_attention_heads == 0 || !self.hidden_size.is_multiple_of(self.num_attention_heads) {
             return bad(format!(
                 "hidden_size {} must be a multiple of num_attention_heads {}",
                 self.hidden_size, self.num_attention_heads

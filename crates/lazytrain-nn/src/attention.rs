@@ -25,7 +25,7 @@ pub struct SelfAttention {
 impl SelfAttention {
     /// Attention over `hidden` features split into `num_heads` heads.
     pub fn new(init: &mut Initializer, hidden: usize, num_heads: usize, dropout: f64) -> Result<SelfAttention> {
-        if num_heads == 0 || hidden % num_heads != 0 {
+        if num_heads == 0 || !hidden.is_multiple_of(num_heads) {
             return Err(NnError::Invalid {
                 what: "num_attention_heads",
                 detail: format!("hidden size {hidden} is not a multiple of {num_heads} heads"),

@@ -101,24 +101,32 @@ fn each_parameter_update_of_adamw_is_one_fused_kernel() -> Result<()> {
 
 #[test]
 fn fused_and_unfused_training_steps_agree_bit_for_bit() -> Result<()> {
-    let run = |fuse: bool| -> Result<Vec<Vec<f32>>> {
-        let d = device(fuse);
-        let attention = SelfAttention::new(&mut Initializer::new(4, &d), 32, 4, 0.1)?;
-        let norm = LayerNorm::new(&mut Initializer::new(5, &d), 32, 1e-12)?;
-        let mut params = named_parameters(&attention);
-        params.extend(named_parameters(&norm));
-        let mut opt = AdamW::new(decay_groups(params.clone(), 0.01), AdamWConfig::default())?;
-        let x = input(&[2, 16, 32], &d)?;
-        for step in 0..3 {
-            let ctx = Context::train(&d, 7, step)?;
-            let y = norm.forward(&attention.forward(&x, None, &ctx)?.add(&x)?)?;
-            y.gelu()?.square()?.mean(&[0, 1, 2], false)?.backward()?;
-            opt.step()?;
-            opt.zero_grad();
-            d.mark_step()?;
-        }
-        Ok(params.iter().map(|(_, p)| p.to_vec::<f32>()).collect::<lazytrain_core::Result<_>>()?)
-    };
-    assert_eq!(run(true)?, run(false)?);
+    for bf16 in [false, true] {
+        assert_eq!(training_steps(true, bf16)?, training_steps(false, bf16)?, "bf16 autocast: {bf16}");
+    }
+    assert_ne!(training_steps(true, true)?, training_steps(true, false)?, "autocast changes the matmuls' precision");
     Ok(())
+}
+
+/// Three AdamW steps of attention + LayerNorm (matmuls in bf16 when `bf16`).
+fn training_steps(fuse: bool, bf16: bool) -> Result<Vec<Vec<f32>>> {
+    let d = device(fuse);
+    let attention = SelfAttention::new(&mut Initializer::new(4, &d), 32, 4, 0.1)?;
+    let norm = LayerNorm::new(&mut Initializer::new(5, &d), 32, 1e-12)?;
+    let mut params = named_parameters(&attention);
+    params.extend(named_parameters(&norm));
+    let mut opt = AdamW::new(decay_groups(params.clone(), 0.01), AdamWConfig::default())?;
+    let x = input(&[2, 16, 32], &d)?;
+    for step in 0..3 {
+        let ctx = Context::train(&d, 7, step)?;
+        let autocast = if bf16 { Some(d.autocast(lazytrain_core::DType::BF16)?) } else { None };
+        let y = norm.forward(&attention.forward(&x, None, &ctx)?.add(&x)?)?;
+        let loss = y.gelu()?.square()?.mean(&[0, 1, 2], false)?;
+        drop(autocast);
+        loss.backward()?;
+        opt.step()?;
+        opt.zero_grad();
+        d.mark_step()?;
+    }
+    Ok(params.iter().map(|(_, p)| p.to_vec::<f32>()).collect::<lazytrain_core::Result<_>>()?)
 }

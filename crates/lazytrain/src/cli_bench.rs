@@ -2,7 +2,7 @@
 //! `../shared/anchors/bench_torch_mlm.py`, run by lazytrain.
 
 use clap::Args;
-use lazytrain_core::{Device, Tensor};
+use lazytrain_core::{DType, Device, Tensor};
 use lazytrain_dist::{optimizer_step, spawn, Replica, SpawnConfig};
 use lazytrain_models::{ForMaskedLM, ModelConfig, ModelType};
 use lazytrain_nn::init::Initializer;
@@ -23,6 +23,10 @@ pub struct BenchArgs {
     /// config's size (tokens/s counts all of them).
     #[arg(long, default_value_t = 1)]
     replicas: usize,
+    /// bf16 mixed precision: matmuls in bf16 with f32 accumulation, f32
+    /// master weights and optimizer state (`torch.autocast(bfloat16)`).
+    #[arg(long)]
+    bf16: bool,
     /// Print one JSON line.
     #[arg(long)]
     json: bool,
@@ -60,12 +64,13 @@ pub fn flops_per_token(layers: usize, hidden: usize, vocab: usize, seq: usize) -
     6.0 * n_mm + 12.0 * l * seq as f64 * h
 }
 
-/// The f32 GEMM throughput of this machine (GFLOP/s), measured with the
-/// same `gemm` kernels the CPU backend uses.
-pub fn gemm_peak_gflops(device: &Device) -> lazytrain_core::Result<f64> {
+/// The GEMM throughput of this machine (GFLOP/s) for `dtype` (f32, or bf16
+/// with f32 accumulation), measured with the kernels the CPU backend uses.
+pub fn gemm_peak_gflops(device: &Device, dtype: DType) -> lazytrain_core::Result<f64> {
     let n = 512;
-    let a = Tensor::from_vec(vec![0.5f32; n * n], [n, n], device)?;
-    let b = Tensor::from_vec(vec![0.25f32; n * n], [n, n], device)?;
+    let a = Tensor::from_vec(vec![0.5f32; n * n], [n, n], device)?.cast(dtype)?;
+    let b = Tensor::from_vec(vec![0.25f32; n * n], [n, n], device)?.cast(dtype)?;
+    device.sync()?;
     let mut best = f64::MAX;
     for _ in 0..5 {
         let start = Instant::now();
@@ -87,7 +92,13 @@ fn peak_rss_mb() -> f64 {
 
 /// The anchor's training step on one replica: `steps + 3` steps of the
 /// model built from `config`, on this replica's own random batch.
-fn bench_replica(replica: &Replica, config: &ModelConfig, batch: usize, steps: usize) -> lazytrain::Result<ReplicaRun> {
+fn bench_replica(
+    replica: &Replica,
+    config: &ModelConfig,
+    batch: usize,
+    steps: usize,
+    bf16: bool,
+) -> lazytrain::Result<ReplicaRun> {
     let device = replica.device();
     let vocab = config.vocab_size;
     let model = ForMaskedLM::new(&mut Initializer::new(0, device), config)?;
@@ -110,7 +121,9 @@ fn bench_replica(replica: &Replica, config: &ModelConfig, batch: usize, steps: u
     for step in 0..steps + 3 {
         let start = Instant::now();
         let ctx = Context::train(device, replica.rank() as i64, step as i64)?;
+        let autocast = if bf16 { Some(device.autocast(DType::BF16)?) } else { None };
         let loss = model.loss(&model.forward(&input_ids, None, None, &ctx)?, &labels)?;
+        drop(autocast);
         loss.backward()?;
         optimizer_step(&mut opt, replica)?;
         opt.zero_grad();
@@ -149,7 +162,9 @@ pub fn run(args: &BenchArgs) -> lazytrain::Result<()> {
     config.num_hidden_layers = layers;
     config.num_attention_heads = heads;
     config.intermediate_size = 4 * hidden;
-    let runs = spawn(&SpawnConfig::new(args.replicas), |replica| bench_replica(replica, &config, batch, args.steps))?;
+    let runs = spawn(&SpawnConfig::new(args.replicas), |replica| {
+        bench_replica(replica, &config, batch, args.steps, args.bf16)
+    })?;
     // The replicas step in lockstep (they meet in every all-reduce): the
     // master's step times are the group's.
     let master = &runs[0];
@@ -162,9 +177,11 @@ pub fn run(args: &BenchArgs) -> lazytrain::Result<()> {
     let compiles: u64 = runs.iter().map(|r| r.compiles).sum();
     let cache_hits: u64 = runs.iter().map(|r| r.cache_hits).sum();
     let compile_ms: f64 = runs.iter().map(|r| r.compile_ms).sum();
-    let peak = gemm_peak_gflops(&Device::cpu())?;
+    let precision = if args.bf16 { DType::BF16 } else { DType::F32 };
+    let peak = gemm_peak_gflops(&Device::cpu(), precision)?;
     let report = serde_json::json!({
-        "framework": "lazytrain", "config": args.model, "replicas": args.replicas, "batch": batch, "seq": SEQ,
+        "framework": "lazytrain", "config": args.model, "precision": if args.bf16 { "bf16" } else { "fp32" },
+        "replicas": args.replicas, "batch": batch, "seq": SEQ,
         "params": master.params,
         "first_step_s": (first_step_s * 1000.0).round() / 1000.0, "first_loss": master.first_loss,
         "compile_ms": (compile_ms * 100.0).round() / 100.0,

@@ -180,7 +180,7 @@ pub fn print_report(
     let report = metrics::snapshot();
     println!("run report:");
     let achieved = flops_per_token * result.tokens_per_second / 1e9;
-    let peak = crate::cli_bench::gemm_peak_gflops(device)?;
+    let peak = crate::cli_bench::gemm_peak_gflops(device, lazytrain_core::DType::F32)?;
     println!("  steps              {}", result.global_step);
     println!("  tokens/s           {:.0}", result.tokens_per_second);
     println!(

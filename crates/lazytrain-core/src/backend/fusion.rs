@@ -93,7 +93,7 @@ impl Fusion {
 }
 
 fn fusible_dtype(dtype: DType) -> bool {
-    matches!(dtype, DType::F32 | DType::Bool)
+    matches!(dtype, DType::F32 | DType::BF16 | DType::Bool)
 }
 
 /// True for an elementwise node the fused interpreter computes exactly.
@@ -104,7 +104,10 @@ fn fusible(graph: &Graph, i: usize, splat: &[bool]) -> bool {
     }
     let input_dtypes: Vec<DType> = node.inputs.iter().map(|id| graph.nodes[id.index()].dtype).collect();
     match node.op {
-        Op::Unary(_) | Op::Binary(_) => node.dtype == DType::F32 && input_dtypes.iter().all(|&d| d == DType::F32),
+        // bf16 arithmetic is f32 arithmetic rounded to bf16, as unfused.
+        Op::Unary(_) | Op::Binary(_) => {
+            matches!(node.dtype, DType::F32 | DType::BF16) && input_dtypes.iter().all(|&d| d == node.dtype)
+        }
         Op::Compare(_) => input_dtypes.iter().all(|&d| fusible_dtype(d)),
         Op::Select => input_dtypes[0] == DType::Bool && input_dtypes[1..].iter().all(|&d| d == node.dtype),
         Op::Cast => fusible_dtype(input_dtypes[0]),
@@ -117,6 +120,7 @@ fn immediate(graph: &Graph, i: usize) -> Option<f32> {
     let node = &graph.nodes[i];
     match (&node.op, node.dtype) {
         (Op::Constant(v), DType::F32) => Some(v.as_f64() as f32),
+        (Op::Constant(v), DType::BF16) => Some(half::bf16::from_f64(v.as_f64()).to_f32()),
         (Op::Constant(v), DType::Bool) => Some(f32::from(u8::from(v.as_i64() != 0))),
         _ => None,
     }
@@ -355,14 +359,20 @@ fn build_group(
             Value::Reg(r) => Src::Reg(r),
             Value::Imm(x) => Src::Imm(x),
         };
+        let rounded = |program: &mut ProgramBuilder, v: usize| match node.dtype {
+            DType::BF16 => program.emit(|dst| Instr::RoundBf16 { src: v, dst }),
+            _ => v,
+        };
         let result = match &node.op {
             Op::Unary(op) => {
                 let s = program.register(operands[0]);
-                Value::Reg(program.emit(|dst| Instr::Unary { op: *op, src: s, dst }))
+                let v = program.emit(|dst| Instr::Unary { op: *op, src: s, dst });
+                Value::Reg(rounded(&mut program, v))
             }
             Op::Binary(op) => {
                 let (a, b) = (src(operands[0]), src(operands[1]));
-                Value::Reg(program.emit(|dst| Instr::Binary { op: *op, a, b, dst }))
+                let v = program.emit(|dst| Instr::Binary { op: *op, a, b, dst });
+                Value::Reg(rounded(&mut program, v))
             }
             Op::Compare(op) => {
                 let (a, b) = (src(operands[0]), src(operands[1]));
@@ -376,6 +386,11 @@ fn build_group(
                 let s = program.register(operands[0]);
                 Value::Reg(program.emit(|dst| Instr::ToBool { src: s, dst }))
             }
+            Op::Cast if node.dtype == DType::BF16 && graph.nodes[node.inputs[0].index()].dtype == DType::F32 => {
+                let s = program.register(operands[0]);
+                Value::Reg(program.emit(|dst| Instr::RoundBf16 { src: s, dst }))
+            }
+            // bool and bf16 values are exact in f32 registers.
             Op::Cast => operands[0],
             other => unreachable!("{} is not fusible", other.name()),
         };
@@ -412,7 +427,10 @@ fn reads(instr: &Instr) -> Vec<usize> {
     };
     match instr {
         Instr::Load { .. } => vec![],
-        Instr::Unary { src, .. } | Instr::ToBool { src, .. } | Instr::Store { src, .. } => vec![*src],
+        Instr::Unary { src, .. }
+        | Instr::ToBool { src, .. }
+        | Instr::RoundBf16 { src, .. }
+        | Instr::Store { src, .. } => vec![*src],
         Instr::Binary { a, b, .. } | Instr::Compare { a, b, .. } => [a, b].iter().filter_map(|s| reg(s)).collect(),
         Instr::Select { c, a, b, .. } => [c, a, b].iter().filter_map(|s| reg(s)).collect(),
     }
@@ -426,7 +444,7 @@ fn remap(instr: &mut Instr, map: &[usize]) {
     };
     match instr {
         Instr::Load { dst, .. } => *dst = map[*dst],
-        Instr::Unary { src, dst, .. } | Instr::ToBool { src, dst } => {
+        Instr::Unary { src, dst, .. } | Instr::ToBool { src, dst } | Instr::RoundBf16 { src, dst } => {
             *src = map[*src];
             *dst = map[*dst];
         }
@@ -450,6 +468,7 @@ fn writes(instr: &Instr) -> Option<usize> {
         Instr::Load { dst, .. }
         | Instr::Unary { dst, .. }
         | Instr::ToBool { dst, .. }
+        | Instr::RoundBf16 { dst, .. }
         | Instr::Binary { dst, .. }
         | Instr::Compare { dst, .. }
         | Instr::Select { dst, .. } => Some(*dst),

@@ -5,9 +5,11 @@
 //! before and after every pass when `LAZYTRAIN_DUMP_IR=DIR` is set. The
 //! backend then plans memory and emits an executable from the result.
 
+mod casts;
 mod passes;
 mod rewrite;
 
+pub use casts::reorder_casts;
 pub use passes::{dead_code_elimination, fold_constants, simplify_algebra};
 
 use crate::error::{Error, Result};
@@ -29,6 +31,7 @@ pub const PIPELINE: &[Pass] = &[
     Pass { name: "dead_code_elimination", run: dead_code_elimination },
     Pass { name: "fold_constants", run: fold_constants },
     Pass { name: "simplify_algebra", run: simplify_algebra },
+    Pass { name: "reorder_casts", run: reorder_casts },
     Pass { name: "dead_code_elimination", run: dead_code_elimination },
 ];
 

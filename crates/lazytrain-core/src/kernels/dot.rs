@@ -2,6 +2,7 @@
 
 use super::numeric::{FloatLike, Real};
 use crate::storage::HostData;
+use half::bf16;
 
 /// The geometry of one batched matmul `[b, m, k] x [b, k, n]`.
 #[derive(Clone, Copy, Debug)]
@@ -188,6 +189,31 @@ fn matmul_parallelism(flops: usize) -> gemm::Parallelism {
     }
 }
 
+/// bf16 x bf16 with f32 accumulation on AVX-512 BF16 (see `dot_bf16`):
+/// many small matrices are shared out between threads whole, large ones
+/// use every thread each.
+fn gemm_bf16(d: DotDims, (a, la): (&[bf16], &MatrixLayout), (b, lb): (&[bf16], &MatrixLayout), o: &mut [bf16]) {
+    use super::dot_bf16::{matmul, Out, View};
+    let size = d.m * d.n;
+    let threads = rayon::current_num_threads();
+    let one = |bi: usize, o: &mut [bf16], threads: usize| {
+        let av = View { data: a, offset: la.offsets[bi], rs: la.rs, cs: la.cs };
+        let bv = View { data: b, offset: lb.offsets[bi], rs: lb.rs, cs: lb.cs };
+        matmul(d.m, d.k, d.n, av, bv, Out::BF16(o), threads);
+    };
+    if size == 0 {
+        return;
+    }
+    if d.batch >= threads && threads > 1 && d.m * d.n * d.k < 1 << 20 {
+        use rayon::prelude::*;
+        o.par_chunks_mut(size).enumerate().for_each(|(bi, o)| one(bi, o, 1));
+    } else {
+        for (bi, o) in o.chunks_mut(size).enumerate() {
+            one(bi, o, threads);
+        }
+    }
+}
+
 fn widen<T: FloatLike<Math = f32>>(v: &[T]) -> Vec<f32> {
     v.iter().map(|x| x.widen()).collect()
 }
@@ -241,7 +267,11 @@ pub(crate) fn dot(
             gemm_native(d, (a, &la), (b, &lb), o)
         }
         (MatmulKernel::Gemm, HostData::BF16(a), HostData::BF16(b), HostData::BF16(o)) => {
-            gemm_widened(d, (a, &la), (b, &lb), o)
+            if super::dot_bf16::available() {
+                gemm_bf16(d, (a, &la), (b, &lb), o)
+            } else {
+                gemm_widened(d, (a, &la), (b, &lb), o)
+            }
         }
         (MatmulKernel::Gemm, HostData::F16(a), HostData::F16(b), HostData::F16(o)) => {
             gemm_widened(d, (a, &la), (b, &lb), o)
@@ -249,4 +279,35 @@ pub(crate) fn dot(
         (_, a, b, _) => return Err(format!("dot of {} and {}", a.dtype(), b.dtype())),
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A batched bf16 product with a transposed left operand, through the
+    /// AVX-512 BF16 kernel and through the fallback (widen to f32, f32 GEMM).
+    #[test]
+    fn the_bf16_kernel_and_its_fallback_agree_within_bf16_rounding() {
+        if !crate::kernels::dot_bf16::available() {
+            eprintln!("skipped: this CPU has no AVX-512 BF16 (the fallback is the only path)");
+            return;
+        }
+        let d = DotDims { batch: 3, m: 19, k: 45, n: 37, lhs_t: true, rhs_t: false };
+        let mut u = vec![0f32; d.batch * d.k * (d.m + d.n)];
+        crate::random::uniform_f32(9, 0, &mut u);
+        let values: Vec<bf16> = u.iter().map(|&x| bf16::from_f32(2.0 * x - 1.0)).collect();
+        let (a, b) = values.split_at(d.batch * d.k * d.m);
+        let la = MatrixLayout::contiguous(&[d.batch, d.k, d.m], true, a.len()).unwrap();
+        let lb = MatrixLayout::contiguous(&[d.batch, d.k, d.n], false, b.len()).unwrap();
+        let mut fast = vec![bf16::ZERO; d.batch * d.m * d.n];
+        let mut fallback = fast.clone();
+        gemm_bf16(d, (a, &la), (b, &lb), &mut fast);
+        gemm_widened(d, (a, &la), (b, &lb), &mut fallback);
+        for (x, y) in fast.iter().zip(&fallback) {
+            let (x, y) = (x.to_f32(), y.to_f32());
+            assert!((x - y).abs() <= y.abs() / 128.0 + 1e-6, "{x} vs {y}");
+        }
+        assert!(fast.iter().zip(&fallback).filter(|(x, y)| x == y).count() > fast.len() / 2);
+    }
 }

@@ -4,7 +4,8 @@
 //! strided index maps, so broadcasts (`expand`) and reshapes are folded into
 //! the loads instead of being materialised.
 //!
-//! Registers hold `f32`; a bool value is 0.0 or 1.0, which keeps the
+//! Registers hold `f32`; a bool value is 0.0 or 1.0 and a bf16 value is
+//! exact in f32 (casts to bf16 round in a register), which keeps the
 //! interpreter monomorphic. The arithmetic is the unfused kernels' own, so a
 //! fused program computes bit-identical results.
 
@@ -13,6 +14,7 @@ use super::numeric::exp_f32;
 use crate::dtype::DType;
 use crate::ir::{BinaryOp, CmpOp, UnaryOp};
 use crate::storage::HostData;
+use half::bf16;
 
 /// Elements per tile: small enough that a program's live registers stay in
 /// the L1/L2 caches, large enough to amortise the per-op dispatch.
@@ -55,6 +57,8 @@ pub(crate) enum Instr {
     Select { c: Src, a: Src, b: Src, dst: usize },
     /// `dst = (src != 0) as 0/1` (a cast to bool).
     ToBool { src: usize, dst: usize },
+    /// `dst = src` rounded to the nearest bf16 (a cast from f32 to bf16).
+    RoundBf16 { src: usize, dst: usize },
     /// `output[out] = reg` for the tile.
     Store { src: usize, out: usize },
 }
@@ -79,7 +83,7 @@ pub(crate) struct FusedProgram {
     pub instrs: Vec<Instr>,
     /// Registers needed.
     pub registers: usize,
-    /// The dtype of each output (`F32` or `Bool`).
+    /// The dtype of each output (`F32`, `BF16` or `Bool`).
     pub output_dtypes: Vec<DType>,
 }
 
@@ -109,6 +113,7 @@ impl FusedProgram {
                 .map(|o| match o {
                     HostData::F32(v) if v.len() == numel => Ok(OutView::F32(v.as_mut_ptr())),
                     HostData::Bool(v) if v.len() == numel => Ok(OutView::Bool(v.as_mut_ptr())),
+                    HostData::BF16(v) if v.len() == numel => Ok(OutView::BF16(v.as_mut_ptr())),
                     other => Err(format!("a fused kernel cannot write {} x {}", other.len(), other.dtype())),
                 })
                 .collect::<Result<_, _>>()?,
@@ -224,6 +229,11 @@ impl FusedProgram {
                 (&regs[src][..len], &mut out[..len]).apply(|x| f32::from(u8::from(x != 0.0)));
                 regs[dst] = out;
             }
+            Instr::RoundBf16 { src, dst } => {
+                let mut out = std::mem::take(&mut regs[dst]);
+                (&regs[src][..len], &mut out[..len]).apply(|x| bf16::from_f32(x).to_f32());
+                regs[dst] = out;
+            }
             Instr::Store { src, out } => {
                 // SAFETY: as for in-place loads, this thread owns these elements.
                 unsafe { outs.0[out].write(start, &regs[src][..len]) }
@@ -240,6 +250,7 @@ const PARALLEL_MIN: usize = 1 << 18;
 #[derive(Clone, Copy)]
 enum OutView {
     F32(*mut f32),
+    BF16(*mut bf16),
     Bool(*mut bool),
 }
 
@@ -251,6 +262,10 @@ impl OutView {
     unsafe fn read(self, start: usize, out: &mut [f32]) {
         match self {
             OutView::F32(p) => out.copy_from_slice(std::slice::from_raw_parts(p.add(start), out.len())),
+            OutView::BF16(p) => {
+                let values = std::slice::from_raw_parts(p.add(start), out.len());
+                out.iter_mut().zip(values).for_each(|(o, &v)| *o = v.to_f32());
+            }
             OutView::Bool(p) => {
                 let values = std::slice::from_raw_parts(p.add(start), out.len());
                 out.iter_mut().zip(values).for_each(|(o, &v)| *o = f32::from(u8::from(v)));
@@ -265,6 +280,10 @@ impl OutView {
     unsafe fn write(self, start: usize, values: &[f32]) {
         match self {
             OutView::F32(p) => std::slice::from_raw_parts_mut(p.add(start), values.len()).copy_from_slice(values),
+            OutView::BF16(p) => std::slice::from_raw_parts_mut(p.add(start), values.len())
+                .iter_mut()
+                .zip(values)
+                .for_each(|(o, &v)| *o = bf16::from_f32(v)),
             OutView::Bool(p) => std::slice::from_raw_parts_mut(p.add(start), values.len())
                 .iter_mut()
                 .zip(values)
@@ -316,6 +335,7 @@ fn load_tile(
     match data {
         HostData::F32(x) => load_with(x, access, shape, start, out, index, |v| v),
         HostData::Bool(x) => load_with(x, access, shape, start, out, index, |v| f32::from(u8::from(v))),
+        HostData::BF16(x) => load_with(x, access, shape, start, out, index, |v| v.to_f32()),
         other => return Err(format!("a fused kernel cannot load {} values", other.dtype())),
     }
     Ok(())

@@ -2,6 +2,7 @@
 //! CPU backend. Each writes into an output buffer already sized for the node.
 
 mod dot;
+mod dot_bf16;
 mod elementwise;
 pub(crate) mod fused;
 mod index;

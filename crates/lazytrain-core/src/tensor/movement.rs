@@ -4,7 +4,7 @@
 use super::elementwise::broadcast_shapes;
 use super::reduce::normalize_axis;
 use super::{rule, trace, Tensor};
-use crate::dtype::Literal;
+use crate::dtype::{DType, Literal};
 use crate::error::{Error, Result, RuleError, RuleKind};
 use crate::ir::{infer, AllReduceOp, Op};
 use crate::shape::Shape;
@@ -213,9 +213,19 @@ impl Tensor {
 
     /// The `dot` primitive: `[.., M, K] x [.., K, N]` with equal batch
     /// dimensions, where `lhs_t`/`rhs_t` say an operand is stored transposed.
+    /// Inside [`Device::autocast`] an f32 product computes in bf16 (operands
+    /// cast, f32 accumulation) and is cast back to f32.
     #[track_caller]
     pub fn matmul_transposed(&self, rhs: &Tensor, lhs_t: bool, rhs_t: bool) -> Result<Tensor> {
         let loc = Location::caller();
+        if let Some(low) = self.device().autocast_dtype() {
+            if self.dtype() == DType::F32 || rhs.dtype() == DType::F32 {
+                let cast = |t: &Tensor| if t.dtype() == DType::F32 { t.cast(low) } else { Ok(t.clone()) };
+                let (a, b) = (cast(self)?, cast(rhs)?);
+                let out = rule("matmul", loc, infer::dot(a.meta(), b.meta(), lhs_t, rhs_t))?;
+                return trace("matmul", loc, self.device(), Op::Dot { lhs_t, rhs_t }, &[&a, &b], out)?.cast(DType::F32);
+            }
+        }
         let out = rule("matmul", loc, infer::dot(self.meta(), rhs.meta(), lhs_t, rhs_t))?;
         trace("matmul", loc, self.device(), Op::Dot { lhs_t, rhs_t }, &[self, rhs], out)
     }

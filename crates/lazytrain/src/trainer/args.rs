@@ -78,7 +78,9 @@ pub struct TrainingArguments {
     pub greater_is_better: Option<bool>,
     /// Seed of initialisation, data order, masking and dropout.
     pub seed: u64,
-    /// bf16 mixed precision.
+    /// bf16 mixed precision: the forward pass's matmuls compute in bf16 with
+    /// f32 accumulation (their backward too); weights, optimizer state,
+    /// softmax, LayerNorm and the loss stay f32.
     pub bf16: bool,
     /// Drop the last partial batch (training batches are always full, as on XLA).
     pub dataloader_drop_last: bool,
@@ -220,15 +222,12 @@ impl TrainingArguments {
                 ).to_lowercase()));
             }
             let eval_steps = self.eval_steps.unwrap_or(self.logging_steps);
-            if self.save_strategy == IntervalStrategy::Steps && self.save_steps % eval_steps.max(1) != 0 {
+            if self.save_strategy == IntervalStrategy::Steps && !self.save_steps.is_multiple_of(eval_steps.max(1)) {
                 return Err(invalid(format!(
                     "load_best_model_at_end needs save_steps ({}) to be a multiple of eval_steps ({eval_steps})",
                     self.save_steps
                 )));
             }
-        }
-        if self.bf16 {
-            return Err(invalid("bf16 mixed precision is not available yet; set bf16 = false".into()));
         }
         if self.num_replicas == 0 {
             return Err(invalid("num_replicas must be at least 1".into()));

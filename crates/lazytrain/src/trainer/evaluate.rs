@@ -69,7 +69,9 @@ impl<M: TaskModel> Trainer<M> {
             let labels = matches!(tally, Tally::Classification { .. }).then(|| host.labels.clone());
             let batch = upload(host, &self.device, 0, first)?;
             let types = batch.token_type_ids.as_ref();
+            let autocast = self.autocast()?;
             let logits = self.model.forward(&batch.input_ids, Some(&batch.attention_mask), types, &ctx)?;
+            drop(autocast);
             let loss = logits.cross_entropy_sum(&batch.labels, -100)?;
             match &mut tally {
                 Tally::MaskedLm { loss: loss_sum, correct, count } => {

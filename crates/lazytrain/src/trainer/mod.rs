@@ -24,7 +24,7 @@ pub use task::{EvalMetrics, TaskData};
 use crate::{Error, Result};
 use checkpoint::{latest_checkpoint, read_json, rotate, save_checkpoint, CheckpointContents};
 use lazytrain_core::ir::AllReduceOp;
-use lazytrain_core::{DType, Device, Tensor};
+use lazytrain_core::{AutocastGuard, DType, Device, Tensor};
 use lazytrain_data::classification::ClassificationManifest;
 use lazytrain_data::dataset::{EpochSampler, ShardedDataset};
 use lazytrain_data::loader::{DeviceBatch, DeviceLoader, LoaderPlan};
@@ -227,6 +227,11 @@ impl<M: TaskModel> Trainer<M> {
         &self.device
     }
 
+    /// The bf16 autocast region of a forward pass, when `bf16` is set.
+    fn autocast(&self) -> Result<Option<AutocastGuard>> {
+        Ok(if self.args.bf16 { Some(self.device.autocast(DType::BF16)?) } else { None })
+    }
+
     /// This trainer's replica rank and the number of replicas (its device's
     /// place in a replica group; `(0, 1)` for a lone device).
     pub fn replica_position(&self) -> (usize, usize) {
@@ -394,7 +399,9 @@ impl<M: TaskModel> Trainer<M> {
             let mut step_loss: Option<Tensor> = None;
             for batch in &window {
                 let types = batch.token_type_ids.as_ref();
+                let autocast = self.autocast()?;
                 let logits = self.model.forward(&batch.input_ids, Some(&batch.attention_mask), types, &ctx)?;
+                drop(autocast);
                 let loss = logits.cross_entropy_sum(&batch.labels, -100)?.mul(&scale)?;
                 loss.backward()?;
                 step_loss = Some(match step_loss {
@@ -462,7 +469,7 @@ impl<M: TaskModel> Trainer<M> {
             let elapsed = start.elapsed().as_secs_f64().max(1e-9);
             bar.set_position(gs);
             bar.set_message(format!("loss {loss_value:.4} lr {lr:.2e} {:.0} tok/s", tokens as f64 / elapsed));
-            if gs % self.args.logging_steps == 0 || (self.args.logging_first_step && gs == 1) || gs == total {
+            if gs.is_multiple_of(self.args.logging_steps) || (self.args.logging_first_step && gs == 1) || gs == total {
                 let entry = json!({
                     "loss": logged_loss / logged_steps as f64, "learning_rate": lr, "epoch": self.state.epoch,
                     "step": gs, "tokens_per_second": tokens as f64 / elapsed,
@@ -473,7 +480,7 @@ impl<M: TaskModel> Trainer<M> {
             let epoch_ended = self.state.data_sample == 0;
             let due = |strategy: IntervalStrategy, every: u64| match strategy {
                 IntervalStrategy::No => false,
-                IntervalStrategy::Steps => gs % every.max(1) == 0,
+                IntervalStrategy::Steps => gs.is_multiple_of(every.max(1)),
                 IntervalStrategy::Epoch => epoch_ended,
             };
             if due(self.args.eval_strategy, self.state.eval_steps) {

@@ -1,0 +1,84 @@
+//! Moving float casts across movement ops so fewer bytes move: a narrowing
+//! cast (f32 → bf16) goes before `reshape`/`permute`/`expand` (the movement
+//! then copies half the bytes, and an `expand` casts the small tensor), a
+//! widening cast (bf16 → f32) goes after them (the movement reads the
+//! narrow data, and the cast lands next to the elementwise op that reads it,
+//! where the fuser folds it into that kernel's loads). Casts commute with
+//! movement exactly, so results do not change.
+
+use crate::dtype::DType;
+use crate::ir::{Graph, GraphBuilder, Node, NodeId, Op};
+
+fn is_movement(op: &Op) -> bool {
+    matches!(op, Op::Reshape | Op::Permute(_) | Op::Expand)
+}
+
+/// Bytes per element of a float dtype (0 for other dtypes: never reordered).
+fn float_width(dtype: DType) -> usize {
+    match dtype {
+        DType::F64 => 8,
+        DType::F32 => 4,
+        DType::BF16 | DType::F16 => 2,
+        _ => 0,
+    }
+}
+
+/// Narrowing, widening or neither, for a cast from `from` to `to`.
+fn narrows(from: DType, to: DType) -> Option<bool> {
+    let (a, b) = (float_width(from), float_width(to));
+    (a > 0 && b > 0 && a != b).then_some(b < a)
+}
+
+/// `cast(x)` to `dtype`, applied below every movement op on top of `x`.
+fn cast_below_movement(builder: &mut GraphBuilder, x: NodeId, dtype: DType) -> NodeId {
+    let node = builder.node(x).clone();
+    if is_movement(&node.op) {
+        let inner = cast_below_movement(builder, node.inputs[0], dtype);
+        return builder.push(Node { op: node.op, inputs: vec![inner], shape: node.shape, dtype });
+    }
+    builder.push(Node { op: Op::Cast, inputs: vec![x], shape: node.shape, dtype })
+}
+
+/// The reordering pass (see the module docs).
+pub fn reorder_casts(graph: &Graph) -> Graph {
+    let mut builder = GraphBuilder::new();
+    let mut map: Vec<NodeId> = Vec::with_capacity(graph.nodes.len());
+    for node in &graph.nodes {
+        let mut node = node.clone();
+        for input in node.inputs.iter_mut() {
+            *input = map[input.index()];
+        }
+        let id = match &node.op {
+            Op::Cast => {
+                let source = builder.node(node.inputs[0]);
+                if narrows(source.dtype, node.dtype) == Some(true) && is_movement(&source.op) {
+                    cast_below_movement(&mut builder, node.inputs[0], node.dtype)
+                } else {
+                    builder.push(node)
+                }
+            }
+            op if is_movement(op) => {
+                let source = builder.node(node.inputs[0]).clone();
+                let widening =
+                    source.op == Op::Cast && narrows(builder.node(source.inputs[0]).dtype, source.dtype) == Some(false);
+                if widening {
+                    let narrow = builder.node(source.inputs[0]).dtype;
+                    let shape = node.shape.clone();
+                    let moved = builder.push(Node {
+                        op: node.op,
+                        inputs: source.inputs.clone(),
+                        shape: shape.clone(),
+                        dtype: narrow,
+                    });
+                    builder.push(Node { op: Op::Cast, inputs: vec![moved], shape, dtype: source.dtype })
+                } else {
+                    builder.push(node)
+                }
+            }
+            _ => builder.push(node),
+        };
+        map.push(id);
+    }
+    let outputs = graph.outputs.iter().map(|o| map[o.index()]).collect();
+    builder.finish_like(outputs, graph)
+}

@@ -1,0 +1,476 @@
+//! bf16 matmul on AVX-512 BF16: `vdpbf16ps` multiplies pairs of bf16 values
+//! and accumulates them into f32 lanes, 32 products per instruction.
+//!
+//! A classic packed GEMM: the right operand is packed into strips of
+//! [`NR`] columns with each pair of consecutive `k` rows interleaved (the
+//! layout `vdpbf16ps` reads), the left operand into strips of [`MR`] rows
+//! whose `k` pairs are broadcast as 32-bit words; the micro-kernel keeps an
+//! `MR x NR` f32 tile in registers over the whole `k` and is stored once
+//! (rounded to bf16 when the output is bf16). Block sizes keep a packed
+//! strip of each operand in the L1/L2 caches; rows (or, for short
+//! matrices, columns) are split between the pool's threads.
+//!
+//! Products of bf16 values are exact in f32; the sums are rounded as the
+//! instruction rounds them (round to nearest even, denormals flushed), so
+//! results equal an f32 matmul of the same bf16 inputs within f32 rounding.
+
+use half::bf16;
+
+/// Rows of the register tile.
+const MR: usize = 8;
+/// Columns of the register tile (two vectors of 16 f32).
+const NR: usize = 32;
+/// Pairs of `k` per block: packed strips stay in L1/L2 however long `k` is.
+const KC_PAIRS: usize = 256;
+/// Packed-operand budgets in bytes: a left block, a right block.
+const A_BLOCK_BYTES: usize = 48 * 1024;
+const B_BLOCK_BYTES: usize = 512 * 1024;
+
+/// True when this CPU has the AVX-512 BF16 dot-product instruction.
+pub(crate) fn available() -> bool {
+    #[cfg(target_arch = "x86_64")]
+    {
+        std::is_x86_feature_detected!("avx512f") && std::is_x86_feature_detected!("avx512bf16")
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    {
+        false
+    }
+}
+
+/// A logical matrix inside a bf16 buffer: element `(i, j)` is at
+/// `offset + i * rs + j * cs`.
+#[derive(Clone, Copy)]
+pub(crate) struct View<'a> {
+    pub data: &'a [bf16],
+    pub offset: usize,
+    pub rs: usize,
+    pub cs: usize,
+}
+
+impl View<'_> {
+    #[inline(always)]
+    fn bits(&self, i: usize, j: usize) -> u32 {
+        u32::from(self.data[self.offset + i * self.rs + j * self.cs].to_bits())
+    }
+}
+
+/// Where the product goes: a row-major `m x n` matrix of f32 or bf16.
+pub(crate) enum Out<'a> {
+    /// f32 results (the tests compare them with an f64 reference; the IR's
+    /// bf16 matmul has a bf16 output).
+    #[cfg_attr(not(test), allow(dead_code))]
+    F32(&'a mut [f32]),
+    /// Results rounded to bf16 (nearest even).
+    BF16(&'a mut [bf16]),
+}
+
+/// The output as raw parts, shared by threads that write disjoint elements.
+#[derive(Clone, Copy)]
+enum OutPtr {
+    F32(*mut f32),
+    BF16(*mut bf16),
+}
+
+// SAFETY: threads of one product write disjoint elements.
+unsafe impl Send for OutPtr {}
+unsafe impl Sync for OutPtr {}
+
+/// `out = a x b` for `m x k` and `k x n` views, on up to `threads` threads.
+/// Only call when [`available`] says so.
+pub(crate) fn matmul(m: usize, k: usize, n: usize, a: View, b: View, out: Out, threads: usize) {
+    let ptr = match out {
+        Out::F32(o) => {
+            assert!(o.len() >= m * n, "the output holds the product");
+            OutPtr::F32(o.as_mut_ptr())
+        }
+        Out::BF16(o) => {
+            assert!(o.len() >= m * n, "the output holds the product");
+            OutPtr::BF16(o.as_mut_ptr())
+        }
+    };
+    if m == 0 || n == 0 {
+        return;
+    }
+    let parts = threads.clamp(1, 8);
+    let work = m * n * k;
+    if parts == 1 || work < 1 << 20 {
+        // SAFETY: the caller checked the CPU; the ranges cover the output once.
+        unsafe { block(k, n, a, b, ptr, 0..m, 0..n) };
+        return;
+    }
+    // Split the longer side so every thread gets whole register tiles.
+    let split_rows = m >= n || m >= parts * 4 * MR;
+    let (len, unit) = if split_rows { (m, MR) } else { (n, NR) };
+    let chunk = len.div_ceil(parts).div_ceil(unit) * unit;
+    rayon::scope(|s| {
+        for start in (0..len).step_by(chunk) {
+            let range = start..(start + chunk).min(len);
+            s.spawn(move |_| {
+                let (rows, cols) = if split_rows { (range, 0..n) } else { (0..m, range) };
+                // SAFETY: as above; the threads' ranges are disjoint.
+                unsafe { block(k, n, a, b, ptr, rows, cols) };
+            });
+        }
+    });
+}
+
+/// Compute rows `rows` x columns `cols` of the product (`n` is the output's
+/// row length). `k` is split into blocks of [`KC_PAIRS`] pairs so a packed
+/// block of each operand stays in cache; partial sums live in f32 (the
+/// output itself, or a scratch rectangle when the output is bf16).
+///
+/// # Safety
+/// The CPU has AVX-512 BF16; `out` holds `m x n` elements, and no other
+/// thread writes the rectangle.
+unsafe fn block(
+    k: usize,
+    n: usize,
+    a: View,
+    b: View,
+    out: OutPtr,
+    rows: std::ops::Range<usize>,
+    cols: std::ops::Range<usize>,
+) {
+    let pairs = k.div_ceil(2);
+    let kc = KC_PAIRS.min(pairs.max(1));
+    let nc = ((B_BLOCK_BYTES / (4 * kc)) / NR * NR).max(NR);
+    let mc = ((A_BLOCK_BYTES / (4 * kc)) / MR * MR).max(MR);
+    let k_blocks = pairs.div_ceil(kc).max(1);
+    let width = cols.len();
+    let mut scratch = match (out, k_blocks > 1) {
+        (OutPtr::BF16(_), true) => vec![0f32; rows.len() * width],
+        _ => Vec::new(),
+    };
+    let mut packed_b: Vec<u32> = Vec::new();
+    let mut packed_a: Vec<u32> = Vec::new();
+    // Rows of contiguous bf16 pairs are already the words the kernel
+    // broadcasts: read them in place instead of packing.
+    let direct_a = a.cs == 1 && k.is_multiple_of(2);
+    let mut tile = [0f32; MR * NR];
+    for jc in cols.clone().step_by(nc) {
+        let nb = nc.min(cols.end - jc);
+        let strips_b = nb.div_ceil(NR);
+        for kb in 0..k_blocks {
+            let (p0, kp) = (kb * kc, kc.min(pairs - kb * kc));
+            let (first, last) = (kb == 0, kb + 1 == k_blocks);
+            pack_b(&b, k, jc, nb, p0, kp, &mut packed_b);
+            for ic in rows.clone().step_by(mc) {
+                let mb = mc.min(rows.end - ic);
+                let strips_a = mb.div_ceil(MR);
+                if !direct_a {
+                    pack_a(&a, k, ic, mb, p0, kp, &mut packed_a);
+                }
+                for sa in 0..strips_a {
+                    let (i0, tr) = (ic + sa * MR, MR.min(rows.end - ic - sa * MR));
+                    // Word `p` of row `r` is at `rows_a[r] + p * step_a`.
+                    let (rows_a, step_a) = if direct_a {
+                        let base = a.data.as_ptr().add(a.offset + 2 * p0);
+                        // Rows past the edge repeat the last row; their results are dropped.
+                        (std::array::from_fn(|r| base.add((i0 + r.min(tr - 1)) * a.rs) as *const u32), 1)
+                    } else {
+                        let pa = packed_a.as_ptr().add(sa * kp * MR);
+                        (std::array::from_fn(|r| pa.add(r)), MR)
+                    };
+                    for sb in 0..strips_b {
+                        let pb = packed_b.as_ptr().add(sb * kp * NR);
+                        let (j0, tc) = (jc + sb * NR, NR.min(jc + nb - jc - sb * NR));
+                        // Where this tile's partial sums live between k blocks.
+                        let partial = match out {
+                            OutPtr::F32(p) => Partial::Out(p, n, i0, j0),
+                            OutPtr::BF16(_) => {
+                                Partial::Scratch(scratch.as_mut_ptr(), width, i0 - rows.start, j0 - cols.start)
+                            }
+                        };
+                        if !first {
+                            partial.load(&mut tile, tr, tc);
+                        }
+                        micro_kernel(kp, (&rows_a, step_a), pb, &mut tile, !first);
+                        if last {
+                            store(&tile, out, n, i0, j0, tr, tc);
+                        } else {
+                            partial.save(&tile, tr, tc);
+                        }
+                    }
+                }
+            }
+        }
+    }
+}
+
+/// Where a tile's partial sums are kept between blocks of `k`: in the f32
+/// output at `(i0, j0)` (row length `n`), or in the bf16 output's f32
+/// scratch rectangle (row length `width`).
+#[derive(Clone, Copy)]
+enum Partial {
+    Out(*mut f32, usize, usize, usize),
+    Scratch(*mut f32, usize, usize, usize),
+}
+
+impl Partial {
+    /// The row-major `rows x cols` corner of the partial sums, as a pointer and row length.
+    fn base(self) -> (*mut f32, usize) {
+        match self {
+            // SAFETY (both): the offsets lie inside the buffers, as `block` checks.
+            Partial::Out(p, n, i, j) | Partial::Scratch(p, n, i, j) => (unsafe { p.add(i * n + j) }, n),
+        }
+    }
+
+    /// # Safety
+    /// The rectangle lies in this thread's part of the buffer.
+    unsafe fn load(self, tile: &mut [f32; MR * NR], rows: usize, cols: usize) {
+        let (p, stride) = self.base();
+        tile.fill(0.0);
+        for r in 0..rows {
+            tile[r * NR..r * NR + cols].copy_from_slice(std::slice::from_raw_parts(p.add(r * stride), cols));
+        }
+    }
+
+    /// # Safety
+    /// As for [`Partial::load`].
+    unsafe fn save(self, tile: &[f32; MR * NR], rows: usize, cols: usize) {
+        let (p, stride) = self.base();
+        for r in 0..rows {
+            std::slice::from_raw_parts_mut(p.add(r * stride), cols).copy_from_slice(&tile[r * NR..r * NR + cols]);
+        }
+    }
+}
+
+/// The bf16 buffer as raw 16-bit words.
+fn raw(data: &[bf16]) -> &[u16] {
+    // SAFETY: `bf16` is a transparent wrapper of `u16`.
+    unsafe { std::slice::from_raw_parts(data.as_ptr() as *const u16, data.len()) }
+}
+
+/// `out[c] = lo[c] | hi[c] << 16` (the `k` pair of two rows), `hi` absent past an odd `k`.
+#[inline(always)]
+fn interleave(lo: &[u16], hi: Option<&[u16]>, out: &mut [u32]) {
+    match hi {
+        Some(hi) => {
+            out.iter_mut().zip(lo.iter().zip(hi)).for_each(|(o, (&l, &h))| *o = u32::from(l) | u32::from(h) << 16)
+        }
+        None => out.iter_mut().zip(lo).for_each(|(o, &l)| *o = u32::from(l)),
+    }
+}
+
+/// Pack columns `j0..j0 + nb` and row pairs `p0..p0 + pairs` of `b`
+/// (`k x n`): per strip of [`NR`] columns, per pair of rows, [`NR`] words
+/// holding `(b[2p][j], b[2p+1][j])` (zero past the edges). Row-major and
+/// transposed storage each get a loop that reads memory in order.
+fn pack_b(b: &View, k: usize, j0: usize, nb: usize, p0: usize, pairs: usize, packed: &mut Vec<u32>) {
+    let strips = nb.div_ceil(NR);
+    packed.clear();
+    packed.resize(strips * pairs * NR, 0);
+    let d = raw(b.data);
+    for s in 0..strips {
+        let (cols, j) = (NR.min(nb - s * NR), j0 + s * NR);
+        let strip = &mut packed[s * pairs * NR..(s + 1) * pairs * NR];
+        if b.cs == 1 {
+            for p in 0..pairs {
+                let q = p0 + p;
+                let row = |r: usize| &d[b.offset + r * b.rs + j..][..cols];
+                let hi = (2 * q + 1 < k).then(|| row(2 * q + 1));
+                interleave(row(2 * q), hi, &mut strip[p * NR..p * NR + cols]);
+            }
+        } else if b.rs == 1 {
+            for c in 0..cols {
+                let column = &d[b.offset + (j + c) * b.cs..];
+                for p in 0..pairs {
+                    let q = p0 + p;
+                    let hi = if 2 * q + 1 < k { u32::from(column[2 * q + 1]) } else { 0 };
+                    strip[p * NR + c] = u32::from(column[2 * q]) | hi << 16;
+                }
+            }
+        } else {
+            for p in 0..pairs {
+                let q = p0 + p;
+                for c in 0..cols {
+                    let hi = if 2 * q + 1 < k { b.bits(2 * q + 1, j + c) } else { 0 };
+                    strip[p * NR + c] = b.bits(2 * q, j + c) | hi << 16;
+                }
+            }
+        }
+    }
+}
+
+/// Pack rows `i0..i0 + mb` and column pairs `p0..p0 + pairs` of `a`
+/// (`m x k`): per strip of [`MR`] rows, per pair of columns, [`MR`] words
+/// holding `(a[i][2p], a[i][2p+1])`. (Row-major `a` with an even `k` is
+/// read in place instead.)
+fn pack_a(a: &View, k: usize, i0: usize, mb: usize, p0: usize, pairs: usize, packed: &mut Vec<u32>) {
+    let strips = mb.div_ceil(MR);
+    packed.clear();
+    packed.resize(strips * pairs * MR, 0);
+    let d = raw(a.data);
+    let mut column_pair = vec![0u32; mb];
+    for p in 0..pairs {
+        let q = p0 + p;
+        if a.rs == 1 {
+            // Transposed storage: two contiguous runs of `mb` rows.
+            let column = |c: usize| &d[a.offset + c * a.cs + i0..][..mb];
+            let hi = (2 * q + 1 < k).then(|| column(2 * q + 1));
+            interleave(column(2 * q), hi, &mut column_pair);
+        } else {
+            for (i, w) in column_pair.iter_mut().enumerate() {
+                let hi = if 2 * q + 1 < k { a.bits(i0 + i, 2 * q + 1) } else { 0 };
+                *w = a.bits(i0 + i, 2 * q) | hi << 16;
+            }
+        }
+        for (s, words) in column_pair.chunks(MR).enumerate() {
+            let at = (s * pairs + p) * MR;
+            packed[at..at + words.len()].copy_from_slice(words);
+        }
+    }
+}
+
+/// `tile = A strip x B strip` over `pairs` pairs of `k` (`tile +=` when
+/// `accumulate`). Word `p` of row `r` of the A strip is at
+/// `a.0[r] + p * a.1` (packed or in place, possibly unaligned).
+///
+/// # Safety
+/// The CPU has AVX-512 BF16; every A word read and `pairs * NR` words of
+/// `b` are in bounds.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f,avx512bf16")]
+unsafe fn micro_kernel(
+    pairs: usize,
+    a: (&[*const u32; MR], usize),
+    b: *const u32,
+    tile: &mut [f32; MR * NR],
+    accumulate: bool,
+) {
+    use std::arch::x86_64::*;
+    let mut acc = [[_mm512_setzero_ps(); 2]; MR];
+    if accumulate {
+        for (r, row) in acc.iter_mut().enumerate() {
+            row[0] = _mm512_loadu_ps(tile.as_ptr().add(r * NR));
+            row[1] = _mm512_loadu_ps(tile.as_ptr().add(r * NR + 16));
+        }
+    }
+    for p in 0..pairs {
+        let b0: __m512bh = std::mem::transmute(_mm512_loadu_si512(b.add(p * NR) as *const _));
+        let b1: __m512bh = std::mem::transmute(_mm512_loadu_si512(b.add(p * NR + 16) as *const _));
+        for (r, row) in acc.iter_mut().enumerate() {
+            let word = a.0[r].add(p * a.1).read_unaligned();
+            let av: __m512bh = std::mem::transmute(_mm512_set1_epi32(word as i32));
+            row[0] = _mm512_dpbf16_ps(row[0], av, b0);
+            row[1] = _mm512_dpbf16_ps(row[1], av, b1);
+        }
+    }
+    for (r, row) in acc.iter().enumerate() {
+        _mm512_storeu_ps(tile.as_mut_ptr().add(r * NR), row[0]);
+        _mm512_storeu_ps(tile.as_mut_ptr().add(r * NR + 16), row[1]);
+    }
+}
+
+#[cfg(not(target_arch = "x86_64"))]
+unsafe fn micro_kernel(_: usize, _: (&[*const u32; MR], usize), _: *const u32, _: &mut [f32; MR * NR], _: bool) {
+    unreachable!("`available` is false off x86-64")
+}
+
+/// Write the valid `rows x cols` corner of `tile` at `(i0, j0)`.
+///
+/// # Safety
+/// The rectangle lies inside the `? x n` output and belongs to this thread.
+#[inline(always)]
+unsafe fn store(tile: &[f32; MR * NR], out: OutPtr, n: usize, i0: usize, j0: usize, rows: usize, cols: usize) {
+    for r in 0..rows {
+        let src = &tile[r * NR..r * NR + cols];
+        let at = (i0 + r) * n + j0;
+        match out {
+            OutPtr::F32(p) => std::slice::from_raw_parts_mut(p.add(at), cols).copy_from_slice(src),
+            OutPtr::BF16(p) => std::slice::from_raw_parts_mut(p.add(at), cols)
+                .iter_mut()
+                .zip(src)
+                .for_each(|(o, &v)| *o = bf16::from_f32(v)),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// `a x b` in f64 from the bf16 values, and the sum of |products| per element.
+    fn reference(m: usize, k: usize, n: usize, a: &[bf16], b: &[bf16]) -> (Vec<f64>, Vec<f64>) {
+        let mut exact = vec![0f64; m * n];
+        let mut magnitude = vec![0f64; m * n];
+        for i in 0..m {
+            for j in 0..n {
+                for p in 0..k {
+                    let v = a[i * k + p].to_f64() * b[p * n + j].to_f64();
+                    exact[i * n + j] += v;
+                    magnitude[i * n + j] += v.abs();
+                }
+            }
+        }
+        (exact, magnitude)
+    }
+
+    fn values(len: usize, seed: u64) -> Vec<bf16> {
+        let mut u = vec![0f32; len];
+        crate::random::uniform_f32(seed, 0, &mut u);
+        u.iter().map(|&x| bf16::from_f32(4.0 * x - 2.0)).collect()
+    }
+
+    #[test]
+    fn products_match_f64_within_f32_rounding_on_odd_shapes() {
+        if !available() {
+            eprintln!("skipped: this CPU has no AVX-512 BF16");
+            return;
+        }
+        for (m, k, n, threads) in [
+            (1, 1, 1, 1),
+            (17, 33, 65, 1),
+            (9, 7, 31, 2),
+            (3, 1024, 2, 2),
+            (64, 257, 96, 2),
+            (8, 512, 300, 2),
+            (20, 1500, 40, 1),
+        ] {
+            let (a, b) = (values(m * k, 1), values(k * n, 2));
+            let mut out = vec![0f32; m * n];
+            let av = View { data: &a, offset: 0, rs: k, cs: 1 };
+            let bv = View { data: &b, offset: 0, rs: n, cs: 1 };
+            // The last two are big enough to split rows, then columns, over threads.
+            matmul(m, k, n, av, bv, Out::F32(&mut out), threads);
+            let (exact, magnitude) = reference(m, k, n, &a, &b);
+            for i in 0..m * n {
+                let bound = (k as f64 + 2.0) * f64::from(f32::EPSILON) * magnitude[i] + 1e-30;
+                assert!(
+                    (f64::from(out[i]) - exact[i]).abs() <= bound,
+                    "{m}x{k}x{n} element {i}: {} vs {}",
+                    out[i],
+                    exact[i]
+                );
+            }
+            let mut rounded = vec![bf16::ZERO; m * n];
+            matmul(m, k, n, av, bv, Out::BF16(&mut rounded), threads);
+            for i in 0..m * n {
+                assert_eq!(rounded[i], bf16::from_f32(out[i]), "bf16 output is the f32 result rounded");
+            }
+        }
+    }
+
+    #[test]
+    fn transposed_and_offset_views_read_the_right_elements() {
+        if !available() {
+            return;
+        }
+        let (m, k, n) = (5, 6, 34);
+        let (a, b) = (values(m * k, 3), values(k * n, 4));
+        // a stored transposed (k x m) after a 3-element offset.
+        let mut at = vec![bf16::ZERO; 3 + m * k];
+        for i in 0..m {
+            for p in 0..k {
+                at[3 + p * m + i] = a[i * k + p];
+            }
+        }
+        let mut direct = vec![0f32; m * n];
+        let mut viewed = vec![0f32; m * n];
+        let bv = View { data: &b, offset: 0, rs: n, cs: 1 };
+        matmul(m, k, n, View { data: &a, offset: 0, rs: k, cs: 1 }, bv, Out::F32(&mut direct), 1);
+        matmul(m, k, n, View { data: &at, offset: 3, rs: 1, cs: m }, bv, Out::F32(&mut viewed), 1);
+        assert_eq!(direct, viewed);
+    }
+}
