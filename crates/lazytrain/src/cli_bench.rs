@@ -67,7 +67,7 @@ pub fn flops_per_token(layers: usize, hidden: usize, vocab: usize, seq: usize) -
 /// The GEMM throughput of this machine (GFLOP/s) for `dtype` (f32, or bf16
 /// with f32 accumulation), measured with the kernels the CPU backend uses.
 pub fn gemm_peak_gflops(device: &Device, dtype: DType) -> lazytrain_core::Result<f64> {
-    let n = 512;
+    let n = 1024;
     let a = Tensor::from_vec(vec![0.5f32; n * n], [n, n], device)?.cast(dtype)?;
     let b = Tensor::from_vec(vec![0.25f32; n * n], [n, n], device)?.cast(dtype)?;
     device.sync()?;
