@@ -130,3 +130,25 @@ fn training_steps(fuse: bool, bf16: bool) -> Result<Vec<Vec<f32>>> {
     }
     Ok(params.iter().map(|(_, p)| p.to_vec::<f32>()).collect::<lazytrain_core::Result<_>>()?)
 }
+
+#[test]
+fn a_cast_feeding_a_matmul_rides_along_in_the_kernel_of_its_input() -> Result<()> {
+    let run = |fuse: bool| -> Result<((usize, usize), Vec<f32>, Vec<f32>)> {
+        let d = device(fuse);
+        let x = input(&[64, 32], &d)?;
+        let w = input(&[32, 16], &d)?.cast(lazytrain_core::DType::BF16)?;
+        d.sync()?;
+        let y = x.mul(&x)?.add(&x)?;
+        let product = y.cast(lazytrain_core::DType::BF16)?.matmul(&w)?.cast(lazytrain_core::DType::F32)?;
+        let other = y.exp()?;
+        d.sync()?;
+        Ok((last_compile(&d), product.to_vec::<f32>()?, other.to_vec::<f32>()?))
+    };
+    let (fused, product, other) = run(true)?;
+    let (unfused, product_ref, other_ref) = run(false)?;
+    // mul+add+cast (two outputs), the matmul, exp; the cast back to f32 is the
+    // matmul's reader and runs alone.
+    assert_eq!(fused, (4, 1), "unfused: {unfused:?}");
+    assert_eq!((product, other), (product_ref, other_ref));
+    Ok(())
+}

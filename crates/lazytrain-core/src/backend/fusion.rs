@@ -30,8 +30,11 @@ pub(crate) struct View {
 /// A fused group.
 #[derive(Clone, Debug)]
 pub(crate) struct Group {
-    /// Member nodes, ascending; the last is where the group runs.
+    /// Member nodes, ascending.
     pub members: Vec<usize>,
+    /// Where the group runs: its last member, or earlier when a cast of a
+    /// member was absorbed as an epilogue.
+    pub runs_at: usize,
     /// Members with buffers, in store order.
     pub outputs: Vec<usize>,
     /// Nodes whose buffers the kernel reads, in load order.
@@ -61,9 +64,9 @@ impl Fusion {
         Fusion { group_of: vec![None; nodes], groups: Vec::new(), view: vec![None; nodes], inlined: vec![false; nodes] }
     }
 
-    /// Where node `i`'s value is produced: its group's last member, or itself.
+    /// Where node `i`'s value is produced: where its group runs, or itself.
     pub fn position(&self, i: usize) -> usize {
-        self.group_of[i].map_or(i, |g| *self.groups[g].members.last().expect("groups are not empty"))
+        self.group_of[i].map_or(i, |g| self.groups[g].runs_at)
     }
 
     /// True when node `i` has a buffer of its own.
@@ -162,16 +165,23 @@ pub(crate) fn plan(graph: &Graph, splat: &[bool]) -> Fusion {
         members[g].push(i);
         fusion.group_of[i] = Some(g);
     }
+    for group in members.iter_mut() {
+        group.reverse();
+    }
+    let runs_at = absorb_cast_epilogues(graph, &mut members, &fusion, &consumers);
     // Build kernels; a lone member that reads no view runs its own kernel.
     let mut final_of = vec![None; n];
-    for mut group in members {
-        group.reverse();
+    for (group, runs_at) in members.into_iter().zip(runs_at) {
+        if group.is_empty() {
+            continue;
+        }
         let reads_view =
             group.iter().any(|&m| graph.nodes[m].inputs.iter().any(|id| fusion.view[id.index()].is_some()));
         if group.len() == 1 && !reads_view {
             continue;
         }
-        let built = build_group(graph, &fusion, &group, &consumers, &is_output, splat);
+        let mut built = build_group(graph, &fusion, &group, &consumers, &is_output, splat);
+        built.runs_at = runs_at;
         for &m in &built.members {
             final_of[m] = Some(fusion.groups.len());
         }
@@ -185,6 +195,40 @@ pub(crate) fn plan(graph: &Graph, splat: &[bool]) -> Fusion {
             && consumers[i].iter().all(|&c| fusion.group_of[c].is_some() || fusion.view[c].is_some());
     }
     fusion
+}
+
+/// Move a cast that would run alone (its readers are matmuls or other
+/// groups) into the group computing its input, as one more output: the
+/// value is converted while it is still in a register instead of being read
+/// back from memory. The group keeps running where it ran, so the cast's
+/// readers must all come after that point. `members` are ascending per
+/// group; absorbed casts leave empty groups. Returns where each group runs.
+fn absorb_cast_epilogues(
+    graph: &Graph,
+    members: &mut [Vec<usize>],
+    fusion: &Fusion,
+    consumers: &[Vec<usize>],
+) -> Vec<usize> {
+    let runs_at: Vec<usize> = members.iter().map(|m| m.last().copied().unwrap_or(0)).collect();
+    let mut group_of: Vec<Option<usize>> = fusion.group_of.clone();
+    for gc in 0..members.len() {
+        let [c] = members[gc][..] else { continue };
+        let node = &graph.nodes[c];
+        let reads_view = node.inputs.iter().any(|id| fusion.view[id.index()].is_some());
+        if node.op != Op::Cast || reads_view {
+            continue;
+        }
+        let p = node.inputs[0].index();
+        let Some(g) = group_of[p].filter(|&g| g != gc && !members[g].is_empty()) else { continue };
+        if !consumers[c].iter().all(|&r| r > runs_at[g]) {
+            continue;
+        }
+        let at = members[g].partition_point(|&m| m < c);
+        members[g].insert(at, c);
+        members[gc].clear();
+        group_of[c] = Some(g);
+    }
+    runs_at
 }
 
 /// Which `reshape`/`expand`/`permute` nodes become views: every reader is
@@ -413,6 +457,7 @@ fn build_group(
         .collect();
     Group {
         members: members.to_vec(),
+        runs_at: *members.last().expect("groups are not empty"),
         outputs,
         inputs,
         contiguous_inputs,

@@ -14,6 +14,7 @@
 //! instruction rounds them (round to nearest even, denormals flushed), so
 //! results equal an f32 matmul of the same bf16 inputs within f32 rounding.
 
+use super::numeric::bf16_from_f32;
 use half::bf16;
 
 /// Rows of the register tile.
@@ -21,9 +22,9 @@ const MR: usize = 8;
 /// Columns of the register tile (two vectors of 16 f32).
 const NR: usize = 32;
 /// Pairs of `k` per block: packed strips stay in L1/L2 however long `k` is.
-const KC_PAIRS: usize = 256;
+const KC_PAIRS: usize = 512;
 /// Packed-operand budgets in bytes: a left block, a right block.
-const A_BLOCK_BYTES: usize = 48 * 1024;
+const A_BLOCK_BYTES: usize = 192 * 1024;
 const B_BLOCK_BYTES: usize = 512 * 1024;
 
 /// True when this CPU has the AVX-512 BF16 dot-product instruction.
@@ -99,8 +100,10 @@ pub(crate) fn matmul(m: usize, k: usize, n: usize, a: View, b: View, out: Out, t
         unsafe { block(k, n, a, b, ptr, 0..m, 0..n) };
         return;
     }
-    // Split the longer side so every thread gets whole register tiles.
-    let split_rows = m >= n || m >= parts * 4 * MR;
+    // Each thread packs the whole operand along the side it does not split:
+    // split the longer side (rows, unless the product is much wider than
+    // tall) so the duplicated packing is the smaller operand's.
+    let split_rows = m >= n;
     let (len, unit) = if split_rows { (m, MR) } else { (n, NR) };
     let chunk = len.div_ceil(parts).div_ceil(unit) * unit;
     rayon::scope(|s| {
@@ -382,7 +385,7 @@ unsafe fn store(tile: &[f32; MR * NR], out: OutPtr, n: usize, i0: usize, j0: usi
             OutPtr::BF16(p) => std::slice::from_raw_parts_mut(p.add(at), cols)
                 .iter_mut()
                 .zip(src)
-                .for_each(|(o, &v)| *o = bf16::from_f32(v)),
+                .for_each(|(o, &v)| *o = bf16_from_f32(v)),
         }
     }
 }
@@ -449,6 +452,30 @@ mod tests {
             for i in 0..m * n {
                 assert_eq!(rounded[i], bf16::from_f32(out[i]), "bf16 output is the f32 result rounded");
             }
+        }
+    }
+
+    #[test]
+    fn branch_free_conversions_match_half() {
+        use crate::kernels::numeric::bf16_to_f32;
+        let specials =
+            [0.0f32, -0.0, 1.0, -1.5, f32::MAX, f32::MIN, f32::INFINITY, f32::NEG_INFINITY, f32::NAN, 1e-40, -1e-45];
+        let mut u = vec![0f32; 4096];
+        crate::random::uniform_f32(5, 0, &mut u);
+        let spread = u.iter().map(|&x| f32::from_bits((x * u32::MAX as f32) as u32));
+        for x in specials.into_iter().chain(spread) {
+            assert_eq!(bf16_from_f32(x).to_bits(), bf16::from_f32(x).to_bits(), "{x:e} ({:#010x})", x.to_bits());
+            let b = bf16::from_f32(x);
+            assert_eq!(bf16_to_f32(b).to_bits(), b.to_f32().to_bits(), "{b}");
+        }
+        for bits in [0x7F81u16, 0xFF81, 0x7FC0, 0x0001, 0x8001] {
+            let b = bf16::from_bits(bits);
+            assert_eq!(bf16_to_f32(b).to_bits(), b.to_f32().to_bits(), "{bits:#06x}");
+        }
+        // Ties go to even.
+        for bits in [0x3F80_8000u32, 0x3F81_8000, 0x3F80_8001, 0x3F80_7FFF] {
+            let x = f32::from_bits(bits);
+            assert_eq!(bf16_from_f32(x).to_bits(), bf16::from_f32(x).to_bits());
         }
     }
 

@@ -10,7 +10,7 @@
 //! fused program computes bit-identical results.
 
 use super::elementwise::{at, float_binary, float_unary, predicate, Lanes1};
-use super::numeric::exp_f32;
+use super::numeric::{bf16_from_f32, bf16_to_f32, exp_f32};
 use crate::dtype::DType;
 use crate::ir::{BinaryOp, CmpOp, UnaryOp};
 use crate::storage::HostData;
@@ -231,7 +231,7 @@ impl FusedProgram {
             }
             Instr::RoundBf16 { src, dst } => {
                 let mut out = std::mem::take(&mut regs[dst]);
-                (&regs[src][..len], &mut out[..len]).apply(|x| bf16::from_f32(x).to_f32());
+                (&regs[src][..len], &mut out[..len]).apply(|x| bf16_to_f32(bf16_from_f32(x)));
                 regs[dst] = out;
             }
             Instr::Store { src, out } => {
@@ -264,7 +264,7 @@ impl OutView {
             OutView::F32(p) => out.copy_from_slice(std::slice::from_raw_parts(p.add(start), out.len())),
             OutView::BF16(p) => {
                 let values = std::slice::from_raw_parts(p.add(start), out.len());
-                out.iter_mut().zip(values).for_each(|(o, &v)| *o = v.to_f32());
+                out.iter_mut().zip(values).for_each(|(o, &v)| *o = bf16_to_f32(v));
             }
             OutView::Bool(p) => {
                 let values = std::slice::from_raw_parts(p.add(start), out.len());
@@ -283,7 +283,7 @@ impl OutView {
             OutView::BF16(p) => std::slice::from_raw_parts_mut(p.add(start), values.len())
                 .iter_mut()
                 .zip(values)
-                .for_each(|(o, &v)| *o = bf16::from_f32(v)),
+                .for_each(|(o, &v)| *o = bf16_from_f32(v)),
             OutView::Bool(p) => std::slice::from_raw_parts_mut(p.add(start), values.len())
                 .iter_mut()
                 .zip(values)
@@ -335,7 +335,7 @@ fn load_tile(
     match data {
         HostData::F32(x) => load_with(x, access, shape, start, out, index, |v| v),
         HostData::Bool(x) => load_with(x, access, shape, start, out, index, |v| f32::from(u8::from(v))),
-        HostData::BF16(x) => load_with(x, access, shape, start, out, index, |v| v.to_f32()),
+        HostData::BF16(x) => load_with(x, access, shape, start, out, index, bf16_to_f32),
         other => return Err(format!("a fused kernel cannot load {} values", other.dtype())),
     }
     Ok(())

@@ -173,7 +173,25 @@ macro_rules! impl_float_like {
 }
 impl_float_like!(f32, f32, |v| v, |v| v);
 impl_float_like!(f64, f64, |v| v, |v| v);
-impl_float_like!(bf16, f32, bf16::to_f32, bf16::from_f32);
+impl_float_like!(bf16, f32, bf16_to_f32, bf16_from_f32);
+
+/// `bf16::from_f32` (round to nearest even; a NaN stays NaN with its quiet
+/// bit set) without branches, so loops over it vectorise.
+#[inline(always)]
+pub(crate) fn bf16_from_f32(x: f32) -> bf16 {
+    let bits = x.to_bits();
+    let rounded = (bits.wrapping_add(0x7FFF + ((bits >> 16) & 1)) >> 16) as u16;
+    let quiet_nan = ((bits >> 16) as u16) | 0x0040;
+    bf16::from_bits(if bits & 0x7FFF_FFFF > 0x7F80_0000 { quiet_nan } else { rounded })
+}
+
+/// `bf16::to_f32` (exact; a NaN gets its quiet bit set) without branches.
+#[inline(always)]
+pub(crate) fn bf16_to_f32(x: bf16) -> f32 {
+    let bits = x.to_bits();
+    let wide = u32::from(bits) << 16;
+    f32::from_bits(if bits & 0x7FFF > 0x7F80 { wide | 0x0040_0000 } else { wide })
+}
 impl_float_like!(f16, f32, f16::to_f32, f16::from_f32);
 
 /// An integer storage type whose math runs in `i64` and wraps on the way back.
@@ -255,9 +273,9 @@ pub(crate) fn cast(x: &HostData, out: &mut HostData) {
         fill_from_f64(out, (0..x.len()).map(|i| x.get_f64(i)));
     } else if x.dtype().is_float() {
         match (x, out) {
-            (HostData::F32(a), HostData::BF16(o)) => a.iter().zip(o).for_each(|(a, o)| *o = bf16::from_f32(*a)),
+            (HostData::F32(a), HostData::BF16(o)) => a.iter().zip(o).for_each(|(a, o)| *o = bf16_from_f32(*a)),
             (HostData::F32(a), HostData::F16(o)) => a.iter().zip(o).for_each(|(a, o)| *o = f16::from_f32(*a)),
-            (HostData::BF16(a), HostData::F32(o)) => a.iter().zip(o).for_each(|(a, o)| *o = a.to_f32()),
+            (HostData::BF16(a), HostData::F32(o)) => a.iter().zip(o).for_each(|(a, o)| *o = bf16_to_f32(*a)),
             (HostData::F16(a), HostData::F32(o)) => a.iter().zip(o).for_each(|(a, o)| *o = a.to_f32()),
             (x, out) => fill_from_f64(out, (0..x.len()).map(|i| x.get_f64(i))),
         }
