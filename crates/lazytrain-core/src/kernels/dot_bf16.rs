@@ -101,8 +101,8 @@ pub(crate) fn matmul(m: usize, k: usize, n: usize, a: View, b: View, out: Out, t
         return;
     }
     // Each thread packs the whole operand along the side it does not split:
-    // split the longer side (rows, unless the product is much wider than
-    // tall) so the duplicated packing is the smaller operand's.
+    // split the longer side, so the duplicated packing is the smaller
+    // operand's (rows when the product is at least as tall as wide).
     let split_rows = m >= n;
     let (len, unit) = if split_rows { (m, MR) } else { (n, NR) };
     let chunk = len.div_ceil(parts).div_ceil(unit) * unit;
@@ -214,7 +214,7 @@ impl Partial {
     /// The row-major `rows x cols` corner of the partial sums, as a pointer and row length.
     fn base(self) -> (*mut f32, usize) {
         match self {
-            // SAFETY (both): the offsets lie inside the buffers, as `block` checks.
+            // SAFETY (both): `block` builds them from tile corners inside its rectangle.
             Partial::Out(p, n, i, j) | Partial::Scratch(p, n, i, j) => (unsafe { p.add(i * n + j) }, n),
         }
     }
