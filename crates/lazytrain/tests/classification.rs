@@ -5,66 +5,33 @@
 use lazytrain::pipelines::TextClassification;
 use lazytrain::trainer::{IntervalStrategy, Trainer, TrainingArguments};
 use lazytrain_core::Device;
-use lazytrain_data::classification::demo_task::sentiment_reviews;
-use lazytrain_data::classification::{
-    prepare_classification, ClassificationManifest, ClassificationOptions, Columns, LabelOrder,
-};
-use lazytrain_data::corpus::demo_corpus;
-use lazytrain_data::dataset::{find_shards, ShardedDataset};
-use lazytrain_data::tfrecord::CorruptPolicy;
-use lazytrain_data::train_tokenizer::{train_tokenizer, SubwordModel};
-use lazytrain_data::{TextTokenizer, TokenizerStyle};
-use lazytrain_models::{ForSequenceClassification, ModelConfig};
+use lazytrain_data::classification::ClassificationManifest;
+use lazytrain_data::TextTokenizer;
+use lazytrain_models::ForSequenceClassification;
 use lazytrain_nn::init::Initializer;
 use lazytrain_nn::{named_parameters, Context};
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::process::Command;
-use std::sync::Arc;
+
+mod common;
+
+use common::{open, review_data, tiny_classifier_config};
 
 fn tmp(name: &str) -> PathBuf {
-    let dir = std::env::temp_dir().join(format!("lazytrain-classify-{}-{name}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&dir);
-    std::fs::create_dir_all(&dir).unwrap();
-    dir
+    common::tmp("classify", name)
 }
 
 /// A tokenizer folder, generated reviews as JSON Lines and their prepared shards.
 fn data(name: &str) -> (PathBuf, TextTokenizer, ClassificationManifest) {
     let dir = tmp(name);
-    let countries = demo_corpus(0, 6, 0).countries;
-    let reviews = sentiment_reviews(0, &countries, 1200);
-    let texts: Vec<String> = reviews.iter().map(|r| r.text.clone()).collect();
-    let tok = train_tokenizer(&texts, SubwordModel::WordPiece, 200, TokenizerStyle::Bert).unwrap();
+    let (tok, manifest) = review_data(&dir, 1200, &[16]);
     tok.save(&dir.join("tokenizer"), 512).unwrap();
-    let body: String =
-        reviews.iter().map(|r| format!("{}\n", serde_json::json!({"text": r.text, "label": r.label}))).collect();
-    std::fs::write(dir.join("reviews.jsonl"), body).unwrap();
-    let options = ClassificationOptions {
-        columns: Columns { text: "text".into(), text_pair: None, label: "label".into() },
-        max_length: 32,
-        buckets: vec![16],
-        label_order: LabelOrder::Sorted,
-        num_shards: 2,
-        validation_fraction: 0.1,
-        seed: 0,
-        skip_bad_rows: false,
-        progress: false,
-    };
-    let manifest =
-        prepare_classification(&tok, &[dir.join("reviews.jsonl")], &[], &dir.join("data"), &options).unwrap();
     (dir, tok, manifest)
 }
 
 fn classifier(tok: &TextTokenizer, labels: &[String], device: &Device) -> ForSequenceClassification {
-    let mut config = ModelConfig::preset("bert-tiny", tok.vocab_size()).unwrap().with_labels(labels);
-    config.hidden_size = 32;
-    config.num_attention_heads = 2;
-    config.intermediate_size = 64;
+    let config = tiny_classifier_config(tok, labels);
     ForSequenceClassification::new(&mut Initializer::new(3, device), &config, labels.len()).unwrap()
-}
-
-fn open(dir: &Path, split: &str) -> Arc<ShardedDataset> {
-    Arc::new(ShardedDataset::open(&find_shards(&dir.join("data"), split).unwrap(), CorruptPolicy::Fail).unwrap())
 }
 
 #[test]

@@ -3,56 +3,16 @@
 //! and saves, evaluation is summed over the replicas.
 
 use lazytrain::trainer::{run_replicas, IntervalStrategy, Trainer, TrainingArguments};
-use lazytrain_data::classification::demo_task::sentiment_reviews;
-use lazytrain_data::classification::{
-    prepare_classification, ClassificationManifest, ClassificationOptions, Columns, LabelOrder,
-};
-use lazytrain_data::corpus::demo_corpus;
-use lazytrain_data::dataset::{find_shards, ShardedDataset};
-use lazytrain_data::tfrecord::CorruptPolicy;
-use lazytrain_data::train_tokenizer::{train_tokenizer, SubwordModel};
-use lazytrain_data::{TextTokenizer, TokenizerStyle};
-use lazytrain_models::{ForSequenceClassification, ModelConfig};
+use lazytrain_data::classification::ClassificationManifest;
+use lazytrain_data::TextTokenizer;
+use lazytrain_models::ForSequenceClassification;
 use lazytrain_nn::init::Initializer;
 use lazytrain_nn::named_parameters;
-use std::path::{Path, PathBuf};
-use std::sync::Arc;
+use std::path::Path;
 
-fn tmp(name: &str) -> PathBuf {
-    let dir = std::env::temp_dir().join(format!("lazytrain-replicas-{}-{name}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&dir);
-    std::fs::create_dir_all(&dir).unwrap();
-    dir
-}
+mod common;
 
-/// Generated reviews, prepared with one bucket so every batch has one shape.
-fn data(dir: &Path) -> (TextTokenizer, ClassificationManifest) {
-    let countries = demo_corpus(0, 6, 0).countries;
-    let reviews = sentiment_reviews(0, &countries, 400);
-    let texts: Vec<String> = reviews.iter().map(|r| r.text.clone()).collect();
-    let tok = train_tokenizer(&texts, SubwordModel::WordPiece, 200, TokenizerStyle::Bert).unwrap();
-    let body: String =
-        reviews.iter().map(|r| format!("{}\n", serde_json::json!({"text": r.text, "label": r.label}))).collect();
-    std::fs::write(dir.join("reviews.jsonl"), body).unwrap();
-    let options = ClassificationOptions {
-        columns: Columns { text: "text".into(), text_pair: None, label: "label".into() },
-        max_length: 32,
-        buckets: vec![32],
-        label_order: LabelOrder::Sorted,
-        num_shards: 2,
-        validation_fraction: 0.1,
-        seed: 0,
-        skip_bad_rows: false,
-        progress: false,
-    };
-    let manifest =
-        prepare_classification(&tok, &[dir.join("reviews.jsonl")], &[], &dir.join("data"), &options).unwrap();
-    (tok, manifest)
-}
-
-fn open(dir: &Path, split: &str) -> Arc<ShardedDataset> {
-    Arc::new(ShardedDataset::open(&find_shards(&dir.join("data"), split).unwrap(), CorruptPolicy::Fail).unwrap())
-}
+use common::{open, review_data, tiny_classifier_config};
 
 /// What a run leaves: the master's parameters, losses and eval count.
 struct Run {
@@ -80,10 +40,7 @@ fn train(dir: &Path, tok: &TextTokenizer, manifest: &ClassificationManifest, rep
         ..TrainingArguments::default()
     };
     run_replicas(replicas, |device| {
-        let mut config = ModelConfig::preset("bert-tiny", tok.vocab_size()).unwrap().with_labels(&manifest.labels);
-        config.hidden_size = 32;
-        config.num_attention_heads = 2;
-        config.intermediate_size = 64;
+        let mut config = tiny_classifier_config(tok, &manifest.labels);
         config.hidden_dropout_prob = 0.0;
         config.attention_probs_dropout_prob = 0.0;
         let model = ForSequenceClassification::new(&mut Initializer::new(3, device), &config, manifest.labels.len())?;
@@ -107,8 +64,9 @@ fn train(dir: &Path, tok: &TextTokenizer, manifest: &ClassificationManifest, rep
 
 #[test]
 fn two_replicas_train_like_one_with_the_whole_batch_and_only_the_master_writes() {
-    let dir = tmp("equivalence");
-    let (tok, manifest) = data(&dir);
+    let dir = common::tmp("replicas", "equivalence");
+    // One bucket, so every batch has one shape.
+    let (tok, manifest) = review_data(&dir, 400, &[32]);
     let compiles = || lazytrain_core::metrics::snapshot().compiles;
     let before = compiles();
     let one = train(&dir, &tok, &manifest, 1);

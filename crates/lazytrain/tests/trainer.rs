@@ -6,9 +6,7 @@ use lazytrain::trainer::events::{read_scalars, EventWriter};
 use lazytrain::trainer::{Control, IntervalStrategy, Trainer, TrainerCallback, TrainerState, TrainingArguments};
 use lazytrain_core::Device;
 use lazytrain_data::corpus::demo_corpus;
-use lazytrain_data::dataset::{find_shards, ShardedDataset};
 use lazytrain_data::prepare::{prepare, PrepareOptions};
-use lazytrain_data::tfrecord::CorruptPolicy;
 use lazytrain_data::train_tokenizer::{train_tokenizer, SubwordModel};
 use lazytrain_data::{TextTokenizer, TokenizerStyle};
 use lazytrain_models::{ForMaskedLM, ModelConfig};
@@ -16,13 +14,13 @@ use lazytrain_nn::init::Initializer;
 use lazytrain_nn::named_parameters;
 use std::path::{Path, PathBuf};
 use std::process::Command;
-use std::sync::Arc;
+
+mod common;
+
+use common::open;
 
 fn tmp(name: &str) -> PathBuf {
-    let dir = std::env::temp_dir().join(format!("lazytrain-trainer-{}-{name}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&dir);
-    std::fs::create_dir_all(&dir).unwrap();
-    dir
+    common::tmp("trainer", name)
 }
 
 /// A tokenizer folder and prepared shards (blocks of 16) from the demo corpus.
@@ -42,10 +40,6 @@ fn small_model(tok: &TextTokenizer, device: &Device) -> ForMaskedLM {
     config.num_attention_heads = 2;
     config.intermediate_size = 64;
     ForMaskedLM::new(&mut Initializer::new(7, device), &config).unwrap()
-}
-
-fn open(dir: &Path, split: &str) -> Arc<ShardedDataset> {
-    Arc::new(ShardedDataset::open(&find_shards(&dir.join("data"), split).unwrap(), CorruptPolicy::Fail).unwrap())
 }
 
 fn args(output: &Path) -> TrainingArguments {
