@@ -370,6 +370,12 @@ impl Device {
         self.inner.runner.replica.as_ref()
     }
 
+    /// This device's replica rank and the number of replicas in its group
+    /// (`(0, 1)` for a lone device).
+    pub fn replica_position(&self) -> (usize, usize) {
+        self.replica().map_or((0, 1), |link| (link.rank, link.collective.world_size()))
+    }
+
     /// Wait until every enqueued step has finished. Returns the first
     /// failure of a step since the last wait (its outputs hold the error too).
     pub fn wait(&self) -> Result<()> {

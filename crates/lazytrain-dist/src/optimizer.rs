@@ -12,7 +12,7 @@ use lazytrain_nn::{NnError, Result};
 /// gradients.
 pub fn reduce_gradients(optimizer: &dyn Optimizer) -> Result<()> {
     for param in optimizer.parameters() {
-        let replicated = param.device().replica().is_some_and(|link| link.collective.world_size() > 1);
+        let replicated = param.device().replica_position().1 > 1;
         if let (true, Some(grad)) = (replicated, param.grad()) {
             param.set_grad(Some(grad.all_reduce(AllReduceOp::Mean)?));
         }

@@ -183,7 +183,7 @@ impl<M: TaskModel> Trainer<M> {
                 model.config().vocab_size
             )));
         }
-        let world = device.replica().map_or(1, |link| link.collective.world_size());
+        let (_, world) = device.replica_position();
         if world != args.num_replicas {
             return Err(Error::Input(format!(
                 "num_replicas = {} but the trainer's device is one of {world} replicas; build each replica's trainer inside `trainer::run_replicas`",
@@ -235,7 +235,7 @@ impl<M: TaskModel> Trainer<M> {
     /// This trainer's replica rank and the number of replicas (its device's
     /// place in a replica group; `(0, 1)` for a lone device).
     pub fn replica_position(&self) -> (usize, usize) {
-        self.device.replica().map_or((0, 1), |link| (link.rank, link.collective.world_size()))
+        self.device.replica_position()
     }
 
     /// True on the replica that logs and writes checkpoints.
