@@ -91,6 +91,11 @@ impl HostData {
         with_host_data!(self, v => v.len())
     }
 
+    /// The number of elements the allocation holds without growing.
+    pub fn capacity(&self) -> usize {
+        with_host_data!(self, v => v.capacity())
+    }
+
     /// True when there are no elements.
     pub fn is_empty(&self) -> bool {
         self.len() == 0

@@ -129,6 +129,45 @@ fn composed_permutes_and_reshapes_collapse() {
     assert_eq!(opt.nodes.len(), 2, "parameter and exp:\n{opt}");
 }
 
+/// An optimizer-like step: `m' = 0.1 g + 0.9 m`, `p' = p - m'` with the
+/// gradient `g = x · w` materialised by a matmul and dying in the update.
+/// Fed its own outputs as donated inputs, the second run allocates nothing:
+/// the outputs leave in the donated inputs' memory, not in the gradient's.
+#[test]
+fn steady_state_steps_allocate_nothing() {
+    for fuse in [true, false] {
+        let mut b = GraphBuilder::new();
+        let p = param(&mut b, 0, &[64, 64]);
+        let m = param(&mut b, 1, &[64, 64]);
+        let x = param(&mut b, 2, &[64, 64]);
+        let g = node(&mut b, Op::Dot { lhs_t: false, rhs_t: false }, vec![x, x]);
+        let tenth = constant(&mut b, 0.1, &[64, 64]);
+        let scaled_g = node(&mut b, Op::Binary(BinaryOp::Mul), vec![g, tenth]);
+        let nine_tenths = constant(&mut b, 0.9, &[64, 64]);
+        let scaled_m = node(&mut b, Op::Binary(BinaryOp::Mul), vec![m, nine_tenths]);
+        let m_new = node(&mut b, Op::Binary(BinaryOp::Add), vec![scaled_g, scaled_m]);
+        let p_new = node(&mut b, Op::Binary(BinaryOp::Sub), vec![p, m_new]);
+        let mut graph = b.finish(vec![m_new, p_new], 3);
+        graph.donated = vec![true, true, false];
+        let exe = CpuBackend { fuse }.compile(&graph).unwrap();
+        let x = Arc::new(Buffer::new(HostData::F32((0..64 * 64).map(|i| (i % 7) as f32 * 0.01).collect())));
+        let mut state = vec![HostData::F32(vec![1.0; 64 * 64]), HostData::F32(vec![0.0; 64 * 64])];
+        let mut allocated = Vec::new();
+        for _ in 0..3 {
+            let [m, p] = state.clone().try_into().unwrap();
+            let inputs = vec![Arc::new(Buffer::new(p)), Arc::new(Buffer::new(m)), x.clone()];
+            let outputs = exe.run(inputs, &Default::default()).unwrap();
+            let reference = run_compiled(&graph, &[state[1].clone(), state[0].clone(), x.wait().unwrap().clone()]);
+            state = outputs.iter().map(|b| b.wait().unwrap().clone()).collect();
+            assert_eq!(state, reference, "fuse {fuse}");
+            allocated.push(exe.stats().allocated_bytes);
+        }
+        assert!(allocated[0] >= 64 * 64 * 4, "the first run allocates the gradient's slot: {allocated:?}");
+        assert_eq!(allocated[1], allocated[0], "fuse {fuse}: the second run allocates nothing");
+        assert_eq!(allocated[2], allocated[0], "fuse {fuse}: nor does the third");
+    }
+}
+
 #[test]
 fn memory_plan_reuses_dead_buffers() {
     let mut b = GraphBuilder::new();

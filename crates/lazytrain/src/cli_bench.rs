@@ -119,6 +119,10 @@ fn bench_replica(
     let mut times = Vec::new();
     let mut first_loss = f32::NAN;
     for step in 0..steps + 3 {
+        if step == 3 && replica.is_master() {
+            // The profile covers the timed steps only (not the first step's page faults).
+            lazytrain_core::backend::profile::reset();
+        }
         let start = Instant::now();
         let ctx = Context::train(device, replica.rank() as i64, step as i64)?;
         let autocast = if bf16 { Some(device.autocast(DType::BF16)?) } else { None };
@@ -178,6 +182,8 @@ pub fn run(args: &BenchArgs) -> lazytrain::Result<()> {
     let cache_hits: u64 = runs.iter().map(|r| r.cache_hits).sum();
     let compile_ms: f64 = runs.iter().map(|r| r.compile_ms).sum();
     let precision = if args.bf16 { DType::BF16 } else { DType::F32 };
+    // The profile covers the training steps, not the GEMM-peak probe.
+    let profile = lazytrain_core::backend::profile::enabled().then(lazytrain_core::backend::profile::report);
     let peak = gemm_peak_gflops(&Device::cpu(), precision)?;
     let report = serde_json::json!({
         "framework": "lazytrain", "config": args.model, "precision": if args.bf16 { "bf16" } else { "fp32" },
@@ -190,8 +196,8 @@ pub fn run(args: &BenchArgs) -> lazytrain::Result<()> {
         "mfu": (gflops / peak * 1000.0).round() / 1000.0, "compiles": compiles, "cache_hits": cache_hits,
         "peak_rss_mb": peak_rss_mb().round(),
     });
-    if lazytrain_core::backend::profile::enabled() {
-        eprint!("{}", lazytrain_core::backend::profile::report());
+    if let Some(profile) = profile {
+        eprint!("{profile}");
     }
     if args.json {
         println!("{report}");

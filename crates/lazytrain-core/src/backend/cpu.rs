@@ -11,6 +11,7 @@ use crate::kernels::fused::{FusedProgram, Source};
 use crate::kernels::{self, MatmulKernel};
 use crate::shape::Shape;
 use crate::storage::{Buffer, HostData};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
 /// Runs graphs on the host CPU.
@@ -48,6 +49,8 @@ struct Step {
     node_index: usize,
     kernel: Kernel,
     inputs: Vec<Operand>,
+    /// What the profile report calls this kernel (op and shapes).
+    label: String,
 }
 
 /// A compiled CPU program.
@@ -59,6 +62,8 @@ struct CpuExecutable {
     /// Intermediate buffers kept between runs, one set per concurrent run
     /// (replicas share the executable).
     pool: std::sync::Mutex<Vec<Vec<Option<HostData>>>>,
+    /// Bytes of slot buffers allocated by runs so far.
+    allocated: AtomicU64,
 }
 
 impl Backend for CpuBackend {
@@ -108,6 +113,7 @@ impl Backend for CpuBackend {
                     .collect();
                 steps.push(Step {
                     node_index: i,
+                    label: group.program.describe(),
                     kernel: Kernel::Fused { program: group.program.clone(), outputs, alias },
                     inputs,
                 });
@@ -115,8 +121,17 @@ impl Backend for CpuBackend {
             }
             if let Operand::Slot(slot) = plan.operands[i] {
                 let lowered = if splat[i] { Node { shape: Shape::scalar(), ..node.clone() } } else { node.clone() };
+                let input_dims: Vec<String> =
+                    node.inputs.iter().map(|id| format!("{:?}", graph.node(*id).shape.dims())).collect();
                 steps.push(Step {
                     node_index: i,
+                    label: format!(
+                        "{} {} -> {:?} {}",
+                        node.op.name(),
+                        input_dims.join(" "),
+                        node.shape.dims(),
+                        node.dtype
+                    ),
                     kernel: Kernel::Primitive {
                         node: lowered,
                         input_shapes: node.inputs.iter().map(|id| graph.node(*id).shape.dims().to_vec()).collect(),
@@ -133,7 +148,14 @@ impl Backend for CpuBackend {
             }
         }
         let outputs = graph.outputs.iter().map(|id| plan.operands[id.index()]).collect();
-        Ok(Arc::new(CpuExecutable { steps, outputs, num_params: graph.num_params, plan, pool: Default::default() }))
+        Ok(Arc::new(CpuExecutable {
+            steps,
+            outputs,
+            num_params: graph.num_params,
+            plan,
+            pool: Default::default(),
+            allocated: AtomicU64::new(0),
+        }))
     }
 }
 
@@ -168,11 +190,20 @@ fn splat_nodes(graph: &Graph) -> Vec<bool> {
 }
 
 impl CpuExecutable {
-    /// A slot's buffer, allocated once at its planned capacity: every value
-    /// the slot holds fits without reallocating (no heap churn, no copies).
-    fn fresh_slot(&self, slot: usize) -> HostData {
+    /// A slot's buffer, at its planned capacity: every value the slot holds
+    /// fits without reallocating (no heap churn, no copies). A spare buffer
+    /// of the same dtype that is large enough (but not wastefully so) is
+    /// reused, else one is allocated.
+    fn fresh_slot(&self, slot: usize, spare: &mut Vec<HostData>) -> HostData {
         let (dtype, capacity) = self.plan.slots[slot];
-        HostData::with_capacity(dtype, capacity)
+        let fits = |b: &HostData| b.dtype() == dtype && (capacity..=capacity.saturating_mul(2)).contains(&b.capacity());
+        match spare.iter().position(fits) {
+            Some(pos) => spare.swap_remove(pos),
+            None => {
+                self.allocated.fetch_add((capacity * dtype.size_in_bytes()) as u64, Ordering::Relaxed);
+                HostData::with_capacity(dtype, capacity)
+            }
+        }
     }
 }
 
@@ -197,18 +228,23 @@ impl Executable for CpuExecutable {
         let mut slots: Vec<Option<HostData>> = self.pool.lock().ok().and_then(|mut p| p.pop()).unwrap_or_default();
         slots.resize(self.plan.slots.len(), None);
         let mut inputs: Vec<Option<Arc<Buffer>>> = inputs.into_iter().map(Some).collect();
+        // Buffers the last run left in donated slots: graph outputs took
+        // other slots' buffers out of the pool, and these replace them (in
+        // steady state the sizes pair up), so a run allocates nothing.
+        let mut spare = Vec::new();
         for &(k, slot) in &self.plan.donated {
             // Take the memory over when nothing else holds it; copy otherwise.
-            slots[slot] = inputs[k].take().map(|buffer| match Arc::try_unwrap(buffer) {
+            let donated = inputs[k].take().map(|buffer| match Arc::try_unwrap(buffer) {
                 Ok(buffer) => buffer.into_host().expect("run checks that every input has a value"),
                 Err(shared) => ready(&shared).clone(),
             });
+            spare.extend(std::mem::replace(&mut slots[slot], donated));
         }
         for step in &self.steps {
             let started = profile::enabled().then(std::time::Instant::now);
             let (result, kind) = match &step.kernel {
                 Kernel::Primitive { node, input_shapes, views, slot, in_place } => {
-                    let mut out = slots[*slot].take().unwrap_or_else(|| self.fresh_slot(*slot));
+                    let mut out = slots[*slot].take().unwrap_or_else(|| self.fresh_slot(*slot, &mut spare));
                     let operands: Vec<&HostData> = step
                         .inputs
                         .iter()
@@ -234,8 +270,10 @@ impl Executable for CpuExecutable {
                 }
                 Kernel::Fused { program, outputs, alias } => {
                     let numel = program.shape.iter().product();
-                    let mut outs: Vec<HostData> =
-                        outputs.iter().map(|&s| slots[s].take().unwrap_or_else(|| self.fresh_slot(s))).collect();
+                    let mut outs: Vec<HostData> = outputs
+                        .iter()
+                        .map(|&s| slots[s].take().unwrap_or_else(|| self.fresh_slot(s, &mut spare)))
+                        .collect();
                     for (k, out) in outs.iter_mut().enumerate() {
                         if !alias.contains(&Some(k)) {
                             out.reset(program.output_dtypes[k], numel);
@@ -260,7 +298,7 @@ impl Executable for CpuExecutable {
             };
             result.map_err(|(op, detail)| Error::Execution { node: step.node_index, op, detail })?;
             if let Some(t) = started {
-                profile::record(kind, t.elapsed().as_nanos() as u64);
+                profile::record(kind, &step.label, t.elapsed().as_nanos() as u64);
             }
         }
         let mut taken: Vec<Option<Arc<Buffer>>> = vec![None; slots.len()];
@@ -297,6 +335,7 @@ impl Executable for CpuExecutable {
             planned_bytes: self.plan.planned_bytes(),
             unplanned_bytes: self.plan.unplanned_bytes,
             peak_bytes: self.plan.peak_bytes(),
+            allocated_bytes: self.allocated.load(Ordering::Relaxed),
         }
     }
 }

@@ -55,4 +55,8 @@ pub struct ExecutableStats {
     /// Bytes alive at the peak of a run: intermediate slots (donated inputs
     /// included) plus the inputs that are not donated.
     pub peak_bytes: usize,
+    /// Bytes of buffers the runs so far had to allocate. After the first run
+    /// a training step allocates nothing: its outputs leave in donated
+    /// inputs' memory, which comes back as the next step's inputs.
+    pub allocated_bytes: u64,
 }

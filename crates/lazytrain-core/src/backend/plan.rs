@@ -90,14 +90,23 @@ impl MemoryPlan {
                     for &o in &group.outputs {
                         let out = &graph.nodes[o];
                         unplanned_bytes += lengths[o] * out.dtype.size_in_bytes();
-                        let reusable = group.contiguous_inputs.iter().find_map(|&x| {
+                        let fits = |x: usize| {
                             let Operand::Slot(s) = operands[x] else { return None };
                             let fits = last_use[x] == i
                                 && graph.nodes[x].dtype == out.dtype
                                 && lengths[x] == lengths[o]
                                 && !taken.contains(&s);
                             fits.then_some(s)
-                        });
+                        };
+                        // A graph output leaves the run with its buffer: it takes a
+                        // donated input's slot (which the next run refills with
+                        // its donated input) rather than an intermediate's,
+                        // which would then need fresh memory every run.
+                        let is_output = last_use[o] == usize::MAX;
+                        let donated_first = |x: &&usize| is_donated(graph, **x) != is_output;
+                        let mut candidates: Vec<&usize> = group.contiguous_inputs.iter().collect();
+                        candidates.sort_by_key(donated_first);
+                        let reusable = candidates.into_iter().find_map(|&x| fits(x));
                         let slot = match reusable {
                             Some(s) => {
                                 dying[i].retain(|&d| d != s);
@@ -131,7 +140,10 @@ impl MemoryPlan {
             unplanned_bytes += len * node.dtype.size_in_bytes();
             // In place: an elementwise node may take over the slot of an input
             // whose last reader it is (same dtype and size, read only once here).
-            let reusable = node.inputs.iter().enumerate().find_map(|(pos, id)| {
+            let is_output = last_use[i] == usize::MAX;
+            let mut candidates: Vec<(usize, &crate::ir::NodeId)> = node.inputs.iter().enumerate().collect();
+            candidates.sort_by_key(|(_, id)| is_donated(graph, id.index()) != is_output);
+            let reusable = candidates.into_iter().find_map(|(pos, id)| {
                 let input = &graph.nodes[id.index()];
                 let Operand::Slot(s) = operands[id.index()] else { return None };
                 let fits = crate::kernels::can_run_in_place(node, pos)
@@ -168,6 +180,12 @@ impl MemoryPlan {
             .sum();
         MemoryPlan { operands, slots, in_place, donated, unplanned_bytes, input_bytes }
     }
+}
+
+/// True when node `x` is a donated graph input (its buffer comes back with
+/// every run).
+fn is_donated(graph: &Graph, x: usize) -> bool {
+    matches!(graph.nodes[x].op, Op::Parameter(k) if graph.donated[k])
 }
 
 /// Return the slots of the values whose last reader just ran to the free list.

@@ -6,7 +6,17 @@ use std::sync::{LazyLock, Mutex};
 
 static ENABLED: LazyLock<AtomicBool> =
     LazyLock::new(|| AtomicBool::new(std::env::var("LAZYTRAIN_PROFILE").is_ok_and(|v| !v.is_empty() && v != "0")));
-static TABLE: LazyLock<Mutex<FxHashMap<&'static str, (u64, u64)>>> = LazyLock::new(Mutex::default);
+static TABLE: LazyLock<Mutex<Tables>> = LazyLock::new(Mutex::default);
+
+/// How many of the most expensive kernels the report lists.
+const TOP_KERNELS: usize = 15;
+
+/// Accumulated `(nanoseconds, calls)` per kernel kind and per kernel label.
+#[derive(Default)]
+struct Tables {
+    kinds: FxHashMap<&'static str, (u64, u64)>,
+    kernels: FxHashMap<String, (u64, u64)>,
+}
 
 /// True when kernels are being timed.
 pub fn enabled() -> bool {
@@ -38,25 +48,45 @@ pub(crate) fn kind_of(op: &crate::ir::Op) -> &'static str {
     }
 }
 
-pub(crate) fn record(kind: &'static str, nanos: u64) {
-    let mut table = TABLE.lock().unwrap_or_else(|p| p.into_inner());
-    let entry = table.entry(kind).or_default();
+/// Add one call of a kernel of `kind` described by `label` (op and shapes).
+pub(crate) fn record(kind: &'static str, label: &str, nanos: u64) {
+    let mut tables = TABLE.lock().unwrap_or_else(|p| p.into_inner());
+    let entry = tables.kinds.entry(kind).or_default();
+    entry.0 += nanos;
+    entry.1 += 1;
+    let entry = match tables.kernels.get_mut(label) {
+        Some(entry) => entry,
+        None => tables.kernels.entry(label.to_string()).or_default(),
+    };
     entry.0 += nanos;
     entry.1 += 1;
 }
 
-/// Time shares by kernel kind since the last reset, largest first.
+/// Time shares by kernel kind since the last reset, largest first, then
+/// the most expensive kernels (by op and shapes), so the next bottleneck
+/// is visible.
 pub fn report() -> String {
-    let table = TABLE.lock().unwrap_or_else(|p| p.into_inner());
-    let total: u64 = table.values().map(|v| v.0).sum::<u64>().max(1);
-    let mut rows: Vec<_> = table.iter().collect();
-    rows.sort_by_key(|row| std::cmp::Reverse(row.1 .0));
+    let tables = TABLE.lock().unwrap_or_else(|p| p.into_inner());
+    let total: u64 = tables.kinds.values().map(|v| v.0).sum::<u64>().max(1);
+    let share = |nanos: u64| 100.0 * nanos as f64 / total as f64;
+    let mut kinds: Vec<_> = tables.kinds.iter().collect();
+    kinds.sort_by_key(|row| std::cmp::Reverse(row.1 .0));
     let mut out = String::from("kernel time by kind:\n");
-    for (kind, (nanos, calls)) in rows {
+    for (kind, &(nanos, calls)) in kinds {
         out.push_str(&format!(
-            "  {kind:<15} {:>9.1} ms  {:>5.1} %  ({calls} calls)\n",
-            *nanos as f64 / 1e6,
-            100.0 * *nanos as f64 / total as f64
+            "  {kind:<17} {:>9.1} ms  {:>5.1} %  ({calls} calls)\n",
+            nanos as f64 / 1e6,
+            share(nanos)
+        ));
+    }
+    let mut kernels: Vec<_> = tables.kernels.iter().collect();
+    kernels.sort_by_key(|row| std::cmp::Reverse(row.1 .0));
+    out.push_str(&format!("top {TOP_KERNELS} kernels:\n"));
+    for (label, &(nanos, calls)) in kernels.into_iter().take(TOP_KERNELS) {
+        out.push_str(&format!(
+            "  {:>9.1} ms  {:>5.1} %  {calls:>5} calls  {label}\n",
+            nanos as f64 / 1e6,
+            share(nanos)
         ));
     }
     out
@@ -64,5 +94,7 @@ pub fn report() -> String {
 
 /// Clear the table.
 pub fn reset() {
-    TABLE.lock().unwrap_or_else(|p| p.into_inner()).clear();
+    let mut tables = TABLE.lock().unwrap_or_else(|p| p.into_inner());
+    tables.kinds.clear();
+    tables.kernels.clear();
 }

@@ -101,6 +101,37 @@ impl FusedProgram {
         self.shape.iter().product()
     }
 
+    /// A one-line summary for the profile report: shape, loads, outputs and
+    /// the ops the program computes (in order, repeats collapsed).
+    pub(crate) fn describe(&self) -> String {
+        let mut ops: Vec<&str> = Vec::new();
+        for instr in &self.instrs {
+            let name = match instr {
+                Instr::Unary { op, .. } => op.name(),
+                Instr::Binary { op, .. } => op.name(),
+                Instr::Compare { op, .. } => op.name(),
+                Instr::Select { .. } => "select",
+                Instr::ToBool { .. } => "to_bool",
+                Instr::RoundBf16 { .. } => "to_bf16",
+                Instr::Load { .. } | Instr::Store { .. } => continue,
+            };
+            if ops.last() != Some(&name) {
+                ops.push(name);
+            }
+        }
+        let loads: Vec<&str> = self
+            .loads
+            .iter()
+            .map(|load| match load.access {
+                Access::Contiguous => "contiguous",
+                Access::Splat => "splat",
+                Access::Strided(_) => "strided",
+            })
+            .collect();
+        let outputs: Vec<String> = self.output_dtypes.iter().map(ToString::to_string).collect();
+        format!("fused {:?} ({}) -> ({}): {}", self.shape, loads.join(", "), outputs.join(", "), ops.join(" "))
+    }
+
     /// Run over all tiles. `outputs` are sized for the shape (in-place
     /// outputs hold their input on entry). Large outputs are split into two
     /// halves run on two threads; on CPUs with AVX2 and FMA the same code
