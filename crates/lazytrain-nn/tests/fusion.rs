@@ -99,6 +99,36 @@ fn each_parameter_update_of_adamw_is_one_fused_kernel() -> Result<()> {
     Ok(())
 }
 
+/// GELU of a matmul output and its gradient: `x / sqrt(2)` is read by the
+/// forward kernel and by the backward one, and each recomputes it from `x`
+/// instead of storing it (a kernel and a buffer fewer than storing it).
+#[test]
+fn gelu_recomputes_its_scaled_input_in_the_backward_kernel() -> Result<()> {
+    let run = |fuse: bool| -> Result<((usize, usize), u64, Vec<f32>)> {
+        let device = device(fuse);
+        let w = input(&[64, 64], &device)?.mul_scalar(0.1)?;
+        device.sync()?;
+        w.set_requires_grad(true);
+        let x = input(&[64, 64], &device)?.matmul(&w)?;
+        let loss = x.gelu()?.square()?.sum(&[0, 1], false)?;
+        loss.backward()?;
+        let grad = w.grad().expect("w has a gradient");
+        device.sync()?;
+        Ok((last_compile(&device), device.metrics().peak_execution_bytes, grad.to_vec::<f32>()?))
+    };
+    let ((kernels, fused), peak, grad) = run(true)?;
+    let (_, _, unfused_grad) = run(false)?;
+    assert_eq!(grad, unfused_grad, "recomputing gives the same bits");
+    // The matmul; fused GELU forward; y * y and its sum (and the sum's
+    // reshape to a scalar); y * 2 for the square's gradient; fused GELU
+    // gradient; the gradient matmul. Storing x / sqrt(2) took two kernels
+    // more: its own, and the gradient's reading it back.
+    assert_eq!((kernels, fused), (8, 2), "{kernels} kernels, {fused} fused");
+    // x, y, y * y, w, its gradient and the input: no buffer for x / sqrt(2).
+    assert!(peak < 7 * 64 * 64 * 4, "peak {peak} bytes");
+    Ok(())
+}
+
 #[test]
 fn fused_and_unfused_training_steps_agree_bit_for_bit() -> Result<()> {
     for bf16 in [false, true] {

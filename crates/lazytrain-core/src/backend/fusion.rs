@@ -148,22 +148,40 @@ pub(crate) fn plan(graph: &Graph, splat: &[bool]) -> Fusion {
     let mut fusion = Fusion { group_of: vec![None; n], groups: Vec::new(), view, inlined: vec![false; n] };
     // Back to front: a node joins the group of its readers when they all
     // belong to that one group; otherwise it roots a group of its own.
+    // A cheap node of one materialised value read by several groups is
+    // recomputed in each of them instead of being stored and read back.
     let mut members: Vec<Vec<usize>> = Vec::new();
+    let mut duplicated = vec![false; n];
     for i in (0..n).rev() {
         if !fusible[i] {
             continue;
         }
-        let mut readers = consumers[i].iter().map(|&c| if fusible[c] { fusion.group_of[c] } else { None });
-        let first = readers.next().flatten();
-        let g = match first {
-            Some(g) if readers.all(|r| r == Some(g)) => g,
-            _ => {
-                members.push(Vec::new());
-                members.len() - 1
+        let readers: Vec<Option<usize>> = consumers[i]
+            .iter()
+            .map(|&c| if fusible[c] && !duplicated[c] { fusion.group_of[c] } else { None })
+            .collect();
+        match readers.first() {
+            Some(&Some(g)) if readers.iter().all(|&r| r == Some(g)) => {
+                members[g].push(i);
+                fusion.group_of[i] = Some(g);
             }
-        };
-        members[g].push(i);
-        fusion.group_of[i] = Some(g);
+            Some(_)
+                if readers.iter().all(Option::is_some)
+                    && recomputable(graph, &fusion, &fusible, &consumers, &is_output, i) =>
+            {
+                duplicated[i] = true;
+                let mut groups: Vec<usize> = readers.into_iter().flatten().collect();
+                groups.sort_unstable();
+                groups.dedup();
+                for g in groups {
+                    members[g].push(i);
+                }
+            }
+            _ => {
+                members.push(vec![i]);
+                fusion.group_of[i] = Some(members.len() - 1);
+            }
+        }
     }
     for group in members.iter_mut() {
         group.reverse();
@@ -180,7 +198,7 @@ pub(crate) fn plan(graph: &Graph, splat: &[bool]) -> Fusion {
         if group.len() == 1 && !reads_view {
             continue;
         }
-        let mut built = build_group(graph, &fusion, &group, &consumers, &is_output, splat);
+        let mut built = build_group(graph, &fusion, &group, &consumers, &is_output, &duplicated, splat);
         built.runs_at = runs_at;
         for &m in &built.members {
             final_of[m] = Some(fusion.groups.len());
@@ -195,6 +213,38 @@ pub(crate) fn plan(graph: &Graph, splat: &[bool]) -> Fusion {
             && consumers[i].iter().all(|&c| fusion.group_of[c].is_some() || fusion.view[c].is_some());
     }
     fusion
+}
+
+/// True when node `i` (read by several groups) is worth computing again in
+/// each of them: one elementwise op (unary, a cast, or a binary op or
+/// comparison with an immediate) of a single value that has a buffer
+/// anyway. Each copy then reads that value instead of `i`'s own buffer,
+/// which is never written (one memory pass and one kernel fewer, and the
+/// value is not kept alive, e.g. from the forward pass to the backward).
+fn recomputable(
+    graph: &Graph,
+    fusion: &Fusion,
+    fusible: &[bool],
+    consumers: &[Vec<usize>],
+    is_output: &[bool],
+    i: usize,
+) -> bool {
+    let node = &graph.nodes[i];
+    let cheap = match node.op {
+        Op::Unary(_) | Op::Cast => true,
+        Op::Binary(_) | Op::Compare(_) => {
+            node.inputs.iter().filter(|id| immediate(graph, fusion.resolve(id.index())).is_some()).count() == 1
+        }
+        _ => false,
+    };
+    let mut sources =
+        node.inputs.iter().map(|id| id.index()).filter(|&x| immediate(graph, fusion.resolve(x)).is_none());
+    let (Some(p), None) = (sources.next(), sources.next()) else { return false };
+    let has_buffer = !fusible[p] || fusion.view[p].is_some() || is_output[p] || consumers[p].len() > 1;
+    // Never trade a narrow value (a bool mask, a bf16 copy) for keeping a
+    // wider one alive.
+    let no_wider = graph.nodes[p].dtype.size_in_bytes() <= node.dtype.size_in_bytes();
+    cheap && has_buffer && no_wider && !is_output[i] && graph.nodes[p].shape == node.shape
 }
 
 /// Move a cast that would run alone (its readers are matmuls or other
@@ -355,6 +405,7 @@ fn build_group(
     members: &[usize],
     consumers: &[Vec<usize>],
     is_output: &[bool],
+    duplicated: &[bool],
     splat: &[bool],
 ) -> Group {
     let member = |x: usize| members.binary_search(&x).is_ok();
@@ -439,7 +490,8 @@ fn build_group(
             other => unreachable!("{} is not fusible", other.name()),
         };
         value_of[m] = Some(result);
-        let read_outside = consumers[m].iter().any(|&c| !member(c)) || is_output[m];
+        // A recomputed member's readers in other groups compute it themselves.
+        let read_outside = !duplicated[m] && (consumers[m].iter().any(|&c| !member(c)) || is_output[m]);
         if read_outside {
             outputs.push(m);
         }
