@@ -76,29 +76,58 @@ fn max_lanes<T: FloatLike>(row: &[T]) -> T::Math {
     acc.into_iter().fold(T::Math::NEG_INFINITY, |m, v| if m.is_nan() { m } else { pick(m, v) })
 }
 
-fn reduce_float<T: FloatLike>(op: ReduceOp, x: &[T], in_shape: &[usize], axes: &[usize], o: &mut [T]) {
-    match (layout(in_shape, axes), op) {
-        (Layout::Trailing { inner }, ReduceOp::Sum) => {
-            for (o, row) in o.iter_mut().zip(x.chunks_exact(inner)) {
-                *o = T::narrow(T::Math::from_f64(sum_f64(row)));
-            }
-            return;
+/// Inputs at least this large are reduced on all of the pool's threads.
+const PARALLEL_MIN: usize = 1 << 18;
+
+/// Output elements per thread (a multiple of `align`) when `x_len` input
+/// elements reduce into `out_len` outputs; `None` runs on one thread.
+fn chunk_per_thread(x_len: usize, out_len: usize, align: usize) -> Option<usize> {
+    let threads = rayon::current_num_threads();
+    (threads > 1 && x_len >= PARALLEL_MIN && out_len >= 2 * align)
+        .then(|| out_len.div_ceil(threads).div_ceil(align) * align)
+}
+
+/// Sum `outer` rows of `inner` elements of `x` column by column into `o`
+/// (columns `cols` of each row), in row order.
+fn sum_columns<T: FloatLike>(x: &[T], inner: usize, cols: std::ops::Range<usize>, o: &mut [T]) {
+    let mut acc = vec![0f64; cols.len()];
+    for row in x.chunks_exact(inner) {
+        for (a, v) in acc.iter_mut().zip(&row[cols.clone()]) {
+            *a += v.widen().to_f64();
         }
-        (Layout::Trailing { inner }, ReduceOp::Max) => {
-            for (o, row) in o.iter_mut().zip(x.chunks_exact(inner)) {
-                *o = T::narrow(max_lanes(row));
+    }
+    for (o, a) in o.iter_mut().zip(acc) {
+        *o = T::narrow(T::Math::from_f64(a));
+    }
+}
+
+/// Each output element is reduced by one thread in the same order as on
+/// one thread, so splitting the work never changes a bit.
+fn reduce_float<T: FloatLike>(op: ReduceOp, x: &[T], in_shape: &[usize], axes: &[usize], o: &mut [T]) {
+    use rayon::prelude::*;
+    match (layout(in_shape, axes), op) {
+        (Layout::Trailing { inner }, ReduceOp::Sum | ReduceOp::Max) => {
+            let rows = |o: &mut [T], x: &[T]| {
+                for (o, row) in o.iter_mut().zip(x.chunks_exact(inner)) {
+                    *o = match op {
+                        ReduceOp::Sum => T::narrow(T::Math::from_f64(sum_f64(row))),
+                        ReduceOp::Max => T::narrow(max_lanes(row)),
+                    };
+                }
+            };
+            match chunk_per_thread(x.len(), o.len(), 1) {
+                Some(chunk) => o.par_chunks_mut(chunk).zip(x.par_chunks(chunk * inner)).for_each(|(o, x)| rows(o, x)),
+                None => rows(o, x),
             }
             return;
         }
         (Layout::Leading { outer, inner }, ReduceOp::Sum) if outer > 0 => {
-            let mut acc = vec![0f64; inner];
-            for row in x.chunks_exact(inner) {
-                for (a, v) in acc.iter_mut().zip(row) {
-                    *a += v.widen().to_f64();
-                }
-            }
-            for (o, a) in o.iter_mut().zip(acc) {
-                *o = T::narrow(T::Math::from_f64(a));
+            match chunk_per_thread(x.len(), inner, 16) {
+                Some(chunk) => o.par_chunks_mut(chunk).enumerate().for_each(|(t, o)| {
+                    let start = t * chunk;
+                    sum_columns(x, inner, start..start + o.len(), o)
+                }),
+                None => sum_columns(x, inner, 0..inner, o),
             }
             return;
         }
@@ -166,4 +195,38 @@ pub(crate) fn reduce(
         (x, _) => return Err(format!("cannot reduce {}", x.dtype())),
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Rows and columns of a large input reduced on one thread and on
+    /// three: the same bits, and the f64 reference within f32 rounding.
+    #[test]
+    fn threads_split_reductions_without_changing_a_bit() {
+        let (rows, cols) = (700, 1003);
+        let mut x = vec![0f32; rows * cols];
+        crate::random::uniform_f32(3, 0, &mut x);
+        let x: Vec<f32> = x.iter().map(|v| 8.0 * v - 4.0).collect();
+        let run = |threads: usize, op: ReduceOp, axis: usize| {
+            let pool = rayon::ThreadPoolBuilder::new().num_threads(threads).build().unwrap();
+            let mut out = vec![0f32; if axis == 1 { rows } else { cols }];
+            pool.install(|| reduce_float(op, &x, &[rows, cols], &[axis], &mut out));
+            out
+        };
+        for (op, axis) in [(ReduceOp::Sum, 1), (ReduceOp::Max, 1), (ReduceOp::Sum, 0)] {
+            let one = run(1, op, axis);
+            assert_eq!(one, run(3, op, axis), "{op:?} over axis {axis}");
+            for (j, &got) in one.iter().enumerate() {
+                let lane = |i: usize| f64::from(if axis == 1 { x[j * cols + i] } else { x[i * cols + j] });
+                let n = if axis == 1 { cols } else { rows };
+                let exact = match op {
+                    ReduceOp::Sum => (0..n).map(lane).sum::<f64>(),
+                    ReduceOp::Max => (0..n).map(lane).fold(f64::MIN, f64::max),
+                };
+                assert!((f64::from(got) - exact).abs() <= 1e-6 * exact.abs().max(1.0), "{op:?} {axis} {j}");
+            }
+        }
+    }
 }
