@@ -168,6 +168,42 @@ fn steady_state_steps_allocate_nothing() {
     }
 }
 
+/// Row sums and maxima of fused values are accumulated inside the fused
+/// kernel, tile by tile, in the unfused reduction's order: the same bits,
+/// for rows longer and shorter than a tile, of lengths that are not a
+/// multiple of 8, and outputs big enough to be split between threads.
+#[test]
+fn reductions_fused_into_their_producers_match_the_unfused_bits() {
+    for (rows, cols) in [(300, 1001), (7, 100), (3, 5000), (64, 8)] {
+        let mut b = GraphBuilder::new();
+        let x = param(&mut b, 0, &[rows, cols]);
+        let half = constant(&mut b, 0.5, &[rows, cols]);
+        let scaled = node(&mut b, Op::Binary(BinaryOp::Mul), vec![x, half]);
+        let y = node(&mut b, Op::Unary(UnaryOp::Exp), vec![scaled]);
+        let sum = node(&mut b, Op::Reduce { op: ReduceOp::Sum, axes: vec![1] }, vec![y]);
+        let max = node(&mut b, Op::Reduce { op: ReduceOp::Max, axes: vec![1] }, vec![y]);
+        let graph = b.finish(vec![sum, max, y], 1);
+        let mut u = vec![0f32; rows * cols];
+        lazytrain_core::random::uniform_f32(11, 0, &mut u);
+        let input = HostData::F32(u.iter().map(|v| 6.0 * v - 3.0).collect());
+        let run = |fuse: bool| {
+            let exe = CpuBackend { fuse }.compile(&graph).unwrap();
+            let out = exe.run(vec![Arc::new(Buffer::new(input.clone()))], &Default::default()).unwrap();
+            (exe.stats().kernels, out.iter().map(|b| b.wait().unwrap().clone()).collect::<Vec<_>>())
+        };
+        let (fused_kernels, fused) = run(true);
+        let (_, unfused) = run(false);
+        assert_eq!(fused, unfused, "{rows}x{cols}");
+        assert_eq!(fused_kernels, 1, "{rows}x{cols}: one kernel computes y, its row sums and the maxima");
+        let HostData::F32(sums) = &fused[0] else { panic!("f32 sums") };
+        let HostData::F32(x) = &input else { unreachable!() };
+        for (r, &s) in sums.iter().enumerate() {
+            let exact: f64 = x[r * cols..(r + 1) * cols].iter().map(|&v| f64::from(v * 0.5).exp()).sum();
+            assert!((f64::from(s) - exact).abs() <= 1e-5 * exact, "{rows}x{cols} row {r}: {s} vs {exact}");
+        }
+    }
+}
+
 #[test]
 fn memory_plan_reuses_dead_buffers() {
     let mut b = GraphBuilder::new();

@@ -269,14 +269,13 @@ impl Executable for CpuExecutable {
                     (result.map_err(|detail| (node.op.name(), detail)), profile::kind_of(&node.op))
                 }
                 Kernel::Fused { program, outputs, alias } => {
-                    let numel = program.shape.iter().product();
                     let mut outs: Vec<HostData> = outputs
                         .iter()
                         .map(|&s| slots[s].take().unwrap_or_else(|| self.fresh_slot(s, &mut spare)))
                         .collect();
                     for (k, out) in outs.iter_mut().enumerate() {
                         if !alias.contains(&Some(k)) {
-                            out.reset(program.output_dtypes[k], numel);
+                            out.reset(program.output_dtypes[k], program.output_len(k));
                         }
                     }
                     let sources: Vec<Source> = step

@@ -187,9 +187,10 @@ pub(crate) fn plan(graph: &Graph, splat: &[bool]) -> Fusion {
         group.reverse();
     }
     let runs_at = absorb_cast_epilogues(graph, &mut members, &fusion, &consumers);
+    let reduce_inner = absorb_reductions(graph, &mut members, &runs_at, &fusion);
     // Build kernels; a lone member that reads no view runs its own kernel.
     let mut final_of = vec![None; n];
-    for (group, runs_at) in members.into_iter().zip(runs_at) {
+    for ((group, runs_at), reduce_inner) in members.into_iter().zip(runs_at).zip(reduce_inner) {
         if group.is_empty() {
             continue;
         }
@@ -200,6 +201,7 @@ pub(crate) fn plan(graph: &Graph, splat: &[bool]) -> Fusion {
         }
         let mut built = build_group(graph, &fusion, &group, &consumers, &is_output, &duplicated, splat);
         built.runs_at = runs_at;
+        built.program.reduce_inner = reduce_inner;
         for &m in &built.members {
             final_of[m] = Some(fusion.groups.len());
         }
@@ -216,9 +218,9 @@ pub(crate) fn plan(graph: &Graph, splat: &[bool]) -> Fusion {
 }
 
 /// True when node `i` (read by several groups) is worth computing again in
-/// each of them: one elementwise op (unary, a cast, or a binary op or
-/// comparison with an immediate) of a single value that has a buffer
-/// anyway. Each copy then reads that value instead of `i`'s own buffer,
+/// each of them: one elementwise op of at most one full-size value (the
+/// others immediates or broadcasts), all of which have buffers anyway.
+/// Each copy then reads those values instead of `i`'s own buffer,
 /// which is never written (one memory pass and one kernel fewer, and the
 /// value is not kept alive, e.g. from the forward pass to the backward).
 fn recomputable(
@@ -230,21 +232,21 @@ fn recomputable(
     i: usize,
 ) -> bool {
     let node = &graph.nodes[i];
-    let cheap = match node.op {
-        Op::Unary(_) | Op::Cast => true,
-        Op::Binary(_) | Op::Compare(_) => {
-            node.inputs.iter().filter(|id| immediate(graph, fusion.resolve(id.index())).is_some()).count() == 1
-        }
-        _ => false,
-    };
-    let mut sources =
-        node.inputs.iter().map(|id| id.index()).filter(|&x| immediate(graph, fusion.resolve(x)).is_none());
-    let (Some(p), None) = (sources.next(), sources.next()) else { return false };
-    let has_buffer = !fusible[p] || fusion.view[p].is_some() || is_output[p] || consumers[p].len() > 1;
+    let elementwise = matches!(node.op, Op::Unary(_) | Op::Cast | Op::Binary(_) | Op::Compare(_));
+    let sources: Vec<usize> =
+        node.inputs.iter().map(|id| id.index()).filter(|&x| immediate(graph, fusion.resolve(x)).is_none()).collect();
+    let broadcast =
+        |x: usize| graph.nodes[x].shape.numel() == 1 || fusion.view[x].as_ref().is_some_and(|v| v.strides.contains(&0));
+    let full_size = sources.iter().filter(|&&x| !broadcast(x)).count();
+    let stored = |x: usize| !fusible[x] || fusion.view[x].is_some() || is_output[x] || consumers[x].len() > 1;
     // Never trade a narrow value (a bool mask, a bf16 copy) for keeping a
     // wider one alive.
-    let no_wider = graph.nodes[p].dtype.size_in_bytes() <= node.dtype.size_in_bytes();
-    cheap && has_buffer && no_wider && !is_output[i] && graph.nodes[p].shape == node.shape
+    let no_wider = |x: usize| graph.nodes[x].dtype.size_in_bytes() <= node.dtype.size_in_bytes();
+    elementwise
+        && !sources.is_empty()
+        && full_size <= 1
+        && sources.iter().all(|&x| stored(x) && no_wider(x) && graph.nodes[x].shape == node.shape)
+        && !is_output[i]
 }
 
 /// Move a cast that would run alone (its readers are matmuls or other
@@ -279,6 +281,47 @@ fn absorb_cast_epilogues(
         group_of[c] = Some(g);
     }
     runs_at
+}
+
+/// The row length a reduction over trailing axes reduces (`None` for any
+/// other reduction, or a row of one element).
+fn trailing_rows(graph: &Graph, r: usize) -> Option<usize> {
+    let node = &graph.nodes[r];
+    let Op::Reduce { axes, .. } = &node.op else { return None };
+    let dims = graph.nodes[node.inputs[0].index()].shape.dims();
+    let k = axes.len();
+    let trailing = k > 0 && axes.iter().enumerate().all(|(i, &a)| a == dims.len() - k + i);
+    let inner: usize = dims[dims.len() - k..].iter().product();
+    (trailing && inner > 1).then_some(inner)
+}
+
+/// Reduce a group member's rows in the group's own kernel: an f32 sum or
+/// max over trailing axes whose input is computed by a group that runs
+/// before it becomes one more output of that group, accumulated tile by
+/// tile in the unfused kernel's order (bit-identical), so the input is not
+/// read back from memory (nor stored at all when nothing else reads it).
+/// Returns each group's row length (0: no reductions).
+fn absorb_reductions(graph: &Graph, members: &mut [Vec<usize>], runs_at: &[usize], fusion: &Fusion) -> Vec<usize> {
+    let mut inner_of = vec![0usize; members.len()];
+    let mut owner: Vec<Option<usize>> = vec![None; graph.nodes.len()];
+    for (g, group) in members.iter().enumerate() {
+        for &m in group {
+            owner[m] = Some(g);
+        }
+    }
+    for (r, node) in graph.nodes.iter().enumerate() {
+        let Some(inner) = trailing_rows(graph, r) else { continue };
+        let p = node.inputs[0].index();
+        let Some(g) = owner[p] else { continue };
+        let f32s = node.dtype == DType::F32 && graph.nodes[p].dtype == DType::F32;
+        let fits = inner_of[g] == 0 || inner_of[g] == inner;
+        if !f32s || !fits || fusion.view[p].is_some() || runs_at[g] >= r {
+            continue;
+        }
+        members[g].push(r);
+        inner_of[g] = inner;
+    }
+    inner_of
 }
 
 /// Which `reshape`/`expand`/`permute` nodes become views: every reader is
@@ -487,6 +530,8 @@ fn build_group(
             }
             // bool and bf16 values are exact in f32 registers.
             Op::Cast => operands[0],
+            // A reduction's rows are accumulated where it is stored.
+            Op::Reduce { .. } => operands[0],
             other => unreachable!("{} is not fusible", other.name()),
         };
         value_of[m] = Some(result);
@@ -498,8 +543,11 @@ fn build_group(
     }
     let mut output_dtypes = Vec::new();
     for (k, &m) in outputs.iter().enumerate() {
-        let s = program.register(value_of[m].expect("built"));
-        program.instrs.push(Instr::Store { src: s, out: k });
+        let src = program.register(value_of[m].expect("built"));
+        program.instrs.push(match graph.nodes[m].op {
+            Op::Reduce { op, .. } => Instr::ReduceStore { op, src, out: k },
+            _ => Instr::Store { src, out: k },
+        });
         output_dtypes.push(graph.nodes[m].dtype);
     }
     let (instrs, registers) = allocate_registers(program.instrs, program.registers);
@@ -513,7 +561,7 @@ fn build_group(
         outputs,
         inputs,
         contiguous_inputs,
-        program: FusedProgram { shape, loads, instrs, registers, output_dtypes },
+        program: FusedProgram { shape, loads, instrs, registers, output_dtypes, reduce_inner: 0 },
     }
 }
 
@@ -527,7 +575,8 @@ fn reads(instr: &Instr) -> Vec<usize> {
         Instr::Unary { src, .. }
         | Instr::ToBool { src, .. }
         | Instr::RoundBf16 { src, .. }
-        | Instr::Store { src, .. } => vec![*src],
+        | Instr::Store { src, .. }
+        | Instr::ReduceStore { src, .. } => vec![*src],
         Instr::Binary { a, b, .. } | Instr::Compare { a, b, .. } => [a, b].iter().filter_map(|s| reg(s)).collect(),
         Instr::Select { c, a, b, .. } => [c, a, b].iter().filter_map(|s| reg(s)).collect(),
     }
@@ -556,7 +605,7 @@ fn remap(instr: &mut Instr, map: &[usize]) {
             fix(b);
             *dst = map[*dst];
         }
-        Instr::Store { src, .. } => *src = map[*src],
+        Instr::Store { src, .. } | Instr::ReduceStore { src, .. } => *src = map[*src],
     }
 }
 
@@ -569,7 +618,7 @@ fn writes(instr: &Instr) -> Option<usize> {
         | Instr::Binary { dst, .. }
         | Instr::Compare { dst, .. }
         | Instr::Select { dst, .. } => Some(*dst),
-        Instr::Store { .. } => None,
+        Instr::Store { .. } | Instr::ReduceStore { .. } => None,
     }
 }
 

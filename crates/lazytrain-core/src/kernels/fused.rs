@@ -11,8 +11,9 @@
 
 use super::elementwise::{at, float_binary, float_unary, predicate, Lanes1};
 use super::numeric::{bf16_from_f32, bf16_to_f32, exp_f32};
+use super::reduce::{combine_maxima, combine_sums, pick};
 use crate::dtype::DType;
-use crate::ir::{BinaryOp, CmpOp, UnaryOp};
+use crate::ir::{BinaryOp, CmpOp, ReduceOp, UnaryOp};
 use crate::storage::HostData;
 use half::bf16;
 
@@ -61,6 +62,10 @@ pub(crate) enum Instr {
     RoundBf16 { src: usize, dst: usize },
     /// `output[out] = reg` for the tile.
     Store { src: usize, out: usize },
+    /// Reduce `src` over rows of [`FusedProgram::reduce_inner`] consecutive
+    /// elements into `output[out]` (one element per row), in the order of
+    /// the unfused reduction.
+    ReduceStore { op: ReduceOp, src: usize, out: usize },
 }
 
 /// A load: which kernel input and how it is indexed.
@@ -85,6 +90,9 @@ pub(crate) struct FusedProgram {
     pub registers: usize,
     /// The dtype of each output (`F32`, `BF16` or `Bool`).
     pub output_dtypes: Vec<DType>,
+    /// The row length of the program's reductions (all reduce the trailing
+    /// `reduce_inner` elements of the shape); 0 without reductions.
+    pub reduce_inner: usize,
 }
 
 /// Where a kernel input's data is: its own buffer, or an output buffer the
@@ -101,6 +109,20 @@ impl FusedProgram {
         self.shape.iter().product()
     }
 
+    /// True when output `k` is a reduction (one element per row).
+    fn is_reduced(&self, k: usize) -> bool {
+        self.instrs.iter().any(|i| matches!(*i, Instr::ReduceStore { out, .. } if out == k))
+    }
+
+    /// The number of elements output `k` holds.
+    pub(crate) fn output_len(&self, k: usize) -> usize {
+        if self.is_reduced(k) {
+            self.numel() / self.reduce_inner.max(1)
+        } else {
+            self.numel()
+        }
+    }
+
     /// A one-line summary for the profile report: shape, loads, outputs and
     /// the ops the program computes (in order, repeats collapsed).
     pub(crate) fn describe(&self) -> String {
@@ -113,6 +135,8 @@ impl FusedProgram {
                 Instr::Select { .. } => "select",
                 Instr::ToBool { .. } => "to_bool",
                 Instr::RoundBf16 { .. } => "to_bf16",
+                Instr::ReduceStore { op: ReduceOp::Sum, .. } => "row_sum",
+                Instr::ReduceStore { op: ReduceOp::Max, .. } => "row_max",
                 Instr::Load { .. } | Instr::Store { .. } => continue,
             };
             if ops.last() != Some(&name) {
@@ -141,8 +165,9 @@ impl FusedProgram {
         let outs = OutViews(
             outputs
                 .iter_mut()
-                .map(|o| match o {
-                    HostData::F32(v) if v.len() == numel => Ok(OutView::F32(v.as_mut_ptr())),
+                .enumerate()
+                .map(|(k, o)| match o {
+                    HostData::F32(v) if v.len() == self.output_len(k) => Ok(OutView::F32(v.as_mut_ptr())),
                     HostData::Bool(v) if v.len() == numel => Ok(OutView::Bool(v.as_mut_ptr())),
                     HostData::BF16(v) if v.len() == numel => Ok(OutView::BF16(v.as_mut_ptr())),
                     other => Err(format!("a fused kernel cannot write {} x {}", other.len(), other.dtype())),
@@ -151,7 +176,9 @@ impl FusedProgram {
         );
         let threads = rayon::current_num_threads();
         if threads > 1 && numel >= PARALLEL_MIN {
-            let mid = numel.div_ceil(2 * TILE) * TILE;
+            // Each row of a reduction is reduced by one thread.
+            let unit = if self.reduce_inner > 0 { self.reduce_inner } else { TILE };
+            let mid = (numel / 2).div_ceil(unit) * unit;
             let (a, b) =
                 rayon::join(|| self.run_range(inputs, &outs, 0, mid), || self.run_range(inputs, &outs, mid, numel));
             return a.and(b);
@@ -187,11 +214,12 @@ impl FusedProgram {
     fn run_tiles(&self, inputs: &[Source], outs: &OutViews, start: usize, end: usize) -> Result<(), String> {
         let mut regs: Vec<Vec<f32>> = vec![vec![0f32; TILE]; self.registers];
         let mut scratch = vec![0usize; self.shape.len()];
+        let mut rows = vec![RowLanes::default(); outs.0.len()];
         let mut at = start;
         while at < end {
             let len = TILE.min(end - at);
             for instr in &self.instrs {
-                self.step(instr, at, len, inputs, outs, &mut regs, &mut scratch)?;
+                self.step(instr, at, len, inputs, outs, &mut regs, &mut scratch, &mut rows)?;
             }
             at += len;
         }
@@ -209,6 +237,7 @@ impl FusedProgram {
         outs: &OutViews,
         regs: &mut [Vec<f32>],
         scratch: &mut [usize],
+        rows: &mut [RowLanes],
     ) -> Result<(), String> {
         match *instr {
             Instr::Load { load, dst } => {
@@ -269,8 +298,78 @@ impl FusedProgram {
                 // SAFETY: as for in-place loads, this thread owns these elements.
                 unsafe { outs.0[out].write(start, &regs[src][..len]) }
             }
+            Instr::ReduceStore { op, src, out } => {
+                let inner = self.reduce_inner;
+                let values = &regs[src][..len];
+                let lanes = &mut rows[out];
+                let mut done = 0;
+                while done < len {
+                    let (row, col) = ((start + done) / inner, (start + done) % inner);
+                    let run = (inner - col).min(len - done);
+                    if col == 0 {
+                        *lanes = RowLanes::default();
+                    }
+                    lanes.add(op, col, &values[done..done + run]);
+                    if col + run == inner {
+                        // SAFETY: threads split at row boundaries, so this
+                        // thread owns the row's output element.
+                        unsafe { outs.0[out].write(row, &[lanes.total(op)]) }
+                    }
+                    done += run;
+                }
+            }
         }
         Ok(())
+    }
+}
+
+/// The eight interleaved lanes of the row being reduced (element `c` of a
+/// row goes to lane `c % 8`), as the unfused reduction keeps them.
+#[derive(Clone, Copy)]
+struct RowLanes {
+    sums: [f64; 8],
+    maxima: [f32; 8],
+}
+
+impl Default for RowLanes {
+    fn default() -> RowLanes {
+        RowLanes { sums: [0.0; 8], maxima: [f32::NEG_INFINITY; 8] }
+    }
+}
+
+impl RowLanes {
+    /// Add the row's elements `col..col + values.len()`.
+    #[inline(always)]
+    fn add(&mut self, op: ReduceOp, col: usize, values: &[f32]) {
+        let lead = ((8 - col % 8) % 8).min(values.len());
+        let (head, rest) = values.split_at(lead);
+        let mut chunks = rest.chunks_exact(8);
+        match op {
+            ReduceOp::Sum => {
+                let s = &mut self.sums;
+                head.iter().enumerate().for_each(|(i, &v)| s[(col + i) % 8] += f64::from(v));
+                for chunk in &mut chunks {
+                    s.iter_mut().zip(chunk).for_each(|(a, &v)| *a += f64::from(v));
+                }
+                s.iter_mut().zip(chunks.remainder()).for_each(|(a, &v)| *a += f64::from(v));
+            }
+            ReduceOp::Max => {
+                let m = &mut self.maxima;
+                head.iter().enumerate().for_each(|(i, &v)| m[(col + i) % 8] = pick(m[(col + i) % 8], v));
+                for chunk in &mut chunks {
+                    m.iter_mut().zip(chunk).for_each(|(a, &v)| *a = pick(*a, v));
+                }
+                m.iter_mut().zip(chunks.remainder()).for_each(|(a, &v)| *a = pick(*a, v));
+            }
+        }
+    }
+
+    /// The row's result.
+    fn total(&self, op: ReduceOp) -> f32 {
+        match op {
+            ReduceOp::Sum => combine_sums(&self.sums) as f32,
+            ReduceOp::Max => combine_maxima(self.maxima),
+        }
     }
 }
 

@@ -56,13 +56,36 @@ fn sum_f64<T: FloatLike>(row: &[T]) -> f64 {
     for (a, v) in acc.iter_mut().zip(chunks.remainder()) {
         *a += v.widen().to_f64();
     }
+    combine_sums(&acc)
+}
+
+/// The total of eight interleaved lanes (element `i` of a row went to lane
+/// `i % 8`), added in a fixed tree. Fused kernels that reduce rows tile by
+/// tile fill the same lanes and combine them here, so they match bit for bit.
+#[inline(always)]
+pub(super) fn combine_sums(acc: &[f64; 8]) -> f64 {
     ((acc[0] + acc[4]) + (acc[2] + acc[6])) + ((acc[1] + acc[5]) + (acc[3] + acc[7]))
+}
+
+/// The running maximum `m` after seeing `v` (NaN wins).
+#[inline(always)]
+pub(super) fn pick<R: Real>(m: R, v: R) -> R {
+    if v > m || v.is_nan() {
+        v
+    } else {
+        m
+    }
+}
+
+/// The maximum of eight interleaved lanes, folded in lane order.
+#[inline(always)]
+pub(super) fn combine_maxima<R: Real>(acc: [R; 8]) -> R {
+    acc.into_iter().fold(R::NEG_INFINITY, |m, v| if m.is_nan() { m } else { pick(m, v) })
 }
 
 /// The maximum of `row` (NaN if any element is NaN) over eight interleaved
 /// lanes, which vectorise.
 fn max_lanes<T: FloatLike>(row: &[T]) -> T::Math {
-    let pick = |m: T::Math, v: T::Math| if v > m || v.is_nan() { v } else { m };
     let mut acc = [T::Math::NEG_INFINITY; 8];
     let mut chunks = row.chunks_exact(8);
     for chunk in &mut chunks {
@@ -73,7 +96,7 @@ fn max_lanes<T: FloatLike>(row: &[T]) -> T::Math {
     for (a, v) in acc.iter_mut().zip(chunks.remainder()) {
         *a = pick(*a, v.widen());
     }
-    acc.into_iter().fold(T::Math::NEG_INFINITY, |m, v| if m.is_nan() { m } else { pick(m, v) })
+    combine_maxima(acc)
 }
 
 /// Inputs at least this large are reduced on all of the pool's threads.
