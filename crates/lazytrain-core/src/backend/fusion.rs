@@ -14,7 +14,7 @@
 //! the root has run, and no path leaves the group and comes back.
 
 use crate::dtype::DType;
-use crate::ir::{BinaryOp, Graph, Op};
+use crate::ir::{BinaryOp, Graph, Op, UnaryOp};
 use crate::kernels::fused::{Access, FusedProgram, Instr, LoadSpec, Src};
 use crate::shape::contiguous_strides;
 
@@ -148,34 +148,44 @@ pub(crate) fn plan(graph: &Graph, splat: &[bool]) -> Fusion {
     let mut fusion = Fusion { group_of: vec![None; n], groups: Vec::new(), view, inlined: vec![false; n] };
     // Back to front: a node joins the group of its readers when they all
     // belong to that one group; otherwise it roots a group of its own.
-    // A cheap node of one materialised value read by several groups is
-    // recomputed in each of them instead of being stored and read back.
+    // A cheap node of stored values read by several groups is recomputed
+    // in each of them instead of being stored and read back (and so is a
+    // short chain of such nodes).
     let mut members: Vec<Vec<usize>> = Vec::new();
-    let mut duplicated = vec![false; n];
+    let mut copies_in: Vec<Vec<usize>> = vec![Vec::new(); n];
     for i in (0..n).rev() {
         if !fusible[i] {
             continue;
         }
-        let readers: Vec<Option<usize>> = consumers[i]
-            .iter()
-            .map(|&c| if fusible[c] && !duplicated[c] { fusion.group_of[c] } else { None })
-            .collect();
-        match readers.first() {
-            Some(&Some(g)) if readers.iter().all(|&r| r == Some(g)) => {
-                members[g].push(i);
-                fusion.group_of[i] = Some(g);
+        // The groups that read `i` (`None` when a reader is not fused), and
+        // whether a reader is itself recomputed.
+        let mut groups: Option<Vec<usize>> = Some(Vec::new());
+        let mut reads_copy = false;
+        for &c in &consumers[i] {
+            match (&mut groups, fusible[c], copies_in[c].is_empty(), fusion.group_of[c]) {
+                (Some(gs), true, false, _) => {
+                    gs.extend(&copies_in[c]);
+                    reads_copy = true;
+                }
+                (Some(gs), true, true, Some(g)) => gs.push(g),
+                _ => groups = None,
             }
-            Some(_)
-                if readers.iter().all(Option::is_some)
-                    && recomputable(graph, &fusion, &fusible, &consumers, &is_output, i) =>
-            {
-                duplicated[i] = true;
-                let mut groups: Vec<usize> = readers.into_iter().flatten().collect();
-                groups.sort_unstable();
-                groups.dedup();
-                for g in groups {
+        }
+        let groups = groups.map(|mut gs| {
+            gs.sort_unstable();
+            gs.dedup();
+            gs
+        });
+        match groups {
+            Some(gs) if gs.len() == 1 && !reads_copy => {
+                members[gs[0]].push(i);
+                fusion.group_of[i] = Some(gs[0]);
+            }
+            Some(gs) if !gs.is_empty() && recomputable(graph, &fusion, &fusible, &consumers, &is_output, i, 2) => {
+                for &g in &gs {
                     members[g].push(i);
                 }
+                copies_in[i] = gs;
             }
             _ => {
                 members.push(vec![i]);
@@ -183,6 +193,7 @@ pub(crate) fn plan(graph: &Graph, splat: &[bool]) -> Fusion {
             }
         }
     }
+    let duplicated: Vec<bool> = copies_in.iter().map(|gs| !gs.is_empty()).collect();
     for group in members.iter_mut() {
         group.reverse();
     }
@@ -218,11 +229,12 @@ pub(crate) fn plan(graph: &Graph, splat: &[bool]) -> Fusion {
 }
 
 /// True when node `i` (read by several groups) is worth computing again in
-/// each of them: one elementwise op of at most one full-size value (the
-/// others immediates or broadcasts), all of which have buffers anyway.
-/// Each copy then reads those values instead of `i`'s own buffer,
-/// which is never written (one memory pass and one kernel fewer, and the
-/// value is not kept alive, e.g. from the forward pass to the backward).
+/// each of them: one cheap elementwise op of at most one full-size value (the
+/// others immediates or broadcasts), each of which has a buffer anyway or
+/// is itself such an op (up to `depth` more levels). Each copy then reads
+/// those buffers instead of `i`'s own, which is never written (one memory
+/// pass and one kernel fewer, and the value is not kept alive, e.g. from
+/// the forward pass to the backward).
 fn recomputable(
     graph: &Graph,
     fusion: &Fusion,
@@ -230,22 +242,31 @@ fn recomputable(
     consumers: &[Vec<usize>],
     is_output: &[bool],
     i: usize,
+    depth: usize,
 ) -> bool {
     let node = &graph.nodes[i];
-    let elementwise = matches!(node.op, Op::Unary(_) | Op::Cast | Op::Binary(_) | Op::Compare(_));
+    // Transcendentals cost more to recompute (~1-2.5 ns an element here)
+    // than their value costs to store and read back.
+    let cheap = match node.op {
+        Op::Unary(op) => !matches!(op, UnaryOp::Exp | UnaryOp::Log | UnaryOp::Erf | UnaryOp::Tanh),
+        Op::Cast | Op::Binary(_) | Op::Compare(_) => true,
+        _ => false,
+    };
     let sources: Vec<usize> =
         node.inputs.iter().map(|id| id.index()).filter(|&x| immediate(graph, fusion.resolve(x)).is_none()).collect();
     let broadcast =
         |x: usize| graph.nodes[x].shape.numel() == 1 || fusion.view[x].as_ref().is_some_and(|v| v.strides.contains(&0));
     let full_size = sources.iter().filter(|&&x| !broadcast(x)).count();
     let stored = |x: usize| !fusible[x] || fusion.view[x].is_some() || is_output[x] || consumers[x].len() > 1;
+    let available =
+        |x: usize| stored(x) || (depth > 0 && recomputable(graph, fusion, fusible, consumers, is_output, x, depth - 1));
     // Never trade a narrow value (a bool mask, a bf16 copy) for keeping a
     // wider one alive.
     let no_wider = |x: usize| graph.nodes[x].dtype.size_in_bytes() <= node.dtype.size_in_bytes();
-    elementwise
+    cheap
         && !sources.is_empty()
         && full_size <= 1
-        && sources.iter().all(|&x| stored(x) && no_wider(x) && graph.nodes[x].shape == node.shape)
+        && sources.iter().all(|&x| available(x) && no_wider(x) && graph.nodes[x].shape == node.shape)
         && !is_output[i]
 }
 
