@@ -31,16 +31,27 @@ pub fn uniform_f32(seed: u64, stream: u64, out: &mut [f32]) {
     uniform_f32_from(seed, stream, 0, out);
 }
 
-/// Elements `first..first + out.len()` of the draw [`uniform_f32`] makes
-/// (`first` a multiple of 4), so a draw can be split between threads.
+/// Elements `first..first + out.len()` of the draw [`uniform_f32`] makes,
+/// so a draw can be split between threads or computed tile by tile.
 pub fn uniform_f32_from(seed: u64, stream: u64, first: usize, out: &mut [f32]) {
-    debug_assert_eq!(first % 4, 0, "draws split at block boundaries");
     let key = [seed as u32, (seed >> 32) as u32];
-    for (block, chunk) in out.chunks_mut(4).enumerate() {
-        let b = (first / 4 + block) as u64;
-        let words = philox4x32_10([b as u32, (b >> 32) as u32, stream as u32, (stream >> 32) as u32], key);
-        for (o, w) in chunk.iter_mut().zip(words) {
-            *o = (w >> 8) as f32 * (1.0 / (1u32 << 24) as f32);
+    let word = |w: u32| (w >> 8) as f32 * (1.0 / (1u32 << 24) as f32);
+    let block = |b: usize| {
+        let b = b as u64;
+        philox4x32_10([b as u32, (b >> 32) as u32, stream as u32, (stream >> 32) as u32], key)
+    };
+    // A start inside a block takes that block's remaining words first.
+    let skip = first % 4;
+    let lead = ((4 - skip) % 4).min(out.len());
+    let (head, rest) = out.split_at_mut(lead);
+    if lead > 0 {
+        let words = block(first / 4);
+        head.iter_mut().zip(&words[skip..]).for_each(|(o, &w)| *o = word(w));
+    }
+    let first_block = first.div_ceil(4);
+    for (k, chunk) in rest.chunks_mut(4).enumerate() {
+        for (o, w) in chunk.iter_mut().zip(block(first_block + k)) {
+            *o = word(w);
         }
     }
 }
@@ -73,5 +84,10 @@ mod tests {
         let mut tail = vec![0f32; 6_000];
         uniform_f32_from(7, 0, 4_000, &mut tail);
         assert_eq!(tail, v[4_000..], "a split draw equals the whole one");
+        for (start, len) in [(4_001, 3), (4_002, 7), (3, 1), (9_995, 5)] {
+            let mut part = vec![0f32; len];
+            uniform_f32_from(7, 0, start, &mut part);
+            assert_eq!(part, v[start..start + len], "a draw from element {start}");
+        }
     }
 }

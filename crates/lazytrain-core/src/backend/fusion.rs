@@ -114,6 +114,9 @@ fn fusible(graph: &Graph, i: usize, splat: &[bool]) -> bool {
         Op::Compare(_) => input_dtypes.iter().all(|&d| fusible_dtype(d)),
         Op::Select => input_dtypes[0] == DType::Bool && input_dtypes[1..].iter().all(|&d| d == node.dtype),
         Op::Cast => fusible_dtype(input_dtypes[0]),
+        // Drawn tile by tile from its seed (never stored when only fused
+        // kernels read it).
+        Op::RngUniform { .. } => node.dtype == DType::F32,
         _ => false,
     }
 }
@@ -482,6 +485,18 @@ fn build_group(
     let mut outputs = Vec::new();
     for &m in members {
         let node = &graph.nodes[m];
+        if let Op::RngUniform { stream } = node.op {
+            let seed = fusion.resolve(node.inputs[0].index());
+            let input = inputs.iter().position(|&i| i == seed).unwrap_or_else(|| {
+                inputs.push(seed);
+                inputs.len() - 1
+            });
+            value_of[m] = Some(Value::Reg(program.emit(|dst| Instr::Random { input, stream, dst })));
+            if consumers[m].iter().any(|&c| !member(c)) || is_output[m] {
+                outputs.push(m);
+            }
+            continue;
+        }
         let mut operands = Vec::with_capacity(node.inputs.len());
         for id in &node.inputs {
             let x = id.index();
@@ -573,7 +588,10 @@ fn build_group(
     }
     let (instrs, registers) = allocate_registers(program.instrs, program.registers);
     let contiguous_inputs = (0..inputs.len())
-        .filter(|&k| loads.iter().filter(|l| l.input == k).all(|l| l.access == Access::Contiguous))
+        .filter(|&k| {
+            let mut reads = loads.iter().filter(|l| l.input == k).peekable();
+            reads.peek().is_some() && reads.all(|l| l.access == Access::Contiguous)
+        })
         .map(|k| inputs[k])
         .collect();
     Group {
@@ -592,7 +610,7 @@ fn reads(instr: &Instr) -> Vec<usize> {
         Src::Imm(_) => None,
     };
     match instr {
-        Instr::Load { .. } => vec![],
+        Instr::Load { .. } | Instr::Random { .. } => vec![],
         Instr::Unary { src, .. }
         | Instr::ToBool { src, .. }
         | Instr::RoundBf16 { src, .. }
@@ -610,7 +628,7 @@ fn remap(instr: &mut Instr, map: &[usize]) {
         }
     };
     match instr {
-        Instr::Load { dst, .. } => *dst = map[*dst],
+        Instr::Load { dst, .. } | Instr::Random { dst, .. } => *dst = map[*dst],
         Instr::Unary { src, dst, .. } | Instr::ToBool { src, dst } | Instr::RoundBf16 { src, dst } => {
             *src = map[*src];
             *dst = map[*dst];
@@ -633,6 +651,7 @@ fn remap(instr: &mut Instr, map: &[usize]) {
 fn writes(instr: &Instr) -> Option<usize> {
     match instr {
         Instr::Load { dst, .. }
+        | Instr::Random { dst, .. }
         | Instr::Unary { dst, .. }
         | Instr::ToBool { dst, .. }
         | Instr::RoundBf16 { dst, .. }

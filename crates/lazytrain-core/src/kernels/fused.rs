@@ -60,6 +60,9 @@ pub(crate) enum Instr {
     ToBool { src: usize, dst: usize },
     /// `dst = src` rounded to the nearest bf16 (a cast from f32 to bf16).
     RoundBf16 { src: usize, dst: usize },
+    /// `dst` = the tile's elements of the uniform draw keyed by kernel
+    /// input `input` (the seed scalar) in stream `stream`.
+    Random { input: usize, stream: u64, dst: usize },
     /// `output[out] = reg` for the tile.
     Store { src: usize, out: usize },
     /// Reduce `src` over rows of [`FusedProgram::reduce_inner`] consecutive
@@ -135,6 +138,7 @@ impl FusedProgram {
                 Instr::Select { .. } => "select",
                 Instr::ToBool { .. } => "to_bool",
                 Instr::RoundBf16 { .. } => "to_bf16",
+                Instr::Random { .. } => "rand",
                 Instr::ReduceStore { op: ReduceOp::Sum, .. } => "row_sum",
                 Instr::ReduceStore { op: ReduceOp::Max, .. } => "row_max",
                 Instr::Load { .. } | Instr::Store { .. } => continue,
@@ -288,6 +292,14 @@ impl FusedProgram {
                 let mut out = std::mem::take(&mut regs[dst]);
                 (&regs[src][..len], &mut out[..len]).apply(|x| f32::from(u8::from(x != 0.0)));
                 regs[dst] = out;
+            }
+            Instr::Random { input, stream, dst } => {
+                let seed = match inputs[input] {
+                    Source::Data(HostData::I64(v)) if v.len() == 1 => v[0] as u64,
+                    Source::Data(HostData::I32(v)) if v.len() == 1 => v[0] as u32 as u64,
+                    _ => return Err("a random draw's seed must be one integer".into()),
+                };
+                crate::random::uniform_f32_from(seed, stream, start, &mut regs[dst][..len]);
             }
             Instr::RoundBf16 { src, dst } => {
                 let mut out = std::mem::take(&mut regs[dst]);
