@@ -9,7 +9,7 @@
 //! interpreter monomorphic. The arithmetic is the unfused kernels' own, so a
 //! fused program computes bit-identical results.
 
-use super::elementwise::{at, float_binary, float_unary, predicate, Lanes1};
+use super::elementwise::{at, float_binary, float_unary, Lanes1};
 use super::numeric::{bf16_from_f32, bf16_to_f32, exp_f32};
 use super::reduce::{combine_maxima, combine_sums, pick};
 use crate::dtype::DType;
@@ -283,9 +283,7 @@ impl FusedProgram {
                 let mut out = std::mem::take(&mut regs[dst]);
                 let (ic, ia, ib) = (imm(c), imm(a), imm(b));
                 let (c, a, b) = (operand(regs, c, &ic, len), operand(regs, a, &ia, len), operand(regs, b, &ib, len));
-                for (i, o) in out[..len].iter_mut().enumerate() {
-                    *o = if at(c, i) != 0.0 { at(a, i) } else { at(b, i) };
-                }
+                select(c, a, b, &mut out[..len]);
                 regs[dst] = out;
             }
             Instr::ToBool { src, dst } => {
@@ -458,9 +456,44 @@ fn operand<'a>(regs: &'a [Vec<f32>], src: Src, imm: &'a [f32; 1], len: usize) ->
 
 #[inline(always)]
 fn compare(op: CmpOp, a: &[f32], b: &[f32], o: &mut [f32]) {
-    let f = predicate::<f32>(op);
-    for (i, o) in o.iter_mut().enumerate() {
-        *o = f32::from(u8::from(f(&at(a, i), &at(b, i))));
+    // One loop per predicate (no call per element), one-element operands
+    // broadcast outside the loop.
+    #[inline(always)]
+    fn each(a: &[f32], b: &[f32], o: &mut [f32], f: impl Fn(f32, f32) -> bool) {
+        let bit = |x: bool| f32::from(u8::from(x));
+        match (a.len() == 1 && o.len() != 1, b.len() == 1 && o.len() != 1) {
+            (false, false) => o.iter_mut().zip(a).zip(b).for_each(|((o, &x), &y)| *o = bit(f(x, y))),
+            (false, true) => o.iter_mut().zip(a).for_each(|(o, &x)| *o = bit(f(x, b[0]))),
+            (true, false) => o.iter_mut().zip(b).for_each(|(o, &y)| *o = bit(f(a[0], y))),
+            (true, true) => o.fill(bit(f(a[0], b[0]))),
+        }
+    }
+    match op {
+        CmpOp::Eq => each(a, b, o, |x, y| x == y),
+        CmpOp::Ne => each(a, b, o, |x, y| x != y),
+        CmpOp::Lt => each(a, b, o, |x, y| x < y),
+        CmpOp::Le => each(a, b, o, |x, y| x <= y),
+        CmpOp::Gt => each(a, b, o, |x, y| x > y),
+        CmpOp::Ge => each(a, b, o, |x, y| x >= y),
+    }
+}
+
+/// `o = c != 0 ? a : b` lane by lane; the common shapes (everything a tile,
+/// or one branch a constant) get loops without per-element broadcast tests.
+#[inline(always)]
+fn select(c: &[f32], a: &[f32], b: &[f32], o: &mut [f32]) {
+    let n = o.len();
+    let full = |v: &[f32]| v.len() == n;
+    if full(c) && full(a) && full(b) {
+        o.iter_mut().zip(c.iter().zip(a).zip(b)).for_each(|(o, ((&c, &x), &y))| *o = if c != 0.0 { x } else { y });
+    } else if full(c) && full(a) {
+        o.iter_mut().zip(c.iter().zip(a)).for_each(|(o, (&c, &x))| *o = if c != 0.0 { x } else { b[0] });
+    } else if full(c) && full(b) {
+        o.iter_mut().zip(c.iter().zip(b)).for_each(|(o, (&c, &y))| *o = if c != 0.0 { a[0] } else { y });
+    } else {
+        for (i, o) in o.iter_mut().enumerate() {
+            *o = if at(c, i) != 0.0 { at(a, i) } else { at(b, i) };
+        }
     }
 }
 
