@@ -9,7 +9,7 @@ static ENABLED: LazyLock<AtomicBool> =
 static TABLE: LazyLock<Mutex<Tables>> = LazyLock::new(Mutex::default);
 
 /// How many of the most expensive kernels the report lists.
-const TOP_KERNELS: usize = 60;
+const TOP_KERNELS: usize = 15;
 
 /// Accumulated `(nanoseconds, calls)` per kernel kind and per kernel label.
 #[derive(Default)]
