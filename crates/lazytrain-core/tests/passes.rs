@@ -204,6 +204,32 @@ fn reductions_fused_into_their_producers_match_the_unfused_bits() {
     }
 }
 
+/// A graph that has run once (like the first training step, which creates
+/// the optimizer state) does not keep its intermediate buffers once another
+/// graph runs; graphs that recur keep theirs for their next run.
+#[test]
+fn one_off_graphs_release_their_buffers_when_another_graph_runs() {
+    let exp_chain = |op: UnaryOp| {
+        let mut b = GraphBuilder::new();
+        let x = param(&mut b, 0, &[256, 256]);
+        let m = node(&mut b, Op::Dot { lhs_t: false, rhs_t: false }, vec![x, x]);
+        let y = node(&mut b, Op::Unary(op), vec![m]);
+        let s = node(&mut b, Op::Reduce { op: ReduceOp::Sum, axes: vec![0, 1] }, vec![y]);
+        let graph = b.finish(vec![s], 1);
+        CpuBackend::default().compile(&graph).unwrap()
+    };
+    let (once, recurring) = (exp_chain(UnaryOp::Tanh), exp_chain(UnaryOp::Exp));
+    let input = || vec![Arc::new(Buffer::new(HostData::F32(vec![0.01; 256 * 256])))];
+    // (Tests in this binary run in parallel, and any other graph's run
+    // counts as "another graph", so only outcomes robust to that are checked.)
+    once.run(input(), &Default::default()).unwrap();
+    recurring.run(input(), &Default::default()).unwrap();
+    assert_eq!(once.stats().kept_bytes, 0, "a graph that ran once lets go when another runs");
+    recurring.run(input(), &Default::default()).unwrap();
+    once.run(input(), &Default::default()).unwrap();
+    assert!(recurring.stats().kept_bytes >= 256 * 256 * 4, "a recurring graph keeps its buffers");
+}
+
 #[test]
 fn memory_plan_reuses_dead_buffers() {
     let mut b = GraphBuilder::new();

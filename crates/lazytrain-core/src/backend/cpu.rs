@@ -61,7 +61,7 @@ struct CpuExecutable {
     plan: MemoryPlan,
     /// Intermediate buffers kept between runs, one set per concurrent run
     /// (replicas share the executable).
-    pool: std::sync::Mutex<Vec<Vec<Option<HostData>>>>,
+    pool: Arc<SlotPool>,
     /// Bytes of slot buffers allocated by runs so far.
     allocated: AtomicU64,
 }
@@ -153,7 +153,7 @@ impl Backend for CpuBackend {
             outputs,
             num_params: graph.num_params,
             plan,
-            pool: Default::default(),
+            pool: Arc::default(),
             allocated: AtomicU64::new(0),
         }))
     }
@@ -225,7 +225,8 @@ impl Executable for CpuExecutable {
         }
         // Reuse the previous run's intermediate buffers: no allocation and no
         // page faults in steady state.
-        let mut slots: Vec<Option<HostData>> = self.pool.lock().ok().and_then(|mut p| p.pop()).unwrap_or_default();
+        release_one_off_pool(&self.pool);
+        let mut slots: Vec<Option<HostData>> = self.pool.sets.lock().ok().and_then(|mut p| p.pop()).unwrap_or_default();
         slots.resize(self.plan.slots.len(), None);
         let mut inputs: Vec<Option<Arc<Buffer>>> = inputs.into_iter().map(Some).collect();
         // Buffers the last run left in donated slots: graph outputs took
@@ -312,7 +313,7 @@ impl Executable for CpuExecutable {
                 Operand::Fused => unreachable!("graph outputs have buffers"),
             })
             .collect();
-        if let Ok(mut pool) = self.pool.lock() {
+        if let Ok(mut pool) = self.pool.sets.lock() {
             pool.push(slots);
         }
         Ok(outputs)
@@ -335,6 +336,39 @@ impl Executable for CpuExecutable {
             unplanned_bytes: self.plan.unplanned_bytes,
             peak_bytes: self.plan.peak_bytes(),
             allocated_bytes: self.allocated.load(Ordering::Relaxed),
+            kept_bytes: self.pool.sets.lock().map_or(0, |sets| {
+                sets.iter().flatten().flatten().map(|b| (b.capacity() * b.dtype().size_in_bytes()) as u64).sum()
+            }),
+        }
+    }
+}
+
+/// Intermediate buffers an executable keeps between runs (one set per
+/// concurrent run), and how many runs it has started.
+#[derive(Default)]
+struct SlotPool {
+    sets: std::sync::Mutex<Vec<Vec<Option<HostData>>>>,
+    runs: AtomicU64,
+}
+
+/// The pool of the executable that started a run last (in any thread).
+static LAST_POOL: std::sync::Mutex<Option<std::sync::Weak<SlotPool>>> = std::sync::Mutex::new(None);
+
+/// Count a run of `current`'s executable, and free the buffers kept by the
+/// executable that ran before it if that was another graph that has run
+/// only once (the first training step, which creates the optimizer state):
+/// its intermediates are not kept alive beside the next graph's. Graphs
+/// that recur (steady steps, gradient-accumulation micro-steps, evaluation)
+/// keep theirs, so alternating between them allocates nothing.
+fn release_one_off_pool(current: &Arc<SlotPool>) {
+    current.runs.fetch_add(1, Ordering::Relaxed);
+    let mut last = LAST_POOL.lock().unwrap_or_else(|p| p.into_inner());
+    let previous = last.replace(Arc::downgrade(current));
+    if let Some(previous) = previous.and_then(|weak| weak.upgrade()) {
+        if !Arc::ptr_eq(&previous, current) && previous.runs.load(Ordering::Relaxed) <= 1 {
+            if let Ok(mut sets) = previous.sets.lock() {
+                sets.clear();
+            }
         }
     }
 }

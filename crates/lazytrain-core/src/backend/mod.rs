@@ -59,4 +59,7 @@ pub struct ExecutableStats {
     /// a training step allocates nothing: its outputs leave in donated
     /// inputs' memory, which comes back as the next step's inputs.
     pub allocated_bytes: u64,
+    /// Bytes of intermediate buffers kept for the next run (freed when
+    /// another graph runs after this one has run only once).
+    pub kept_bytes: u64,
 }
