@@ -313,8 +313,10 @@ impl Executable for CpuExecutable {
                 Operand::Fused => unreachable!("graph outputs have buffers"),
             })
             .collect();
-        if let Ok(mut pool) = self.pool.sets.lock() {
-            pool.push(slots);
+        if !overtaken_one_off(&self.pool) {
+            if let Ok(mut pool) = self.pool.sets.lock() {
+                pool.push(slots);
+            }
         }
         Ok(outputs)
     }
@@ -371,6 +373,14 @@ fn release_one_off_pool(current: &Arc<SlotPool>) {
             }
         }
     }
+}
+
+/// True when `pool`'s graph has run only once and another graph started a
+/// run meanwhile: its buffers are not kept (see [`release_one_off_pool`]).
+fn overtaken_one_off(pool: &Arc<SlotPool>) -> bool {
+    let last = LAST_POOL.lock().unwrap_or_else(|p| p.into_inner());
+    pool.runs.load(Ordering::Relaxed) <= 1
+        && !last.as_ref().is_some_and(|l| std::ptr::eq(l.as_ptr(), Arc::as_ptr(pool)))
 }
 
 /// The data of an operand.
