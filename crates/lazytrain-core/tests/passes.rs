@@ -234,6 +234,32 @@ fn one_off_graphs_release_their_buffers_when_another_graph_runs() {
     assert!(recurring.stats().kept_bytes >= 256 * 256 * 4, "a recurring graph keeps its buffers");
 }
 
+/// A reduction of a reshape of contiguous data (a bias gradient summing the
+/// rows of a `[batch, seq, features]` gradient) reads the data in place:
+/// no copy kernel for the reshape.
+#[test]
+fn reductions_read_reshapes_of_contiguous_data_in_place() {
+    let mut b = GraphBuilder::new();
+    let x = param(&mut b, 0, &[4, 8, 16]);
+    let y = node(&mut b, Op::Unary(UnaryOp::Neg), vec![x]);
+    let rows = b.push(Node { op: Op::Reshape, inputs: vec![y], shape: Shape::new([32, 16]), dtype: DType::F32 });
+    let sum = node(&mut b, Op::Reduce { op: ReduceOp::Sum, axes: vec![0] }, vec![rows]);
+    let graph = b.finish(vec![sum], 1);
+    let input = HostData::F32((0..512).map(|i| (i % 13) as f32 - 6.0).collect());
+    let fused = CpuBackend::default().compile(&graph).unwrap();
+    assert_eq!(fused.stats().kernels, 2, "-x, then the column sums read its buffer as [32, 16]");
+    let run = |exe: &std::sync::Arc<dyn lazytrain_core::backend::Executable>| {
+        exe.run(vec![Arc::new(Buffer::new(input.clone()))], &Default::default()).unwrap()[0].wait().unwrap().clone()
+    };
+    let unfused = CpuBackend { fuse: false }.compile(&graph).unwrap();
+    assert_eq!(run(&fused), run(&unfused));
+    let HostData::F32(sums) = run(&fused) else { panic!("f32") };
+    let HostData::F32(x) = &input else { unreachable!() };
+    for (j, &s) in sums.iter().enumerate() {
+        assert_eq!(s, (0..32).map(|r| -x[r * 16 + j]).sum::<f32>(), "column {j}");
+    }
+}
+
 #[test]
 fn memory_plan_reuses_dead_buffers() {
     let mut b = GraphBuilder::new();

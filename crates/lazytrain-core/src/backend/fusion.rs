@@ -366,9 +366,10 @@ fn plan_views(
             && fusible_dtype(node.dtype)
             && node.shape.numel() > 1
     };
-    // Readers only: fusible nodes, matmuls (which take strided operands) or
-    // other candidates (decided back to front).
-    let reads_views = |c: usize| fusible[c] || matches!(graph.nodes[c].op, Op::Dot { .. });
+    // Readers only: fusible nodes, matmuls (which take strided operands),
+    // reductions (which read a reshape of contiguous data as the data
+    // itself) or other candidates (decided back to front).
+    let reads_views = |c: usize| fusible[c] || matches!(graph.nodes[c].op, Op::Dot { .. } | Op::Reduce { .. });
     let mut keep = vec![false; n];
     for i in (0..n).rev() {
         keep[i] = candidate(i) && consumers[i].iter().all(|&c| reads_views(c) || keep[c]);
@@ -387,11 +388,12 @@ fn plan_views(
         }
         // A view read by a node that is no longer a view must have a buffer.
         for i in (0..n).rev() {
-            // Matmuls take only views that are the base's own layout (a
-            // reshape of contiguous data); gemm packs strided operands more
-            // slowly than a copy costs.
+            // Matmuls and reductions take only views that are the base's
+            // own layout (a reshape of contiguous data): gemm packs strided
+            // operands more slowly than a copy costs, and a reduction reads
+            // its input as contiguous.
             let dot_ok = |c: usize| {
-                !matches!(graph.nodes[c].op, Op::Dot { .. })
+                !matches!(graph.nodes[c].op, Op::Dot { .. } | Op::Reduce { .. })
                     || view[i].as_ref().is_some_and(|v| v.strides == contiguous_strides(graph.nodes[i].shape.dims()))
             };
             if keep[i] && !consumers[i].iter().all(|&c| (reads_views(c) && dot_ok(c)) || keep[c]) {
