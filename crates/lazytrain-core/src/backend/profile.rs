@@ -98,3 +98,21 @@ pub fn reset() {
     tables.kinds.clear();
     tables.kernels.clear();
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_report_ranks_kinds_and_kernels_by_time() {
+        record("matmul", "dot [8, 4] [4, 2] -> [8, 2] f32", 3_000_000);
+        record("matmul", "dot [8, 4] [4, 2] -> [8, 2] f32", 1_000_000);
+        record("copies", "reshape [8, 2] -> [16] f32", 1_000_000);
+        let report = report();
+        let line = |needle: &str| report.lines().position(|l| l.contains(needle)).expect(needle);
+        assert!(line("matmul") < line("copies"), "{report}");
+        assert!(line("dot [8, 4]") < line("reshape [8, 2]"), "{report}");
+        let dot = report.lines().nth(line("dot [8, 4]")).unwrap();
+        assert!(dot.contains("4.0 ms") && dot.contains("2 calls"), "{dot}");
+    }
+}
