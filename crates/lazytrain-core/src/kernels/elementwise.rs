@@ -227,24 +227,38 @@ pub(crate) fn binary_inplace(
     Ok(())
 }
 
-/// The comparison `op` as a predicate.
+/// `o[i] = out(a[i] op b[i])`, one loop per predicate (no call per
+/// element); a one-element operand broadcasts, tested once. Shared by the
+/// unfused kernel (bool output) and the fused one (0/1 in f32 registers).
 #[inline(always)]
-pub(super) fn predicate<T: PartialOrd>(op: CmpOp) -> fn(&T, &T) -> bool {
+pub(super) fn compare_lanes<T: PartialOrd + Copy, O>(
+    op: CmpOp,
+    a: &[T],
+    b: &[T],
+    o: &mut [O],
+    out: impl Fn(bool) -> O,
+) {
+    #[inline(always)]
+    fn each<T: Copy, O>(a: &[T], b: &[T], o: &mut [O], f: impl Fn(T, T) -> bool, out: impl Fn(bool) -> O) {
+        match (a.len() == 1 && o.len() != 1, b.len() == 1 && o.len() != 1) {
+            (false, false) => o.iter_mut().zip(a).zip(b).for_each(|((o, &x), &y)| *o = out(f(x, y))),
+            (false, true) => o.iter_mut().zip(a).for_each(|(o, &x)| *o = out(f(x, b[0]))),
+            (true, false) => o.iter_mut().zip(b).for_each(|(o, &y)| *o = out(f(a[0], y))),
+            (true, true) => o.iter_mut().for_each(|o| *o = out(f(a[0], b[0]))),
+        }
+    }
     match op {
-        CmpOp::Eq => |x, y| x == y,
-        CmpOp::Ne => |x, y| x != y,
-        CmpOp::Lt => |x, y| x < y,
-        CmpOp::Le => |x, y| x <= y,
-        CmpOp::Gt => |x, y| x > y,
-        CmpOp::Ge => |x, y| x >= y,
+        CmpOp::Eq => each(a, b, o, |x, y| x == y, out),
+        CmpOp::Ne => each(a, b, o, |x, y| x != y, out),
+        CmpOp::Lt => each(a, b, o, |x, y| x < y, out),
+        CmpOp::Le => each(a, b, o, |x, y| x <= y, out),
+        CmpOp::Gt => each(a, b, o, |x, y| x > y, out),
+        CmpOp::Ge => each(a, b, o, |x, y| x >= y, out),
     }
 }
 
 fn cmp_slices<T: PartialOrd + Copy>(op: CmpOp, a: &[T], b: &[T], o: &mut [bool]) {
-    let f = predicate::<T>(op);
-    for (i, o) in o.iter_mut().enumerate() {
-        *o = f(&at(a, i), &at(b, i));
-    }
+    compare_lanes(op, a, b, o, |x| x);
 }
 
 /// `out = a cmp b` (bool output).
@@ -306,10 +320,29 @@ pub(crate) fn select_inplace(
     Ok(())
 }
 
-fn select_slices<T: Copy>(c: &[bool], a: &[T], b: &[T], o: &mut [T]) {
-    for (i, o) in o.iter_mut().enumerate() {
-        *o = if at(c, i) { at(a, i) } else { at(b, i) };
+/// `o[i] = is_true(c[i]) ? a[i] : b[i]`; the common shapes (everything
+/// full-size, or one branch a one-element constant) get loops without
+/// per-element broadcast tests. Shared by the unfused kernel (bool
+/// condition) and the fused one (0/1 in f32 registers).
+#[inline(always)]
+pub(super) fn select_lanes<C: Copy, T: Copy>(c: &[C], a: &[T], b: &[T], o: &mut [T], is_true: impl Fn(C) -> bool) {
+    let n = o.len();
+    let full = |len: usize| len == n;
+    if full(c.len()) && full(a.len()) && full(b.len()) {
+        o.iter_mut().zip(c.iter().zip(a).zip(b)).for_each(|(o, ((&c, &x), &y))| *o = if is_true(c) { x } else { y });
+    } else if full(c.len()) && full(a.len()) {
+        o.iter_mut().zip(c.iter().zip(a)).for_each(|(o, (&c, &x))| *o = if is_true(c) { x } else { b[0] });
+    } else if full(c.len()) && full(b.len()) {
+        o.iter_mut().zip(c.iter().zip(b)).for_each(|(o, (&c, &y))| *o = if is_true(c) { a[0] } else { y });
+    } else {
+        for (i, o) in o.iter_mut().enumerate() {
+            *o = if is_true(at(c, i)) { at(a, i) } else { at(b, i) };
+        }
     }
+}
+
+fn select_slices<T: Copy>(c: &[bool], a: &[T], b: &[T], o: &mut [T]) {
+    select_lanes(c, a, b, o, |c| c);
 }
 
 /// `out = cond ? a : b`.

@@ -9,9 +9,9 @@
 //! interpreter monomorphic. The arithmetic is the unfused kernels' own, so a
 //! fused program computes bit-identical results.
 
-use super::elementwise::{at, float_binary, float_unary, Lanes1};
+use super::elementwise::{compare_lanes, float_binary, float_unary, select_lanes, Lanes1};
 use super::numeric::{bf16_from_f32, bf16_to_f32, exp_f32};
-use super::reduce::{combine_maxima, combine_sums, pick};
+use super::reduce::RowLanes;
 use crate::dtype::DType;
 use crate::ir::{BinaryOp, CmpOp, ReduceOp, UnaryOp};
 use crate::storage::HostData;
@@ -218,7 +218,7 @@ impl FusedProgram {
     fn run_tiles(&self, inputs: &[Source], outs: &OutViews, start: usize, end: usize) -> Result<(), String> {
         let mut regs: Vec<Vec<f32>> = vec![vec![0f32; TILE]; self.registers];
         let mut scratch = vec![0usize; self.shape.len()];
-        let mut rows = vec![RowLanes::default(); outs.0.len()];
+        let mut rows = vec![RowLanes::<f32>::default(); outs.0.len()];
         let mut at = start;
         while at < end {
             let len = TILE.min(end - at);
@@ -241,7 +241,7 @@ impl FusedProgram {
         outs: &OutViews,
         regs: &mut [Vec<f32>],
         scratch: &mut [usize],
-        rows: &mut [RowLanes],
+        rows: &mut [RowLanes<f32>],
     ) -> Result<(), String> {
         match *instr {
             Instr::Load { load, dst } => {
@@ -276,14 +276,15 @@ impl FusedProgram {
             Instr::Compare { op, a, b, dst } => {
                 let mut out = std::mem::take(&mut regs[dst]);
                 let (ia, ib) = (imm(a), imm(b));
-                compare(op, operand(regs, a, &ia, len), operand(regs, b, &ib, len), &mut out[..len]);
+                let (a, b) = (operand(regs, a, &ia, len), operand(regs, b, &ib, len));
+                compare_lanes(op, a, b, &mut out[..len], |x| f32::from(u8::from(x)));
                 regs[dst] = out;
             }
             Instr::Select { c, a, b, dst } => {
                 let mut out = std::mem::take(&mut regs[dst]);
                 let (ic, ia, ib) = (imm(c), imm(a), imm(b));
                 let (c, a, b) = (operand(regs, c, &ic, len), operand(regs, a, &ia, len), operand(regs, b, &ib, len));
-                select(c, a, b, &mut out[..len]);
+                select_lanes(c, a, b, &mut out[..len], |c| c != 0.0);
                 regs[dst] = out;
             }
             Instr::ToBool { src, dst } => {
@@ -330,56 +331,6 @@ impl FusedProgram {
             }
         }
         Ok(())
-    }
-}
-
-/// The eight interleaved lanes of the row being reduced (element `c` of a
-/// row goes to lane `c % 8`), as the unfused reduction keeps them.
-#[derive(Clone, Copy)]
-struct RowLanes {
-    sums: [f64; 8],
-    maxima: [f32; 8],
-}
-
-impl Default for RowLanes {
-    fn default() -> RowLanes {
-        RowLanes { sums: [0.0; 8], maxima: [f32::NEG_INFINITY; 8] }
-    }
-}
-
-impl RowLanes {
-    /// Add the row's elements `col..col + values.len()`.
-    #[inline(always)]
-    fn add(&mut self, op: ReduceOp, col: usize, values: &[f32]) {
-        let lead = ((8 - col % 8) % 8).min(values.len());
-        let (head, rest) = values.split_at(lead);
-        let mut chunks = rest.chunks_exact(8);
-        match op {
-            ReduceOp::Sum => {
-                let s = &mut self.sums;
-                head.iter().enumerate().for_each(|(i, &v)| s[(col + i) % 8] += f64::from(v));
-                for chunk in &mut chunks {
-                    s.iter_mut().zip(chunk).for_each(|(a, &v)| *a += f64::from(v));
-                }
-                s.iter_mut().zip(chunks.remainder()).for_each(|(a, &v)| *a += f64::from(v));
-            }
-            ReduceOp::Max => {
-                let m = &mut self.maxima;
-                head.iter().enumerate().for_each(|(i, &v)| m[(col + i) % 8] = pick(m[(col + i) % 8], v));
-                for chunk in &mut chunks {
-                    m.iter_mut().zip(chunk).for_each(|(a, &v)| *a = pick(*a, v));
-                }
-                m.iter_mut().zip(chunks.remainder()).for_each(|(a, &v)| *a = pick(*a, v));
-            }
-        }
-    }
-
-    /// The row's result.
-    fn total(&self, op: ReduceOp) -> f32 {
-        match op {
-            ReduceOp::Sum => combine_sums(&self.sums) as f32,
-            ReduceOp::Max => combine_maxima(self.maxima),
-        }
     }
 }
 
@@ -451,49 +402,6 @@ fn operand<'a>(regs: &'a [Vec<f32>], src: Src, imm: &'a [f32; 1], len: usize) ->
     match src {
         Src::Reg(r) => &regs[r][..len],
         Src::Imm(_) => imm,
-    }
-}
-
-#[inline(always)]
-fn compare(op: CmpOp, a: &[f32], b: &[f32], o: &mut [f32]) {
-    // One loop per predicate (no call per element), one-element operands
-    // broadcast outside the loop.
-    #[inline(always)]
-    fn each(a: &[f32], b: &[f32], o: &mut [f32], f: impl Fn(f32, f32) -> bool) {
-        let bit = |x: bool| f32::from(u8::from(x));
-        match (a.len() == 1 && o.len() != 1, b.len() == 1 && o.len() != 1) {
-            (false, false) => o.iter_mut().zip(a).zip(b).for_each(|((o, &x), &y)| *o = bit(f(x, y))),
-            (false, true) => o.iter_mut().zip(a).for_each(|(o, &x)| *o = bit(f(x, b[0]))),
-            (true, false) => o.iter_mut().zip(b).for_each(|(o, &y)| *o = bit(f(a[0], y))),
-            (true, true) => o.fill(bit(f(a[0], b[0]))),
-        }
-    }
-    match op {
-        CmpOp::Eq => each(a, b, o, |x, y| x == y),
-        CmpOp::Ne => each(a, b, o, |x, y| x != y),
-        CmpOp::Lt => each(a, b, o, |x, y| x < y),
-        CmpOp::Le => each(a, b, o, |x, y| x <= y),
-        CmpOp::Gt => each(a, b, o, |x, y| x > y),
-        CmpOp::Ge => each(a, b, o, |x, y| x >= y),
-    }
-}
-
-/// `o = c != 0 ? a : b` lane by lane; the common shapes (everything a tile,
-/// or one branch a constant) get loops without per-element broadcast tests.
-#[inline(always)]
-fn select(c: &[f32], a: &[f32], b: &[f32], o: &mut [f32]) {
-    let n = o.len();
-    let full = |v: &[f32]| v.len() == n;
-    if full(c) && full(a) && full(b) {
-        o.iter_mut().zip(c.iter().zip(a).zip(b)).for_each(|(o, ((&c, &x), &y))| *o = if c != 0.0 { x } else { y });
-    } else if full(c) && full(a) {
-        o.iter_mut().zip(c.iter().zip(a)).for_each(|(o, (&c, &x))| *o = if c != 0.0 { x } else { b[0] });
-    } else if full(c) && full(b) {
-        o.iter_mut().zip(c.iter().zip(b)).for_each(|(o, (&c, &y))| *o = if c != 0.0 { a[0] } else { y });
-    } else {
-        for (i, o) in o.iter_mut().enumerate() {
-            *o = if at(c, i) != 0.0 { at(a, i) } else { at(b, i) };
-        }
     }
 }
 

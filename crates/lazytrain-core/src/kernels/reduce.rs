@@ -42,61 +42,72 @@ fn layout(in_shape: &[usize], axes: &[usize]) -> Layout {
     Layout::General
 }
 
-/// The sum of `row` in `f64` with eight interleaved accumulators (a fixed
-/// order, so the result is reproducible, and independent chains that
-/// vectorise instead of one serial dependency).
-fn sum_f64<T: FloatLike>(row: &[T]) -> f64 {
-    let mut acc = [0f64; 8];
-    let mut chunks = row.chunks_exact(8);
-    for chunk in &mut chunks {
-        for (a, v) in acc.iter_mut().zip(chunk) {
-            *a += v.widen().to_f64();
-        }
-    }
-    for (a, v) in acc.iter_mut().zip(chunks.remainder()) {
-        *a += v.widen().to_f64();
-    }
-    combine_sums(&acc)
+/// The eight interleaved lanes of a row being reduced: element `c` of the
+/// row goes to lane `c % 8` (sums in `f64`, maxima in the math type `R`),
+/// and the lanes are combined in a fixed order, so results are
+/// reproducible and the independent chains vectorise. The unfused kernel
+/// fills them a row at a time; fused kernels reducing rows tile by tile
+/// fill the same lanes, so both give the same bits.
+#[derive(Clone, Copy)]
+pub(super) struct RowLanes<R> {
+    sums: [f64; 8],
+    maxima: [R; 8],
 }
 
-/// The total of eight interleaved lanes (element `i` of a row went to lane
-/// `i % 8`), added in a fixed tree. Fused kernels that reduce rows tile by
-/// tile fill the same lanes and combine them here, so they match bit for bit.
-#[inline(always)]
-pub(super) fn combine_sums(acc: &[f64; 8]) -> f64 {
-    ((acc[0] + acc[4]) + (acc[2] + acc[6])) + ((acc[1] + acc[5]) + (acc[3] + acc[7]))
+impl<R: Real> Default for RowLanes<R> {
+    fn default() -> RowLanes<R> {
+        RowLanes { sums: [0.0; 8], maxima: [R::NEG_INFINITY; 8] }
+    }
+}
+
+impl<R: Real> RowLanes<R> {
+    /// Add the row's elements `col..col + values.len()`.
+    #[inline(always)]
+    pub(super) fn add<T: FloatLike<Math = R>>(&mut self, op: ReduceOp, col: usize, values: &[T]) {
+        let lead = ((8 - col % 8) % 8).min(values.len());
+        let (head, rest) = values.split_at(lead);
+        let mut chunks = rest.chunks_exact(8);
+        match op {
+            ReduceOp::Sum => {
+                let s = &mut self.sums;
+                head.iter().enumerate().for_each(|(i, v)| s[(col + i) % 8] += v.widen().to_f64());
+                for chunk in &mut chunks {
+                    s.iter_mut().zip(chunk).for_each(|(a, v)| *a += v.widen().to_f64());
+                }
+                s.iter_mut().zip(chunks.remainder()).for_each(|(a, v)| *a += v.widen().to_f64());
+            }
+            ReduceOp::Max => {
+                let m = &mut self.maxima;
+                head.iter().enumerate().for_each(|(i, v)| m[(col + i) % 8] = pick(m[(col + i) % 8], v.widen()));
+                for chunk in &mut chunks {
+                    m.iter_mut().zip(chunk).for_each(|(a, v)| *a = pick(*a, v.widen()));
+                }
+                m.iter_mut().zip(chunks.remainder()).for_each(|(a, v)| *a = pick(*a, v.widen()));
+            }
+        }
+    }
+
+    /// The row's result: the lanes' sum (added in a fixed tree) or maximum
+    /// (NaN if any element is NaN).
+    pub(super) fn total(&self, op: ReduceOp) -> R {
+        let s = &self.sums;
+        match op {
+            ReduceOp::Sum => R::from_f64(((s[0] + s[4]) + (s[2] + s[6])) + ((s[1] + s[5]) + (s[3] + s[7]))),
+            ReduceOp::Max => {
+                self.maxima.into_iter().fold(R::NEG_INFINITY, |m, v| if m.is_nan() { m } else { pick(m, v) })
+            }
+        }
+    }
 }
 
 /// The running maximum `m` after seeing `v` (NaN wins).
 #[inline(always)]
-pub(super) fn pick<R: Real>(m: R, v: R) -> R {
+fn pick<R: Real>(m: R, v: R) -> R {
     if v > m || v.is_nan() {
         v
     } else {
         m
     }
-}
-
-/// The maximum of eight interleaved lanes, folded in lane order.
-#[inline(always)]
-pub(super) fn combine_maxima<R: Real>(acc: [R; 8]) -> R {
-    acc.into_iter().fold(R::NEG_INFINITY, |m, v| if m.is_nan() { m } else { pick(m, v) })
-}
-
-/// The maximum of `row` (NaN if any element is NaN) over eight interleaved
-/// lanes, which vectorise.
-fn max_lanes<T: FloatLike>(row: &[T]) -> T::Math {
-    let mut acc = [T::Math::NEG_INFINITY; 8];
-    let mut chunks = row.chunks_exact(8);
-    for chunk in &mut chunks {
-        for (a, v) in acc.iter_mut().zip(chunk) {
-            *a = pick(*a, v.widen());
-        }
-    }
-    for (a, v) in acc.iter_mut().zip(chunks.remainder()) {
-        *a = pick(*a, v.widen());
-    }
-    combine_maxima(acc)
 }
 
 /// Inputs at least this large are reduced on all of the pool's threads.
@@ -132,10 +143,9 @@ fn reduce_float<T: FloatLike>(op: ReduceOp, x: &[T], in_shape: &[usize], axes: &
         (Layout::Trailing { inner }, ReduceOp::Sum | ReduceOp::Max) => {
             let rows = |o: &mut [T], x: &[T]| {
                 for (o, row) in o.iter_mut().zip(x.chunks_exact(inner)) {
-                    *o = match op {
-                        ReduceOp::Sum => T::narrow(T::Math::from_f64(sum_f64(row))),
-                        ReduceOp::Max => T::narrow(max_lanes(row)),
-                    };
+                    let mut lanes = RowLanes::default();
+                    lanes.add(op, 0, row);
+                    *o = T::narrow(lanes.total(op));
                 }
             };
             match chunk_per_thread(x.len(), o.len(), 1) {
