@@ -487,20 +487,10 @@ fn build_group(
     let mut outputs = Vec::new();
     for &m in members {
         let node = &graph.nodes[m];
-        if let Op::RngUniform { stream } = node.op {
-            let seed = fusion.resolve(node.inputs[0].index());
-            let input = inputs.iter().position(|&i| i == seed).unwrap_or_else(|| {
-                inputs.push(seed);
-                inputs.len() - 1
-            });
-            value_of[m] = Some(Value::Reg(program.emit(|dst| Instr::Random { input, stream, dst })));
-            if consumers[m].iter().any(|&c| !member(c)) || is_output[m] {
-                outputs.push(m);
-            }
-            continue;
-        }
-        let mut operands = Vec::with_capacity(node.inputs.len());
-        for id in &node.inputs {
+        // A random draw's only input is its seed, which it reads itself.
+        let loaded = if matches!(node.op, Op::RngUniform { .. }) { &[][..] } else { &node.inputs[..] };
+        let mut operands = Vec::with_capacity(loaded.len());
+        for id in loaded {
             let x = id.index();
             let value = if member(x) {
                 value_of[x].expect("members are built in order")
@@ -518,15 +508,8 @@ fn build_group(
                 } else {
                     Access::Strided(strides)
                 };
-                let input = inputs.iter().position(|&i| i == base).unwrap_or_else(|| {
-                    inputs.push(base);
-                    inputs.len() - 1
-                });
-                let spec = LoadSpec { input, access };
-                let load = loads.iter().position(|l| *l == spec).unwrap_or_else(|| {
-                    loads.push(spec);
-                    loads.len() - 1
-                });
+                let input = index_of(&mut inputs, base);
+                let load = index_of(&mut loads, LoadSpec { input, access });
                 Value::Reg(program.emit(|dst| Instr::Load { load, dst }))
             };
             operands.push(value);
@@ -570,6 +553,10 @@ fn build_group(
             Op::Cast => operands[0],
             // A reduction's rows are accumulated where it is stored.
             Op::Reduce { .. } => operands[0],
+            Op::RngUniform { stream } => {
+                let input = index_of(&mut inputs, fusion.resolve(node.inputs[0].index()));
+                Value::Reg(program.emit(|dst| Instr::Random { input, stream: *stream, dst }))
+            }
             other => unreachable!("{} is not fusible", other.name()),
         };
         value_of[m] = Some(result);
@@ -604,6 +591,14 @@ fn build_group(
         contiguous_inputs,
         program: FusedProgram { shape, loads, instrs, registers, output_dtypes, reduce_inner: 0 },
     }
+}
+
+/// The position of `item` in `list`, appended if absent.
+fn index_of<T: PartialEq>(list: &mut Vec<T>, item: T) -> usize {
+    list.iter().position(|x| *x == item).unwrap_or_else(|| {
+        list.push(item);
+        list.len() - 1
+    })
 }
 
 fn reads(instr: &Instr) -> Vec<usize> {
