@@ -189,21 +189,15 @@ fn matmul_parallelism(flops: usize) -> gemm::Parallelism {
     }
 }
 
-/// bf16 x bf16 with f32 accumulation on AVX-512 BF16 (see `dot_bf16`):
-/// many small matrices are shared out between threads whole, large ones
-/// use every thread each.
-fn gemm_bf16(d: DotDims, (a, la): (&[bf16], &MatrixLayout), (b, lb): (&[bf16], &MatrixLayout), o: &mut [bf16]) {
-    use super::dot_bf16::{matmul, Out, View};
+/// Run `one(batch, output, threads)` for every matrix of a batched product
+/// whose outputs are `d.m x d.n` chunks of `o`: many small matrices are
+/// shared out between threads whole, large ones use every thread each.
+fn for_each_matrix<T: Send>(d: DotDims, o: &mut [T], one: impl Fn(usize, &mut [T], usize) + Sync) {
     let size = d.m * d.n;
-    let threads = rayon::current_num_threads();
-    let one = |bi: usize, o: &mut [bf16], threads: usize| {
-        let av = View { data: a, offset: la.offsets[bi], rs: la.rs, cs: la.cs };
-        let bv = View { data: b, offset: lb.offsets[bi], rs: lb.rs, cs: lb.cs };
-        matmul(d.m, d.k, d.n, av, bv, Out::BF16(o), threads);
-    };
     if size == 0 {
         return;
     }
+    let threads = rayon::current_num_threads();
     if d.batch >= threads && threads > 1 && d.m * d.n * d.k < 1 << 20 {
         use rayon::prelude::*;
         o.par_chunks_mut(size).enumerate().for_each(|(bi, o)| one(bi, o, 1));
@@ -214,21 +208,30 @@ fn gemm_bf16(d: DotDims, (a, la): (&[bf16], &MatrixLayout), (b, lb): (&[bf16], &
     }
 }
 
-fn widen<T: FloatLike<Math = f32>>(v: &[T]) -> Vec<f32> {
-    v.iter().map(|x| x.widen()).collect()
+/// bf16 x bf16 with f32 accumulation on AVX-512 BF16 (see `dot_bf16`).
+fn gemm_bf16(d: DotDims, (a, la): (&[bf16], &MatrixLayout), (b, lb): (&[bf16], &MatrixLayout), o: &mut [bf16]) {
+    use super::dot_bf16::{matmul, Out, View};
+    for_each_matrix(d, o, |bi, o, threads| {
+        let av = View { data: a, offset: la.offsets[bi], rs: la.rs, cs: la.cs };
+        let bv = View { data: b, offset: lb.offsets[bi], rs: lb.rs, cs: lb.cs };
+        matmul(d.m, d.k, d.n, av, bv, Out::BF16(o), threads);
+    });
 }
 
+/// bf16 or f16 operands widened to f32 block by block for `gemm` (see
+/// `dot_widened`): CPUs without a dot-product instruction for them.
 fn gemm_widened<T: FloatLike<Math = f32>>(
     d: DotDims,
     (a, la): (&[T], &MatrixLayout),
     (b, lb): (&[T], &MatrixLayout),
     o: &mut [T],
 ) {
-    let mut out = vec![0f32; o.len()];
-    gemm_native(d, (&widen(a), la), (&widen(b), lb), &mut out);
-    for (o, v) in o.iter_mut().zip(out) {
-        *o = T::narrow(v);
-    }
+    use super::dot_widened::{matmul, Strided};
+    for_each_matrix(d, o, |bi, o, threads| {
+        let av = Strided { data: a, offset: la.offsets[bi], rs: la.rs, cs: la.cs };
+        let bv = Strided { data: b, offset: lb.offsets[bi], rs: lb.rs, cs: lb.cs };
+        matmul((d.m, d.k, d.n), av, bv, o, threads);
+    });
 }
 
 /// A matmul operand: its buffer, stored shape, and element strides when it

@@ -3,6 +3,7 @@
 
 mod dot;
 mod dot_bf16;
+mod dot_widened;
 mod elementwise;
 pub(crate) mod fused;
 mod index;

@@ -1,0 +1,282 @@
+//! Matmuls of bf16 (or f16) values on CPUs without a dot-product
+//! instruction for them: the right operand is widened to f32 once, the
+//! left one block of rows at a time in per-thread scratch, each block is
+//! multiplied by `gemm`'s f32 kernels and its product rounded straight into
+//! the output. Blocks are shared out between the pool's threads, so the
+//! conversions run in parallel with the multiplications, and the scratch is
+//! kept by each thread: steady-state steps allocate nothing.
+//!
+//! Products of bf16 values are exact in f32 and the sums are f32 sums, so a
+//! result is the f32 matmul of the same inputs, rounded once.
+
+use super::numeric::FloatLike;
+use std::cell::RefCell;
+use std::ops::Range;
+use std::thread::LocalKey;
+
+/// The most f32 elements a block of `a` or its product holds (16 MiB),
+/// unless that leaves fewer than [`MIN_BLOCK_ROWS`] rows.
+const BLOCK_ELEMENTS: usize = 1 << 22;
+/// The fewest rows a block is cut to: `gemm` packs all of `b` for every
+/// block, which costs little next to this many rows of products.
+const MIN_BLOCK_ROWS: usize = 256;
+
+/// A logical matrix inside a buffer: element `(i, j)` is at
+/// `offset + i * rs + j * cs`.
+#[derive(Clone, Copy)]
+pub(crate) struct Strided<'a, T> {
+    pub data: &'a [T],
+    pub offset: usize,
+    pub rs: usize,
+    pub cs: usize,
+}
+
+/// The row-major output, shared by threads that write disjoint rows.
+#[derive(Clone, Copy)]
+struct OutPtr<T>(*mut T);
+
+// SAFETY: the threads of one product write disjoint rows of the output.
+unsafe impl<T> Send for OutPtr<T> {}
+unsafe impl<T> Sync for OutPtr<T> {}
+
+thread_local! {
+    /// The fully widened operand of the product this thread runs.
+    static SHARED: RefCell<Vec<f32>> = const { RefCell::new(Vec::new()) };
+    /// A widened block of the other operand.
+    static BLOCK: RefCell<Vec<f32>> = const { RefCell::new(Vec::new()) };
+    /// The f32 product of one block.
+    static PRODUCT: RefCell<Vec<f32>> = const { RefCell::new(Vec::new()) };
+}
+
+/// Run `f` on this thread's scratch `key` (a fresh vector in the unlikely
+/// case that the thread is already using it further up its stack).
+fn with_scratch<R>(key: &'static LocalKey<RefCell<Vec<f32>>>, f: impl FnOnce(&mut Vec<f32>) -> R) -> R {
+    key.with(|cell| match cell.try_borrow_mut() {
+        Ok(mut scratch) => f(&mut scratch),
+        Err(_) => f(&mut Vec::new()),
+    })
+}
+
+/// Rows `rows` (all `cols` columns) of `x` widened into `dst`, keeping
+/// whichever axis `x` stores contiguously; returns the block's `(rs, cs)`.
+fn widen_rows<T: FloatLike<Math = f32>>(
+    x: Strided<T>,
+    rows: Range<usize>,
+    cols: usize,
+    dst: &mut Vec<f32>,
+) -> (usize, usize) {
+    let height = rows.len();
+    dst.clear();
+    dst.reserve(height * cols);
+    if x.rs == 1 && x.cs != 1 {
+        for j in 0..cols {
+            let start = x.offset + rows.start + j * x.cs;
+            dst.extend(x.data[start..start + height].iter().map(|v| v.widen()));
+        }
+        return (1, height);
+    }
+    for i in rows {
+        let start = x.offset + i * x.rs;
+        if x.cs == 1 {
+            dst.extend(x.data[start..start + cols].iter().map(|v| v.widen()));
+        } else {
+            dst.extend((0..cols).map(|j| x.data[start + j * x.cs].widen()));
+        }
+    }
+    (cols, 1)
+}
+
+/// `out = a x b` for an `m x k` and a `k x n` matrix, `out` row-major
+/// `m x n`, on up to `threads` threads of the current pool. The caller
+/// checked that every element of the views lies in its buffer.
+pub(crate) fn matmul<T: FloatLike<Math = f32>>(
+    (m, k, n): (usize, usize, usize),
+    a: Strided<T>,
+    b: Strided<T>,
+    out: &mut [T],
+    threads: usize,
+) {
+    assert!(out.len() >= m * n, "the output holds the product");
+    if m == 0 || n == 0 {
+        return;
+    }
+    if k == 0 {
+        out[..m * n].fill(T::narrow(0.0));
+        return;
+    }
+    split_rows((m, k, n), a, b, OutPtr(out.as_mut_ptr()), threads);
+}
+
+/// The product in blocks of `a`'s rows (one per thread where that fits
+/// the scratch budget), `b` widened once.
+fn split_rows<T: FloatLike<Math = f32>>(
+    (m, k, n): (usize, usize, usize),
+    a: Strided<T>,
+    b: Strided<T>,
+    out: OutPtr<T>,
+    threads: usize,
+) {
+    with_scratch(&SHARED, |wide_b| {
+        let b_strides = widen_rows(b, 0..k, n, wide_b);
+        let wide_b = &wide_b[..];
+        let parallel = threads > 1 && m * n * k >= 1 << 20;
+        // One block per thread (`gemm` packs `b` again for every block),
+        // halved while a block's scratch would exceed its budget.
+        let mut rows_per_block = if parallel { m.div_ceil(threads) } else { m };
+        while rows_per_block > 2 * MIN_BLOCK_ROWS && rows_per_block * k.max(n) > BLOCK_ELEMENTS {
+            rows_per_block = rows_per_block.div_ceil(2);
+        }
+        let blocks: Vec<Range<usize>> =
+            (0..m).step_by(rows_per_block).map(|r| r..(r + rows_per_block).min(m)).collect();
+        let run = |rows: Range<usize>| block_product(rows, (k, n), a, (wide_b, b_strides), out);
+        if !parallel {
+            blocks.into_iter().for_each(run);
+        } else {
+            use rayon::prelude::*;
+            blocks.into_par_iter().for_each(run);
+        }
+    });
+}
+
+/// Rows `rows` of the product: widen them from `a`, multiply by the widened
+/// `b`, round into `out`.
+fn block_product<T: FloatLike<Math = f32>>(
+    rows: Range<usize>,
+    (k, n): (usize, usize),
+    a: Strided<T>,
+    (b, (brs, bcs)): (&[f32], (usize, usize)),
+    out: OutPtr<T>,
+) {
+    let height = rows.len();
+    with_scratch(&BLOCK, |wide_a| {
+        let (ars, acs) = widen_rows(a, rows.clone(), k, wide_a);
+        with_scratch(&PRODUCT, |product| {
+            product.clear();
+            product.resize(height * n, 0.0);
+            // SAFETY: the widened block holds `height x k` values at
+            // (ars, acs), the widened `b` holds `k x n` at (brs, bcs), and
+            // `product` holds `height x n` row-major; none alias.
+            unsafe {
+                gemm::gemm(
+                    height,
+                    n,
+                    k,
+                    product.as_mut_ptr(),
+                    1,
+                    n as isize,
+                    false,
+                    wide_a.as_ptr(),
+                    acs as isize,
+                    ars as isize,
+                    b.as_ptr(),
+                    bcs as isize,
+                    brs as isize,
+                    0.0,
+                    1.0,
+                    false,
+                    false,
+                    false,
+                    gemm::Parallelism::None,
+                );
+            }
+            for (i, row) in rows.zip(product.chunks_exact(n)) {
+                // SAFETY: `out` holds the whole `m x n` product; this block
+                // alone writes its rows.
+                let dst = unsafe { std::slice::from_raw_parts_mut(out.0.add(i * n), n) };
+                for (d, &v) in dst.iter_mut().zip(row) {
+                    *d = T::narrow(v);
+                }
+            }
+        });
+    });
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use half::bf16;
+
+    fn values(len: usize, seed: u64) -> Vec<bf16> {
+        let mut u = vec![0f32; len];
+        crate::random::uniform_f32(seed, 0, &mut u);
+        u.iter().map(|&x| bf16::from_f32(2.0 * x - 1.0)).collect()
+    }
+
+    /// The f64 product of the bf16 inputs, and the sum of |terms| per element.
+    fn reference(m: usize, k: usize, n: usize, a: Strided<bf16>, b: Strided<bf16>) -> (Vec<f64>, Vec<f64>) {
+        let at = |x: &Strided<bf16>, i: usize, j: usize| f64::from(x.data[x.offset + i * x.rs + j * x.cs].to_f32());
+        let mut exact = vec![0f64; m * n];
+        let mut magnitude = vec![0f64; m * n];
+        for i in 0..m {
+            for j in 0..n {
+                for p in 0..k {
+                    let t = at(&a, i, p) * at(&b, p, j);
+                    exact[i * n + j] += t;
+                    magnitude[i * n + j] += t.abs();
+                }
+            }
+        }
+        (exact, magnitude)
+    }
+
+    /// Odd sizes, both split directions, blocks smaller than a thread's
+    /// share, transposed and offset operands: every element is the f64
+    /// product rounded once to bf16 (within the f32 sum's rounding).
+    #[test]
+    fn products_equal_the_f64_product_rounded_to_bf16() {
+        let cases = [
+            (1, 1, 1, false, false),
+            (17, 33, 65, false, false),
+            (65, 33, 17, true, false),
+            (9, 7, 31, false, true),
+            (300, 900, 40, true, true),
+            (40, 1100, 300, false, true),
+            (3, 0, 5, false, false),
+        ];
+        for (case, &(m, k, n, a_t, b_t)) in cases.iter().enumerate() {
+            let offset = 3;
+            let a_data = values(offset + m * k, 2 * case as u64);
+            let b_data = values(offset + k * n, 2 * case as u64 + 1);
+            let a = if a_t {
+                Strided { data: &a_data[..], offset, rs: 1, cs: m }
+            } else {
+                Strided { data: &a_data[..], offset, rs: k, cs: 1 }
+            };
+            let b = if b_t {
+                Strided { data: &b_data[..], offset, rs: 1, cs: k }
+            } else {
+                Strided { data: &b_data[..], offset, rs: n, cs: 1 }
+            };
+            let (exact, magnitude) = reference(m, k, n, a, b);
+            for threads in [1, 2, 3] {
+                let mut out = vec![bf16::from_f32(7.0); m * n];
+                matmul((m, k, n), a, b, &mut out, threads);
+                for (idx, o) in out.iter().enumerate() {
+                    let got = f64::from(o.to_f32());
+                    let bound = exact[idx].abs() / 256.0 + magnitude[idx] * 1e-6 + 1e-30;
+                    assert!(
+                        (got - exact[idx]).abs() <= bound,
+                        "{m}x{k}x{n} (a_t {a_t}, b_t {b_t}, {threads} threads) element {idx}: {got} vs {}",
+                        exact[idx]
+                    );
+                }
+            }
+        }
+    }
+
+    /// Threads and block splits change nothing: each element is one f32
+    /// dot product computed the same way.
+    #[test]
+    fn thread_counts_give_identical_bits() {
+        let (m, k, n) = (257, 300, 96);
+        let a_data = values(m * k, 11);
+        let b_data = values(k * n, 12);
+        let a = Strided { data: &a_data[..], offset: 0, rs: k, cs: 1 };
+        let b = Strided { data: &b_data[..], offset: 0, rs: n, cs: 1 };
+        let mut one = vec![bf16::ZERO; m * n];
+        let mut two = vec![bf16::ZERO; m * n];
+        matmul((m, k, n), a, b, &mut one, 1);
+        matmul((m, k, n), a, b, &mut two, 2);
+        assert_eq!(one, two);
+    }
+}
