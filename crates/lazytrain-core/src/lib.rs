@@ -47,7 +47,7 @@ mod storage;
 mod tensor;
 
 pub use autodiff::grad;
-pub use device::{AutocastGuard, Device, DeviceOptions};
+pub use device::{Device, DeviceOptions, PrecisionGuard, SAVED_ACTIVATION_MIN_ELEMENTS};
 pub use dtype::{DType, Literal};
 pub use error::{Error, Result, RuleError, RuleKind};
 pub use kernels::MatmulKernel;

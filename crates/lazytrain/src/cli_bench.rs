@@ -27,6 +27,10 @@ pub struct BenchArgs {
     /// master weights and optimizer state (`torch.autocast(bfloat16)`).
     #[arg(long)]
     bf16: bool,
+    /// Keep the activations the backward pass reads in bf16
+    /// (`Device::save_activations_as`; with or without `--bf16`).
+    #[arg(long)]
+    bf16_saved_activations: bool,
     /// Print one JSON line.
     #[arg(long)]
     json: bool,
@@ -97,7 +101,7 @@ fn bench_replica(
     config: &ModelConfig,
     batch: usize,
     steps: usize,
-    bf16: bool,
+    (bf16, bf16_saved_activations): (bool, bool),
 ) -> lazytrain::Result<ReplicaRun> {
     let device = replica.device();
     let vocab = config.vocab_size;
@@ -128,7 +132,9 @@ fn bench_replica(
         let autocast = if bf16 { Some(device.autocast(DType::BF16)?) } else { None };
         let loss = model.loss(&model.forward(&input_ids, None, None, &ctx)?, &labels)?;
         drop(autocast);
+        let saving = if bf16_saved_activations { Some(device.save_activations_as(DType::BF16)?) } else { None };
         loss.backward()?;
+        drop(saving);
         optimizer_step(&mut opt, replica)?;
         opt.zero_grad();
         device.mark_step()?;
@@ -167,7 +173,7 @@ pub fn run(args: &BenchArgs) -> lazytrain::Result<()> {
     config.num_attention_heads = heads;
     config.intermediate_size = 4 * hidden;
     let runs = spawn(&SpawnConfig::new(args.replicas), |replica| {
-        bench_replica(replica, &config, batch, args.steps, args.bf16)
+        bench_replica(replica, &config, batch, args.steps, (args.bf16, args.bf16_saved_activations))
     })?;
     // The replicas step in lockstep (they meet in every all-reduce): the
     // master's step times are the group's.
@@ -187,6 +193,7 @@ pub fn run(args: &BenchArgs) -> lazytrain::Result<()> {
     let peak = gemm_peak_gflops(&Device::cpu(), precision)?;
     let report = serde_json::json!({
         "framework": "lazytrain", "config": args.model, "precision": if args.bf16 { "bf16" } else { "fp32" },
+        "bf16_saved_activations": args.bf16_saved_activations,
         "replicas": args.replicas, "batch": batch, "seq": SEQ,
         "params": master.params,
         "first_step_s": (first_step_s * 1000.0).round() / 1000.0, "first_loss": master.first_loss,

@@ -72,6 +72,8 @@ pub struct TrainingFlags {
     #[arg(long)]
     bf16: Option<bool>,
     #[arg(long)]
+    bf16_saved_activations: Option<bool>,
+    #[arg(long)]
     dataloader_drop_last: Option<bool>,
     #[arg(long)]
     resume_from_checkpoint: Option<String>,
@@ -131,6 +133,7 @@ impl TrainingFlags {
         put("save_total_limit", self.save_total_limit.map(|v| v.to_string()));
         put("seed", self.seed.map(|v| v.to_string()));
         put("bf16", self.bf16.map(|v| v.to_string()));
+        put("bf16_saved_activations", self.bf16_saved_activations.map(|v| v.to_string()));
         put("dataloader_drop_last", self.dataloader_drop_last.map(|v| v.to_string()));
         put("resume_from_checkpoint", self.resume_from_checkpoint.clone());
         put("report_to", self.report_to.clone());

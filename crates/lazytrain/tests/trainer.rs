@@ -352,7 +352,7 @@ fn ctrl_c_saves_a_checkpoint_and_exits_cleanly() {
 #[test]
 fn bf16_mixed_precision_follows_the_f32_loss_curve() {
     let (dir, tok) = data("bf16");
-    let run = |bf16: bool| {
+    let run = |bf16: bool, bf16_saved_activations: bool| {
         let device = Device::cpu();
         let a = TrainingArguments {
             max_steps: 40,
@@ -362,20 +362,27 @@ fn bf16_mixed_precision_follows_the_f32_loss_curve() {
             per_device_train_batch_size: 8,
             report_to: vec![],
             bf16,
-            ..args(&dir.join(format!("out-{bf16}")))
+            bf16_saved_activations,
+            ..args(&dir.join(format!("out-{bf16}-{bf16_saved_activations}")))
         };
         let mut t = trainer(&dir, &tok, a, &device);
         let losses = t.train().unwrap().losses;
         let eval = t.evaluate().unwrap().loss;
         (losses, eval)
     };
-    let (f32_losses, f32_eval) = run(false);
-    let (bf16_losses, bf16_eval) = run(true);
+    let (f32_losses, f32_eval) = run(false, false);
+    let (bf16_losses, bf16_eval) = run(true, false);
+    // bf16 matmuls, and the activations kept for backward in bf16 as well.
+    let (saved_losses, saved_eval) = run(true, true);
     assert_ne!(f32_losses, bf16_losses, "bf16 changes the arithmetic");
-    for (step, (a, b)) in f32_losses.iter().zip(&bf16_losses).enumerate() {
+    assert_eq!(saved_losses[0], bf16_losses[0], "saved activations leave the first forward pass alone");
+    assert_ne!(saved_losses, bf16_losses, "bf16 saved activations change the gradients");
+    for (step, ((a, b), c)) in f32_losses.iter().zip(&bf16_losses).zip(&saved_losses).enumerate() {
         assert!((a - b).abs() <= 0.02 * a.abs(), "step {step}: f32 loss {a}, bf16 loss {b}");
+        assert!((a - c).abs() <= 0.02 * a.abs(), "step {step}: f32 loss {a}, bf16 + saved activations loss {c}");
     }
     let mean = |v: &[f32]| v.iter().sum::<f32>() / v.len() as f32;
     assert!(mean(&bf16_losses[35..]) < 0.8 * mean(&bf16_losses[..5]), "bf16 training learns: {bf16_losses:?}");
+    assert!((f32_eval - saved_eval).abs() <= 0.02 * f32_eval, "eval loss {f32_eval} vs {saved_eval}");
     assert!((f32_eval - bf16_eval).abs() <= 0.02 * f32_eval, "eval loss {f32_eval} vs {bf16_eval}");
 }

@@ -9,8 +9,10 @@
 pub mod gradcheck;
 mod vjp;
 
+use crate::device::{Device, SAVED_ACTIVATION_MIN_ELEMENTS};
+use crate::dtype::DType;
 use crate::error::{Error, Result};
-use crate::ir::{Node, NodeId};
+use crate::ir::{BinaryOp, Node, NodeId, Op, ReduceOp, UnaryOp};
 use crate::tensor::{Tensor, TensorState};
 use rustc_hash::FxHashMap;
 use std::panic::Location;
@@ -104,8 +106,7 @@ fn backpropagate(
             depends[i] = node.inputs.iter().any(|id| depends[id.index()]);
         }
     }
-    let mut handles: FxHashMap<NodeId, Tensor> = FxHashMap::default();
-    let mut handle = |id: NodeId| handles.entry(id).or_insert_with(|| Tensor::from_live_node(&device, id)).clone();
+    let mut values = ForwardValues::new(&device, &nodes);
     let mut cotangent: FxHashMap<NodeId, Tensor> = FxHashMap::default();
     if !depends[loss_id.index()] {
         return Ok(FxHashMap::default());
@@ -121,9 +122,13 @@ fn backpropagate(
         if targets.contains(&id) {
             cotangent.insert(id, g.clone());
         }
-        let inputs: Vec<Tensor> = node.inputs.iter().map(|&j| handle(j)).collect();
+        // Rules that compare values (which input was the maximum) read
+        // them exactly; the others read saved activations.
+        let compares =
+            matches!(node.op, Op::Reduce { op: ReduceOp::Max, .. } | Op::Binary(BinaryOp::Max | BinaryOp::Min));
+        let inputs: Vec<Tensor> = node.inputs.iter().map(|&j| values.read(j, !compares)).collect::<Result<_>>()?;
         let wanted: Vec<bool> = node.inputs.iter().map(|j| depends[j.index()]).collect();
-        let output = handle(id);
+        let output = values.read(id, !compares)?;
         let grads = vjp::vjp(node, &inputs, &output, &g, &wanted)?;
         for ((input, grad), want) in node.inputs.iter().zip(grads).zip(wanted) {
             let (Some(grad), true) = (grad, want) else { continue };
@@ -136,4 +141,73 @@ fn backpropagate(
     }
     cotangent.retain(|id, _| targets.contains(id));
     Ok(cotangent)
+}
+
+/// The forward values the VJP rules read, as tensors; with
+/// [`Device::save_activations_as`] in force, activations are read through a
+/// narrow copy (see there).
+struct ForwardValues<'a> {
+    device: &'a Device,
+    nodes: &'a [Node],
+    saved_dtype: Option<DType>,
+    exact: FxHashMap<NodeId, Tensor>,
+    saved: FxHashMap<NodeId, Tensor>,
+}
+
+impl<'a> ForwardValues<'a> {
+    fn new(device: &'a Device, nodes: &'a [Node]) -> Self {
+        let saved_dtype = device.saved_activation_dtype();
+        ForwardValues { device, nodes, saved_dtype, exact: FxHashMap::default(), saved: FxHashMap::default() }
+    }
+
+    fn exact(&mut self, id: NodeId) -> Tensor {
+        self.exact.entry(id).or_insert_with(|| Tensor::from_live_node(self.device, id)).clone()
+    }
+
+    /// Node `id`'s value; through its narrow saved copy when `may_narrow`
+    /// and the node is an activation worth saving narrow. A widening cast
+    /// is read as it is (its narrow input is what is kept), and a cheap op
+    /// of one activation and constants or parameters (a bias add, a
+    /// scaling) is recomputed from that activation's saved copy, so one
+    /// narrow copy serves a chain of such values.
+    fn read(&mut self, id: NodeId, may_narrow: bool) -> Result<Tensor> {
+        let Some(dtype) = self.saved_dtype.filter(|_| may_narrow && self.is_activation(id)) else {
+            return Ok(self.exact(id));
+        };
+        if let Some(t) = self.saved.get(&id) {
+            return Ok(t.clone());
+        }
+        let node = &self.nodes[id.index()];
+        let inputs = node.inputs.clone();
+        let activations: Vec<bool> = inputs.iter().map(|&j| self.is_activation(j)).collect();
+        let value = match node.op {
+            Op::Cast if self.nodes[inputs[0].index()].dtype.size_in_bytes() <= dtype.size_in_bytes() => self.exact(id),
+            Op::Unary(op @ (UnaryOp::Neg | UnaryOp::Abs)) if activations[0] => self.read(inputs[0], true)?.unary(op)?,
+            Op::Binary(op @ (BinaryOp::Add | BinaryOp::Sub | BinaryOp::Mul | BinaryOp::Div))
+                if activations.iter().filter(|&&a| a).count() == 1 =>
+            {
+                let a = if activations[0] { self.read(inputs[0], true)? } else { self.exact(inputs[0]) };
+                let b = if activations[1] { self.read(inputs[1], true)? } else { self.exact(inputs[1]) };
+                a.binary(op, &b)?
+            }
+            _ => self.exact(id).cast(dtype)?.cast(DType::F32)?,
+        };
+        self.saved.insert(id, value.clone());
+        Ok(value)
+    }
+
+    /// An f32 value computed by the forward pass (not a parameter, a
+    /// constant, a view of one, or a broadcast of a smaller value, which is
+    /// cheap to keep as it is) of at least the minimum size.
+    fn is_activation(&self, id: NodeId) -> bool {
+        let node = &self.nodes[id.index()];
+        if node.dtype != DType::F32 || node.shape.numel() < SAVED_ACTIVATION_MIN_ELEMENTS {
+            return false;
+        }
+        let mut base = node;
+        while matches!(base.op, Op::Reshape | Op::Permute(_) | Op::Slice { .. }) {
+            base = &self.nodes[base.inputs[0].index()];
+        }
+        base.op != Op::Expand && !base.inputs.is_empty()
+    }
 }

@@ -156,6 +156,9 @@ pub(crate) fn plan(graph: &Graph, splat: &[bool]) -> Fusion {
     // short chain of such nodes).
     let mut members: Vec<Vec<usize>> = Vec::new();
     let mut copies_in: Vec<Vec<usize>> = vec![Vec::new(); n];
+    // A narrow copy kept for later readers is stored, not computed by them
+    // (it then rides along in its input's kernel: `absorb_cast_epilogues`).
+    let narrow_copy = crate::compile::narrow_copies(graph);
     for i in (0..n).rev() {
         if !fusible[i] {
             continue;
@@ -174,7 +177,7 @@ pub(crate) fn plan(graph: &Graph, splat: &[bool]) -> Fusion {
                 _ => groups = None,
             }
         }
-        let groups = groups.map(|mut gs| {
+        let groups = groups.filter(|_| !narrow_copy[i]).map(|mut gs| {
             gs.sort_unstable();
             gs.dedup();
             gs

@@ -82,3 +82,67 @@ pub fn reorder_casts(graph: &Graph) -> Graph {
     let outputs = graph.outputs.iter().map(|o| map[o.index()]).collect();
     builder.finish_like(outputs, graph)
 }
+
+/// True for each node that is a narrowing cast read only by widening casts:
+/// a value kept narrow on purpose until it is read back (an activation
+/// saved for backward in bf16, see `Device::save_activations_as`).
+pub(crate) fn narrow_copies(graph: &Graph) -> Vec<bool> {
+    let n = graph.nodes.len();
+    let mut readers: Vec<Vec<usize>> = vec![Vec::new(); n];
+    for (i, node) in graph.nodes.iter().enumerate() {
+        for input in &node.inputs {
+            readers[input.index()].push(i);
+        }
+    }
+    let widens = |i: usize| {
+        let node = &graph.nodes[i];
+        node.op == Op::Cast && narrows(graph.nodes[node.inputs[0].index()].dtype, node.dtype) == Some(false)
+    };
+    (0..n)
+        .map(|i| {
+            let node = &graph.nodes[i];
+            node.op == Op::Cast
+                && narrows(graph.nodes[node.inputs[0].index()].dtype, node.dtype) == Some(true)
+                && !readers[i].is_empty()
+                && readers[i].iter().all(|&r| widens(r))
+        })
+        .collect()
+}
+
+/// Schedule every narrow copy (see [`narrow_copies`]) right after the node
+/// it copies, wherever it was traced (autodiff traces them in the backward
+/// pass): the wide value can then die with its last other reader instead
+/// of living until the copy is made.
+pub fn schedule_narrow_copies(graph: &Graph) -> Graph {
+    let copies = narrow_copies(graph);
+    let mut copies_of: Vec<Vec<usize>> = vec![Vec::new(); graph.nodes.len()];
+    for (i, node) in graph.nodes.iter().enumerate() {
+        if copies[i] {
+            copies_of[node.inputs[0].index()].push(i);
+        }
+    }
+    let mut builder = GraphBuilder::new();
+    let mut map: Vec<Option<NodeId>> = vec![None; graph.nodes.len()];
+    for (i, node) in graph.nodes.iter().enumerate() {
+        if copies[i] {
+            continue;
+        }
+        let mut node = node.clone();
+        for input in node.inputs.iter_mut() {
+            *input = map[input.index()].expect("inputs come first");
+        }
+        let id = builder.push(node);
+        map[i] = Some(id);
+        for &c in &copies_of[i] {
+            let copy = &graph.nodes[c];
+            map[c] = Some(builder.push(Node {
+                op: Op::Cast,
+                inputs: vec![id],
+                shape: copy.shape.clone(),
+                dtype: copy.dtype,
+            }));
+        }
+    }
+    let outputs = graph.outputs.iter().map(|o| map[o.index()].expect("every node is mapped")).collect();
+    builder.finish_like(outputs, graph)
+}

@@ -9,7 +9,8 @@ mod casts;
 mod passes;
 mod rewrite;
 
-pub use casts::reorder_casts;
+pub(crate) use casts::narrow_copies;
+pub use casts::{reorder_casts, schedule_narrow_copies};
 pub use passes::{dead_code_elimination, fold_constants, simplify_algebra};
 
 use crate::error::{Error, Result};
@@ -32,6 +33,7 @@ pub const PIPELINE: &[Pass] = &[
     Pass { name: "fold_constants", run: fold_constants },
     Pass { name: "simplify_algebra", run: simplify_algebra },
     Pass { name: "reorder_casts", run: reorder_casts },
+    Pass { name: "schedule_narrow_copies", run: schedule_narrow_copies },
     Pass { name: "dead_code_elimination", run: dead_code_elimination },
 ];
 

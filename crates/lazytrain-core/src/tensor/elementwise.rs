@@ -139,7 +139,7 @@ compare_methods! {
 
 impl Tensor {
     #[track_caller]
-    fn unary(&self, op: UnaryOp) -> Result<Tensor> {
+    pub(crate) fn unary(&self, op: UnaryOp) -> Result<Tensor> {
         let loc = Location::caller();
         let out = rule(op.name(), loc, infer::unary(op, self.meta()))?;
         trace(op.name(), loc, self.device(), Op::Unary(op), &[self], out)
@@ -159,7 +159,7 @@ impl Tensor {
     }
 
     #[track_caller]
-    fn binary(&self, op: BinaryOp, rhs: &Tensor) -> Result<Tensor> {
+    pub(crate) fn binary(&self, op: BinaryOp, rhs: &Tensor) -> Result<Tensor> {
         let loc = Location::caller();
         if self.dtype() != rhs.dtype() {
             rule(op.name(), loc, infer::binary(op, self.meta(), (self.shape(), rhs.dtype())))?;

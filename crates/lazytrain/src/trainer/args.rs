@@ -82,6 +82,11 @@ pub struct TrainingArguments {
     /// f32 accumulation (their backward too); weights, optimizer state,
     /// softmax, LayerNorm and the loss stay f32.
     pub bf16: bool,
+    /// Keep the f32 activations the backward pass reads in bf16 (half their
+    /// memory; gradients carry their bf16 rounding; the forward pass and
+    /// the loss are unchanged): `Device::save_activations_as`. Works with
+    /// or without `bf16`.
+    pub bf16_saved_activations: bool,
     /// Drop the last partial batch (training batches are always full, as on XLA).
     pub dataloader_drop_last: bool,
     /// `true` (the latest valid checkpoint in `output_dir`) or a checkpoint path.
@@ -132,6 +137,7 @@ impl Default for TrainingArguments {
             greater_is_better: None,
             seed: 42,
             bf16: false,
+            bf16_saved_activations: false,
             dataloader_drop_last: false,
             resume_from_checkpoint: None,
             report_to: vec!["jsonl".into()],

@@ -24,7 +24,7 @@ pub use task::{EvalMetrics, TaskData};
 use crate::{Error, Result};
 use checkpoint::{latest_checkpoint, read_json, rotate, save_checkpoint, CheckpointContents};
 use lazytrain_core::ir::AllReduceOp;
-use lazytrain_core::{AutocastGuard, DType, Device, Tensor};
+use lazytrain_core::{DType, Device, PrecisionGuard, Tensor};
 use lazytrain_data::classification::ClassificationManifest;
 use lazytrain_data::dataset::{EpochSampler, ShardedDataset};
 use lazytrain_data::loader::{DeviceBatch, DeviceLoader, LoaderPlan};
@@ -228,8 +228,14 @@ impl<M: TaskModel> Trainer<M> {
     }
 
     /// The bf16 autocast region of a forward pass, when `bf16` is set.
-    fn autocast(&self) -> Result<Option<AutocastGuard>> {
+    fn autocast(&self) -> Result<Option<PrecisionGuard>> {
         Ok(if self.args.bf16 { Some(self.device.autocast(DType::BF16)?) } else { None })
+    }
+
+    /// Where the backward pass keeps its activations in bf16, when
+    /// `bf16_saved_activations` is set.
+    fn saved_activations(&self) -> Result<Option<PrecisionGuard>> {
+        Ok(if self.args.bf16_saved_activations { Some(self.device.save_activations_as(DType::BF16)?) } else { None })
     }
 
     /// This trainer's replica rank and the number of replicas (its device's
@@ -403,7 +409,9 @@ impl<M: TaskModel> Trainer<M> {
                 let logits = self.model.forward(&batch.input_ids, Some(&batch.attention_mask), types, &ctx)?;
                 drop(autocast);
                 let loss = logits.cross_entropy_sum(&batch.labels, -100)?.mul(&scale)?;
+                let saving = self.saved_activations()?;
                 loss.backward()?;
+                drop(saving);
                 step_loss = Some(match step_loss {
                     Some(l) => l.add(&loss)?,
                     None => loss,
