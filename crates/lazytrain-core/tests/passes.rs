@@ -3,7 +3,9 @@
 //! pipeline as through the reference interpreter.
 
 use lazytrain_core::backend::{Backend, CpuBackend};
-use lazytrain_core::compile::{dead_code_elimination, fold_constants, optimize, simplify_algebra};
+use lazytrain_core::compile::{
+    dead_code_elimination, fold_constants, optimize, schedule_narrow_copies, simplify_algebra,
+};
 use lazytrain_core::interp::interpret;
 use lazytrain_core::ir::{
     infer, verify::verify, BinaryOp, CmpOp, Graph, GraphBuilder, Node, NodeId, Op, ReduceOp, UnaryOp,
@@ -301,6 +303,61 @@ fn kernel_counts_follow_the_ir() {
     let g = b.finish(vec![e], 1);
     assert_eq!(kernels_after_optimize(&g, false), 4, "max, expand, sub, exp");
     assert_eq!(kernels_after_optimize(&g, true), 2, "max, then sub+exp reading the max through a broadcast");
+}
+
+fn cast(b: &mut GraphBuilder, x: NodeId, dtype: DType) -> NodeId {
+    let shape = b.node(x).shape.clone();
+    b.push(Node { op: Op::Cast, inputs: vec![x], shape, dtype })
+}
+
+/// `h = exp(x)`, read by a forward op and, after a long chain of other
+/// work, again (by a row sum): directly, or through a bf16 round trip (how autodiff reads
+/// an activation saved in bf16).
+fn late_reader_graph(round_trip: bool) -> Graph {
+    let mut b = GraphBuilder::new();
+    let x = param(&mut b, 0, &[64, 64]);
+    let h = node(&mut b, Op::Unary(UnaryOp::Exp), vec![x]);
+    let forward = node(&mut b, Op::Reduce { op: ReduceOp::Sum, axes: vec![0, 1] }, vec![h]);
+    let mut late = node(&mut b, Op::Unary(UnaryOp::Tanh), vec![x]);
+    for _ in 0..4 {
+        late = node(&mut b, Op::Unary(UnaryOp::Tanh), vec![late]);
+        late = node(&mut b, Op::Reduce { op: ReduceOp::Sum, axes: vec![1] }, vec![late]);
+        late = b.push(Node { op: Op::Reshape, inputs: vec![late], shape: Shape::new(&[64, 1]), dtype: DType::F32 });
+        late = b.push(Node { op: Op::Expand, inputs: vec![late], shape: Shape::new(&[64, 64]), dtype: DType::F32 });
+        late = node(&mut b, Op::Unary(UnaryOp::Exp), vec![late]);
+    }
+    let read = if round_trip {
+        let narrow = cast(&mut b, h, DType::BF16);
+        cast(&mut b, narrow, DType::F32)
+    } else {
+        h
+    };
+    let product = node(&mut b, Op::Binary(BinaryOp::Mul), vec![late, read]);
+    let out = node(&mut b, Op::Reduce { op: ReduceOp::Sum, axes: vec![1] }, vec![product]);
+    b.finish(vec![forward, out], 1)
+}
+
+/// The narrow copy is scheduled right after its value and written by the
+/// value's kernel, so the f32 value dies with its forward reader: the plan
+/// keeps only the bf16 copy for the late reader.
+#[test]
+fn narrow_copies_are_made_where_their_value_is_computed() {
+    let g = late_reader_graph(true);
+    let scheduled = schedule_narrow_copies(&g);
+    verify(&scheduled).unwrap();
+    let position = |pred: &dyn Fn(&Node) -> bool| scheduled.nodes.iter().position(pred).unwrap();
+    let exp_at = position(&|n| n.op == Op::Unary(UnaryOp::Exp));
+    let copy_at = position(&|n| n.op == Op::Cast && n.dtype == DType::BF16);
+    assert_eq!(copy_at, exp_at + 1, "{scheduled}");
+    let values: Vec<f32> = (0..64 * 64).map(|i| ((i % 17) as f32 - 8.0) / 8.0).collect();
+    let params = [HostData::F32(values)];
+    let expected = interpret(&g, &[&params[0]]).unwrap();
+    for (a, b) in expected.iter().zip(&run_compiled(&g, &params)) {
+        assert!(close(a, b), "{a:?} vs {b:?}");
+    }
+    let peak = |g: &Graph| CpuBackend::default().compile(&optimize(g, None).unwrap()).unwrap().stats().peak_bytes;
+    let (narrow, direct) = (peak(&g), peak(&late_reader_graph(false)));
+    assert_eq!(direct - narrow, 64 * 64 * 2, "the late reader keeps half the bytes: {narrow} vs {direct}");
 }
 
 #[test]
