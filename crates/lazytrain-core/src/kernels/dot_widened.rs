@@ -58,32 +58,58 @@ fn with_scratch<R>(key: &'static LocalKey<RefCell<Vec<f32>>>, f: impl FnOnce(&mu
 }
 
 /// Rows `rows` (all `cols` columns) of `x` widened into `dst`, keeping
-/// whichever axis `x` stores contiguously; returns the block's `(rs, cs)`.
+/// whichever axis `x` stores contiguously, on up to `threads` threads;
+/// returns the block's `(rs, cs)`. `dst` only grows (it is scratch), so a
+/// repeated product writes each element once.
 fn widen_rows<T: FloatLike<Math = f32>>(
     x: Strided<T>,
     rows: Range<usize>,
     cols: usize,
     dst: &mut Vec<f32>,
+    threads: usize,
 ) -> (usize, usize) {
     let height = rows.len();
-    dst.clear();
-    dst.reserve(height * cols);
-    if x.rs == 1 && x.cs != 1 {
-        for j in 0..cols {
-            let start = x.offset + rows.start + j * x.cs;
-            dst.extend(x.data[start..start + height].iter().map(|v| v.widen()));
-        }
-        return (1, height);
+    let len = height * cols;
+    if dst.len() < len {
+        dst.resize(len, 0.0);
     }
-    for i in rows {
-        let start = x.offset + i * x.rs;
-        if x.cs == 1 {
-            dst.extend(x.data[start..start + cols].iter().map(|v| v.widen()));
-        } else {
-            dst.extend((0..cols).map(|j| x.data[start + j * x.cs].widen()));
+    let dst = &mut dst[..len];
+    // Column-major blocks for column-major views (transposed operands).
+    let by_columns = x.rs == 1 && x.cs != 1;
+    let (lines, line_len) = if by_columns { (cols, height) } else { (height, cols) };
+    let widen_lines = |first: usize, out: &mut [f32]| {
+        for (line, out) in (first..).zip(out.chunks_exact_mut(line_len.max(1))) {
+            if by_columns {
+                let start = x.offset + rows.start + line * x.cs;
+                for (o, v) in out.iter_mut().zip(&x.data[start..start + height]) {
+                    *o = v.widen();
+                }
+            } else {
+                let start = x.offset + (rows.start + line) * x.rs;
+                if x.cs == 1 {
+                    for (o, v) in out.iter_mut().zip(&x.data[start..start + cols]) {
+                        *o = v.widen();
+                    }
+                } else {
+                    for (j, o) in out.iter_mut().enumerate() {
+                        *o = x.data[start + j * x.cs].widen();
+                    }
+                }
+            }
         }
+    };
+    if threads > 1 && len >= 1 << 16 && lines > 1 {
+        use rayon::prelude::*;
+        let per_part = lines.div_ceil(threads);
+        dst.par_chunks_mut(per_part * line_len).enumerate().for_each(|(p, out)| widen_lines(p * per_part, out));
+    } else {
+        widen_lines(0, dst);
     }
-    (cols, 1)
+    if by_columns {
+        (1, height)
+    } else {
+        (cols, 1)
+    }
 }
 
 /// `out = a x b` for an `m x k` and a `k x n` matrix, `out` row-major
@@ -117,8 +143,8 @@ fn split_rows<T: FloatLike<Math = f32>>(
     threads: usize,
 ) {
     with_scratch(&SHARED, |wide_b| {
-        let b_strides = widen_rows(b, 0..k, n, wide_b);
-        let wide_b = &wide_b[..];
+        let b_strides = widen_rows(b, 0..k, n, wide_b, threads);
+        let wide_b = &wide_b[..k * n];
         let parallel = threads > 1 && m * n * k >= 1 << 20;
         // One block per thread (`gemm` packs `b` again for every block),
         // halved while a block's scratch would exceed its budget.
@@ -149,10 +175,12 @@ fn block_product<T: FloatLike<Math = f32>>(
 ) {
     let height = rows.len();
     with_scratch(&BLOCK, |wide_a| {
-        let (ars, acs) = widen_rows(a, rows.clone(), k, wide_a);
+        let (ars, acs) = widen_rows(a, rows.clone(), k, wide_a, 1);
         with_scratch(&PRODUCT, |product| {
-            product.clear();
-            product.resize(height * n, 0.0);
+            // `gemm` overwrites the product (it does not read it): grow only.
+            if product.len() < height * n {
+                product.resize(height * n, 0.0);
+            }
             // SAFETY: the widened block holds `height x k` values at
             // (ars, acs), the widened `b` holds `k x n` at (brs, bcs), and
             // `product` holds `height x n` row-major; none alias.
@@ -179,7 +207,7 @@ fn block_product<T: FloatLike<Math = f32>>(
                     gemm::Parallelism::None,
                 );
             }
-            for (i, row) in rows.zip(product.chunks_exact(n)) {
+            for (i, row) in rows.zip(product[..height * n].chunks_exact(n)) {
                 // SAFETY: `out` holds the whole `m x n` product; this block
                 // alone writes its rows.
                 let dst = unsafe { std::slice::from_raw_parts_mut(out.0.add(i * n), n) };
