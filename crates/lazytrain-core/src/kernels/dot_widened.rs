@@ -130,73 +130,108 @@ pub(crate) fn matmul<T: FloatLike<Math = f32>>(
         out[..m * n].fill(T::narrow(0.0));
         return;
     }
-    split_rows((m, k, n), a, b, OutPtr(out.as_mut_ptr()), threads);
+    split((m, k, n), a, b, OutPtr(out.as_mut_ptr()), threads);
 }
 
-/// The product in blocks of `a`'s rows (one per thread where that fits
-/// the scratch budget), `b` widened once.
-fn split_rows<T: FloatLike<Math = f32>>(
+/// An operand of a block's product: widened whole (f32 values at these
+/// strides), or to be widened block by block from its bf16 view.
+#[derive(Clone, Copy)]
+enum Operand<'a, T> {
+    Shared(&'a [f32], (usize, usize)),
+    Blocked(Strided<'a, T>),
+}
+
+/// The product in blocks along its longer side (one block per thread where
+/// that fits the scratch budget): the operand on that side is widened
+/// block by block, the other one once. Each block's `gemm` packs the whole
+/// shared operand, so splitting the longer side packs the smaller one twice.
+fn split<T: FloatLike<Math = f32>>(
     (m, k, n): (usize, usize, usize),
     a: Strided<T>,
     b: Strided<T>,
     out: OutPtr<T>,
     threads: usize,
 ) {
-    with_scratch(&SHARED, |wide_b| {
-        let b_strides = widen_rows(b, 0..k, n, wide_b, threads);
-        let wide_b = &wide_b[..k * n];
-        let parallel = threads > 1 && m * n * k >= 1 << 20;
-        // One block per thread (`gemm` packs `b` again for every block),
-        // halved while a block's scratch would exceed its budget.
-        let mut rows_per_block = if parallel { m.div_ceil(threads) } else { m };
-        while rows_per_block > 2 * MIN_BLOCK_ROWS && rows_per_block * k.max(n) > BLOCK_ELEMENTS {
-            rows_per_block = rows_per_block.div_ceil(2);
-        }
-        let blocks: Vec<Range<usize>> =
-            (0..m).step_by(rows_per_block).map(|r| r..(r + rows_per_block).min(m)).collect();
-        let run = |rows: Range<usize>| block_product(rows, (k, n), a, (wide_b, b_strides), out);
-        if !parallel {
-            blocks.into_iter().for_each(run);
+    let by_rows = m >= n;
+    let len = if by_rows { m } else { n };
+    let parallel = threads > 1 && m * n * k >= 1 << 20;
+    let mut per_block = if parallel { len.div_ceil(threads) } else { len };
+    while per_block > 2 * MIN_BLOCK_ROWS && per_block * k.max(if by_rows { n } else { m }) > BLOCK_ELEMENTS {
+        per_block = per_block.div_ceil(2);
+    }
+    let blocks: Vec<Range<usize>> = (0..len).step_by(per_block).map(|r| r..(r + per_block).min(len)).collect();
+    with_scratch(&SHARED, |wide| {
+        let (a, b) = if by_rows {
+            let strides = widen_rows(b, 0..k, n, wide, threads);
+            (Operand::Blocked(a), Operand::Shared(&wide[..k * n], strides))
         } else {
+            let strides = widen_rows(a, 0..m, k, wide, threads);
+            (Operand::Shared(&wide[..m * k], strides), Operand::Blocked(b))
+        };
+        let run = |block: Range<usize>| {
+            let (rows, cols) = if by_rows { (block, 0..n) } else { (0..m, block) };
+            block_product(rows, cols, (k, n), a, b, out);
+        };
+        if parallel {
             use rayon::prelude::*;
             blocks.into_par_iter().for_each(run);
+        } else {
+            blocks.into_iter().for_each(run);
         }
     });
 }
 
-/// Rows `rows` of the product: widen them from `a`, multiply by the widened
-/// `b`, round into `out`.
+/// Rows `rows` x columns `cols` of the product (`n` wide): widen the
+/// blocked operand's part, multiply, round into `out`.
 fn block_product<T: FloatLike<Math = f32>>(
     rows: Range<usize>,
+    cols: Range<usize>,
     (k, n): (usize, usize),
-    a: Strided<T>,
-    (b, (brs, bcs)): (&[f32], (usize, usize)),
+    a: Operand<T>,
+    b: Operand<T>,
     out: OutPtr<T>,
 ) {
-    let height = rows.len();
-    with_scratch(&BLOCK, |wide_a| {
-        let (ars, acs) = widen_rows(a, rows.clone(), k, wide_a, 1);
+    let (height, width) = (rows.len(), cols.len());
+    with_scratch(&BLOCK, |block| {
+        // The left operand's rows `rows` and the right one's columns `cols`.
+        let (a_ptr, (ars, acs)) = match a {
+            Operand::Shared(wide, (rs, cs)) => (wide[rows.start * rs..].as_ptr(), (rs, cs)),
+            Operand::Blocked(x) => {
+                let strides = widen_rows(x, rows.clone(), k, block, 1);
+                (block.as_ptr(), strides)
+            }
+        };
+        let (b_ptr, (brs, bcs)) = match b {
+            Operand::Shared(wide, (rs, cs)) => (wide[cols.start * cs..].as_ptr(), (rs, cs)),
+            Operand::Blocked(x) => {
+                // Columns `cols` of `b` are the rows of its transpose.
+                let t = Strided { offset: x.offset, rs: x.cs, cs: x.rs, ..x };
+                let (rs, cs) = widen_rows(t, cols.clone(), k, block, 1);
+                (block.as_ptr(), (cs, rs))
+            }
+        };
         with_scratch(&PRODUCT, |product| {
             // `gemm` overwrites the product (it does not read it): grow only.
-            if product.len() < height * n {
-                product.resize(height * n, 0.0);
+            if product.len() < height * width {
+                product.resize(height * width, 0.0);
             }
-            // SAFETY: the widened block holds `height x k` values at
-            // (ars, acs), the widened `b` holds `k x n` at (brs, bcs), and
-            // `product` holds `height x n` row-major; none alias.
+            // SAFETY: the left block holds `height x k` f32 values at
+            // (ars, acs) from `a_ptr`, the right one `k x width` at
+            // (brs, bcs) from `b_ptr` (both inside their vectors), and
+            // `product` holds `height x width` row-major; none alias.
             unsafe {
                 gemm::gemm(
                     height,
-                    n,
+                    width,
                     k,
                     product.as_mut_ptr(),
                     1,
-                    n as isize,
+                    width as isize,
                     false,
-                    wide_a.as_ptr(),
+                    a_ptr,
                     acs as isize,
                     ars as isize,
-                    b.as_ptr(),
+                    b_ptr,
                     bcs as isize,
                     brs as isize,
                     0.0,
@@ -207,10 +242,10 @@ fn block_product<T: FloatLike<Math = f32>>(
                     gemm::Parallelism::None,
                 );
             }
-            for (i, row) in rows.zip(product[..height * n].chunks_exact(n)) {
+            for (i, row) in rows.zip(product[..height * width].chunks_exact(width)) {
                 // SAFETY: `out` holds the whole `m x n` product; this block
-                // alone writes its rows.
-                let dst = unsafe { std::slice::from_raw_parts_mut(out.0.add(i * n), n) };
+                // alone writes these columns of its rows.
+                let dst = unsafe { std::slice::from_raw_parts_mut(out.0.add(i * n + cols.start), width) };
                 for (d, &v) in dst.iter_mut().zip(row) {
                     *d = T::narrow(v);
                 }
