@@ -181,7 +181,11 @@ fn gemm_batches<T: Real + 'static>(
 /// replica's share) for large products, one for small ones (where starting
 /// threads costs more than it saves).
 fn matmul_parallelism(flops: usize) -> gemm::Parallelism {
-    let threads = rayon::current_num_threads();
+    gemm_parallelism(flops, rayon::current_num_threads())
+}
+
+/// [`matmul_parallelism`] with at most `threads` threads.
+pub(super) fn gemm_parallelism(flops: usize, threads: usize) -> gemm::Parallelism {
     if threads > 1 && flops >= 1 << 21 {
         gemm::Parallelism::Rayon(threads)
     } else {

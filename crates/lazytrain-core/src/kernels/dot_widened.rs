@@ -1,10 +1,9 @@
 //! Matmuls of bf16 (or f16) values on CPUs without a dot-product
-//! instruction for them: the right operand is widened to f32 once, the
-//! left one block of rows at a time in per-thread scratch, each block is
-//! multiplied by `gemm`'s f32 kernels and its product rounded straight into
-//! the output. Blocks are shared out between the pool's threads, so the
-//! conversions run in parallel with the multiplications, and the scratch is
-//! kept by each thread: steady-state steps allocate nothing.
+//! instruction for them: both operands are widened to f32 and the product
+//! rounded back on all the pool's threads, around one `gemm` f32 product
+//! (whose threads share its packed panels, as for f32 operands). The f32
+//! copies live in scratch that each thread keeps and only grows, so
+//! steady-state steps allocate nothing.
 //!
 //! Products of bf16 values are exact in f32 and the sums are f32 sums, so a
 //! result is the f32 matmul of the same inputs, rounded once.
@@ -13,13 +12,6 @@ use super::numeric::FloatLike;
 use std::cell::RefCell;
 use std::ops::Range;
 use std::thread::LocalKey;
-
-/// The most f32 elements a block of `a` or its product holds (16 MiB),
-/// unless that leaves fewer than [`MIN_BLOCK_ROWS`] rows.
-const BLOCK_ELEMENTS: usize = 1 << 22;
-/// The fewest rows a block is cut to: `gemm` packs all of `b` for every
-/// block, which costs little next to this many rows of products.
-const MIN_BLOCK_ROWS: usize = 256;
 
 /// A logical matrix inside a buffer: element `(i, j)` is at
 /// `offset + i * rs + j * cs`.
@@ -31,20 +23,12 @@ pub(crate) struct Strided<'a, T> {
     pub cs: usize,
 }
 
-/// The row-major output, shared by threads that write disjoint rows.
-#[derive(Clone, Copy)]
-struct OutPtr<T>(*mut T);
-
-// SAFETY: the threads of one product write disjoint rows of the output.
-unsafe impl<T> Send for OutPtr<T> {}
-unsafe impl<T> Sync for OutPtr<T> {}
-
 thread_local! {
-    /// The fully widened operand of the product this thread runs.
-    static SHARED: RefCell<Vec<f32>> = const { RefCell::new(Vec::new()) };
-    /// A widened block of the other operand.
-    static BLOCK: RefCell<Vec<f32>> = const { RefCell::new(Vec::new()) };
-    /// The f32 product of one block.
+    /// The widened left operand of the product this thread runs.
+    static LEFT: RefCell<Vec<f32>> = const { RefCell::new(Vec::new()) };
+    /// The widened right operand.
+    static RIGHT: RefCell<Vec<f32>> = const { RefCell::new(Vec::new()) };
+    /// The f32 product.
     static PRODUCT: RefCell<Vec<f32>> = const { RefCell::new(Vec::new()) };
 }
 
@@ -56,6 +40,9 @@ fn with_scratch<R>(key: &'static LocalKey<RefCell<Vec<f32>>>, f: impl FnOnce(&mu
         Err(_) => f(&mut Vec::new()),
     })
 }
+
+/// At least this many elements before conversions are split between threads.
+const PARALLEL_ELEMENTS: usize = 1 << 16;
 
 /// Rows `rows` (all `cols` columns) of `x` widened into `dst`, keeping
 /// whichever axis `x` stores contiguously, on up to `threads` threads;
@@ -98,7 +85,7 @@ fn widen_rows<T: FloatLike<Math = f32>>(
             }
         }
     };
-    if threads > 1 && len >= 1 << 16 && lines > 1 {
+    if threads > 1 && len >= PARALLEL_ELEMENTS && lines > 1 {
         use rayon::prelude::*;
         let per_part = lines.div_ceil(threads);
         dst.par_chunks_mut(per_part * line_len).enumerate().for_each(|(p, out)| widen_lines(p * per_part, out));
@@ -123,135 +110,70 @@ pub(crate) fn matmul<T: FloatLike<Math = f32>>(
     threads: usize,
 ) {
     assert!(out.len() >= m * n, "the output holds the product");
+    let out = &mut out[..m * n];
     if m == 0 || n == 0 {
         return;
     }
     if k == 0 {
-        out[..m * n].fill(T::narrow(0.0));
+        out.fill(T::narrow(0.0));
         return;
     }
-    split((m, k, n), a, b, OutPtr(out.as_mut_ptr()), threads);
-}
-
-/// An operand of a block's product: widened whole (f32 values at these
-/// strides), or to be widened block by block from its bf16 view.
-#[derive(Clone, Copy)]
-enum Operand<'a, T> {
-    Shared(&'a [f32], (usize, usize)),
-    Blocked(Strided<'a, T>),
-}
-
-/// The product in blocks along its longer side (one block per thread where
-/// that fits the scratch budget): the operand on that side is widened
-/// block by block, the other one once. Each block's `gemm` packs the whole
-/// shared operand, so splitting the longer side packs the smaller one twice.
-fn split<T: FloatLike<Math = f32>>(
-    (m, k, n): (usize, usize, usize),
-    a: Strided<T>,
-    b: Strided<T>,
-    out: OutPtr<T>,
-    threads: usize,
-) {
-    let by_rows = m >= n;
-    let len = if by_rows { m } else { n };
-    let parallel = threads > 1 && m * n * k >= 1 << 20;
-    let mut per_block = if parallel { len.div_ceil(threads) } else { len };
-    while per_block > 2 * MIN_BLOCK_ROWS && per_block * k.max(if by_rows { n } else { m }) > BLOCK_ELEMENTS {
-        per_block = per_block.div_ceil(2);
-    }
-    let blocks: Vec<Range<usize>> = (0..len).step_by(per_block).map(|r| r..(r + per_block).min(len)).collect();
-    with_scratch(&SHARED, |wide| {
-        let (a, b) = if by_rows {
-            let strides = widen_rows(b, 0..k, n, wide, threads);
-            (Operand::Blocked(a), Operand::Shared(&wide[..k * n], strides))
-        } else {
-            let strides = widen_rows(a, 0..m, k, wide, threads);
-            (Operand::Shared(&wide[..m * k], strides), Operand::Blocked(b))
-        };
-        let run = |block: Range<usize>| {
-            let (rows, cols) = if by_rows { (block, 0..n) } else { (0..m, block) };
-            block_product(rows, cols, (k, n), a, b, out);
-        };
-        if parallel {
-            use rayon::prelude::*;
-            blocks.into_par_iter().for_each(run);
-        } else {
-            blocks.into_iter().for_each(run);
-        }
-    });
-}
-
-/// Rows `rows` x columns `cols` of the product (`n` wide): widen the
-/// blocked operand's part, multiply, round into `out`.
-fn block_product<T: FloatLike<Math = f32>>(
-    rows: Range<usize>,
-    cols: Range<usize>,
-    (k, n): (usize, usize),
-    a: Operand<T>,
-    b: Operand<T>,
-    out: OutPtr<T>,
-) {
-    let (height, width) = (rows.len(), cols.len());
-    with_scratch(&BLOCK, |block| {
-        // The left operand's rows `rows` and the right one's columns `cols`.
-        let (a_ptr, (ars, acs)) = match a {
-            Operand::Shared(wide, (rs, cs)) => (wide[rows.start * rs..].as_ptr(), (rs, cs)),
-            Operand::Blocked(x) => {
-                let strides = widen_rows(x, rows.clone(), k, block, 1);
-                (block.as_ptr(), strides)
-            }
-        };
-        let (b_ptr, (brs, bcs)) = match b {
-            Operand::Shared(wide, (rs, cs)) => (wide[cols.start * cs..].as_ptr(), (rs, cs)),
-            Operand::Blocked(x) => {
-                // Columns `cols` of `b` are the rows of its transpose.
-                let t = Strided { offset: x.offset, rs: x.cs, cs: x.rs, ..x };
-                let (rs, cs) = widen_rows(t, cols.clone(), k, block, 1);
-                (block.as_ptr(), (cs, rs))
-            }
-        };
-        with_scratch(&PRODUCT, |product| {
-            // `gemm` overwrites the product (it does not read it): grow only.
-            if product.len() < height * width {
-                product.resize(height * width, 0.0);
-            }
-            // SAFETY: the left block holds `height x k` f32 values at
-            // (ars, acs) from `a_ptr`, the right one `k x width` at
-            // (brs, bcs) from `b_ptr` (both inside their vectors), and
-            // `product` holds `height x width` row-major; none alias.
-            unsafe {
-                gemm::gemm(
-                    height,
-                    width,
-                    k,
-                    product.as_mut_ptr(),
-                    1,
-                    width as isize,
-                    false,
-                    a_ptr,
-                    acs as isize,
-                    ars as isize,
-                    b_ptr,
-                    bcs as isize,
-                    brs as isize,
-                    0.0,
-                    1.0,
-                    false,
-                    false,
-                    false,
-                    gemm::Parallelism::None,
-                );
-            }
-            for (i, row) in rows.zip(product[..height * width].chunks_exact(width)) {
-                // SAFETY: `out` holds the whole `m x n` product; this block
-                // alone writes these columns of its rows.
-                let dst = unsafe { std::slice::from_raw_parts_mut(out.0.add(i * n + cols.start), width) };
-                for (d, &v) in dst.iter_mut().zip(row) {
-                    *d = T::narrow(v);
+    with_scratch(&LEFT, |left| {
+        with_scratch(&RIGHT, |right| {
+            with_scratch(&PRODUCT, |product| {
+                let (ars, acs) = widen_rows(a, 0..m, k, left, threads);
+                let (brs, bcs) = widen_rows(b, 0..k, n, right, threads);
+                // `gemm` overwrites the product (it does not read it): grow only.
+                if product.len() < m * n {
+                    product.resize(m * n, 0.0);
                 }
-            }
-        });
+                let product = &mut product[..m * n];
+                // SAFETY: `left` holds the `m x k` values at (ars, acs),
+                // `right` the `k x n` ones at (brs, bcs), `product` is
+                // `m x n` row-major; none alias.
+                unsafe {
+                    gemm::gemm(
+                        m,
+                        n,
+                        k,
+                        product.as_mut_ptr(),
+                        1,
+                        n as isize,
+                        false,
+                        left.as_ptr(),
+                        acs as isize,
+                        ars as isize,
+                        right.as_ptr(),
+                        bcs as isize,
+                        brs as isize,
+                        0.0,
+                        1.0,
+                        false,
+                        false,
+                        false,
+                        super::dot::gemm_parallelism(m * n * k, threads),
+                    );
+                }
+                narrow_into(product, out, threads);
+            })
+        })
     });
+}
+
+/// `out = product` rounded to `T`, on up to `threads` threads.
+fn narrow_into<T: FloatLike<Math = f32>>(product: &[f32], out: &mut [T], threads: usize) {
+    let narrow = |(o, p): (&mut [T], &[f32])| {
+        for (d, &v) in o.iter_mut().zip(p) {
+            *d = T::narrow(v);
+        }
+    };
+    if threads > 1 && out.len() >= PARALLEL_ELEMENTS {
+        use rayon::prelude::*;
+        let chunk = out.len().div_ceil(threads);
+        out.par_chunks_mut(chunk).zip(product.par_chunks(chunk)).for_each(narrow);
+    } else {
+        narrow((out, product));
+    }
 }
 
 #[cfg(test)]
