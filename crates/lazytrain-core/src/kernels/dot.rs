@@ -222,7 +222,7 @@ fn gemm_bf16(d: DotDims, (a, la): (&[bf16], &MatrixLayout), (b, lb): (&[bf16], &
     });
 }
 
-/// bf16 or f16 operands widened to f32 block by block for `gemm` (see
+/// bf16 or f16 operands widened to f32 for `gemm` (see
 /// `dot_widened`): CPUs without a dot-product instruction for them.
 fn gemm_widened<T: FloatLike<Math = f32>>(
     d: DotDims,
