@@ -311,8 +311,8 @@ fn cast(b: &mut GraphBuilder, x: NodeId, dtype: DType) -> NodeId {
 }
 
 /// `h = exp(x)`, read by a forward op and, after a long chain of other
-/// work, again (by a row sum): directly, or through a bf16 round trip (how autodiff reads
-/// an activation saved in bf16).
+/// work, again (by a row sum): directly, or through a bf16 round trip (how
+/// autodiff reads an activation saved in bf16).
 fn late_reader_graph(round_trip: bool) -> Graph {
     let mut b = GraphBuilder::new();
     let x = param(&mut b, 0, &[64, 64]);

@@ -10,7 +10,6 @@
 
 use super::numeric::FloatLike;
 use std::cell::RefCell;
-use std::ops::Range;
 use std::thread::LocalKey;
 
 /// A logical matrix inside a buffer: element `(i, j)` is at
@@ -44,18 +43,16 @@ fn with_scratch<R>(key: &'static LocalKey<RefCell<Vec<f32>>>, f: impl FnOnce(&mu
 /// At least this many elements before conversions are split between threads.
 const PARALLEL_ELEMENTS: usize = 1 << 16;
 
-/// Rows `rows` (all `cols` columns) of `x` widened into `dst`, keeping
-/// whichever axis `x` stores contiguously, on up to `threads` threads;
-/// returns the block's `(rs, cs)`. `dst` only grows (it is scratch), so a
-/// repeated product writes each element once.
-fn widen_rows<T: FloatLike<Math = f32>>(
+/// The `height x cols` matrix `x` widened into `dst`, keeping whichever
+/// axis `x` stores contiguously, on up to `threads` threads; returns the
+/// copy's `(rs, cs)`. `dst` only grows (it is scratch), so a repeated
+/// product writes each element once.
+fn widen<T: FloatLike<Math = f32>>(
     x: Strided<T>,
-    rows: Range<usize>,
-    cols: usize,
+    (height, cols): (usize, usize),
     dst: &mut Vec<f32>,
     threads: usize,
 ) -> (usize, usize) {
-    let height = rows.len();
     let len = height * cols;
     if dst.len() < len {
         dst.resize(len, 0.0);
@@ -67,12 +64,12 @@ fn widen_rows<T: FloatLike<Math = f32>>(
     let widen_lines = |first: usize, out: &mut [f32]| {
         for (line, out) in (first..).zip(out.chunks_exact_mut(line_len.max(1))) {
             if by_columns {
-                let start = x.offset + rows.start + line * x.cs;
+                let start = x.offset + line * x.cs;
                 for (o, v) in out.iter_mut().zip(&x.data[start..start + height]) {
                     *o = v.widen();
                 }
             } else {
-                let start = x.offset + (rows.start + line) * x.rs;
+                let start = x.offset + line * x.rs;
                 if x.cs == 1 {
                     for (o, v) in out.iter_mut().zip(&x.data[start..start + cols]) {
                         *o = v.widen();
@@ -121,8 +118,8 @@ pub(crate) fn matmul<T: FloatLike<Math = f32>>(
     with_scratch(&LEFT, |left| {
         with_scratch(&RIGHT, |right| {
             with_scratch(&PRODUCT, |product| {
-                let (ars, acs) = widen_rows(a, 0..m, k, left, threads);
-                let (brs, bcs) = widen_rows(b, 0..k, n, right, threads);
+                let (ars, acs) = widen(a, (m, k), left, threads);
+                let (brs, bcs) = widen(b, (k, n), right, threads);
                 // `gemm` overwrites the product (it does not read it): grow only.
                 if product.len() < m * n {
                     product.resize(m * n, 0.0);
@@ -204,9 +201,9 @@ mod tests {
         (exact, magnitude)
     }
 
-    /// Odd sizes, both split directions, blocks smaller than a thread's
-    /// share, transposed and offset operands: every element is the f64
-    /// product rounded once to bf16 (within the f32 sum's rounding).
+    /// Odd sizes (tall and wide), transposed and offset operands, k = 0,
+    /// one to three threads: every element is the f64 product rounded once
+    /// to bf16 (within the f32 sum's rounding).
     #[test]
     fn products_equal_the_f64_product_rounded_to_bf16() {
         let cases = [
@@ -249,7 +246,7 @@ mod tests {
         }
     }
 
-    /// Threads and block splits change nothing: each element is one f32
+    /// The thread count changes nothing: each element is one f32
     /// dot product computed the same way.
     #[test]
     fn thread_counts_give_identical_bits() {
