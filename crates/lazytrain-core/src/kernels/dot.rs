@@ -202,7 +202,10 @@ fn for_each_matrix<T: Send>(d: DotDims, o: &mut [T], one: impl Fn(usize, &mut [T
         return;
     }
     let threads = rayon::current_num_threads();
-    if d.batch >= threads && threads > 1 && d.m * d.n * d.k < 1 << 20 {
+    // Whole matrices per thread exactly when one matrix would run on one
+    // thread anyway (`gemm_parallelism`), as `gemm_native` splits batches.
+    let single = matches!(gemm_parallelism(d.m * d.n * d.k, threads), gemm::Parallelism::None);
+    if d.batch >= threads && threads > 1 && single {
         use rayon::prelude::*;
         o.par_chunks_mut(size).enumerate().for_each(|(bi, o)| one(bi, o, 1));
     } else {
@@ -291,6 +294,46 @@ pub(crate) fn dot(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Batched bf16 products through whichever kernel this CPU runs: small
+    /// matrices shared out whole between threads and large ones each on all
+    /// threads give the same bits on 1 and 3 threads, within bf16 rounding
+    /// of the f64 reference.
+    #[test]
+    fn batched_bf16_products_do_not_depend_on_the_thread_count() {
+        for d in [
+            DotDims { batch: 7, m: 9, k: 33, n: 5, lhs_t: false, rhs_t: true },
+            DotDims { batch: 3, m: 130, k: 129, n: 131, lhs_t: true, rhs_t: false },
+        ] {
+            let mut u = vec![0f32; d.batch * d.k * (d.m + d.n)];
+            crate::random::uniform_f32(3, 0, &mut u);
+            let values: Vec<bf16> = u.iter().map(|&x| bf16::from_f32(2.0 * x - 1.0)).collect();
+            let (a, b) = values.split_at(d.batch * d.k * d.m);
+            let (a, b) = (HostData::BF16(a.to_vec()), HostData::BF16(b.to_vec()));
+            let (a_shape, b_shape) = ([d.batch, d.m, d.k], [d.batch, d.n, d.k]);
+            let (a_shape, b_shape) = match (d.lhs_t, d.rhs_t) {
+                (false, true) => (a_shape, b_shape),
+                _ => ([d.batch, d.k, d.m], [d.batch, d.k, d.n]),
+            };
+            let run = |kernel, threads| {
+                let pool = rayon::ThreadPoolBuilder::new().num_threads(threads).build().unwrap();
+                let mut out = HostData::BF16(vec![bf16::ZERO; d.batch * d.m * d.n]);
+                let operand = |data, shape| DotOperand { data, shape, strides: None };
+                pool.install(|| dot(kernel, d, operand(&a, &a_shape), operand(&b, &b_shape), &mut out)).unwrap();
+                match out {
+                    HostData::BF16(v) => v,
+                    _ => unreachable!("the output is bf16"),
+                }
+            };
+            let (one, three, reference) =
+                (run(MatmulKernel::Gemm, 1), run(MatmulKernel::Gemm, 3), run(MatmulKernel::Naive, 1));
+            assert!(one.iter().zip(&three).all(|(x, y)| x.to_bits() == y.to_bits()), "{d:?}");
+            for (x, y) in one.iter().zip(&reference) {
+                let (x, y) = (x.to_f32(), y.to_f32());
+                assert!((x - y).abs() <= y.abs() / 128.0 + 1e-5, "{d:?}: {x} vs {y}");
+            }
+        }
+    }
 
     /// A batched bf16 product with a transposed left operand, through the
     /// AVX-512 BF16 kernel and through the fallback (widen to f32, f32 GEMM).
