@@ -322,8 +322,8 @@ fn late_reader_graph(round_trip: bool) -> Graph {
     for _ in 0..4 {
         late = node(&mut b, Op::Unary(UnaryOp::Tanh), vec![late]);
         late = node(&mut b, Op::Reduce { op: ReduceOp::Sum, axes: vec![1] }, vec![late]);
-        late = b.push(Node { op: Op::Reshape, inputs: vec![late], shape: Shape::new(&[64, 1]), dtype: DType::F32 });
-        late = b.push(Node { op: Op::Expand, inputs: vec![late], shape: Shape::new(&[64, 64]), dtype: DType::F32 });
+        late = b.push(Node { op: Op::Reshape, inputs: vec![late], shape: Shape::new([64, 1]), dtype: DType::F32 });
+        late = b.push(Node { op: Op::Expand, inputs: vec![late], shape: Shape::new([64, 64]), dtype: DType::F32 });
         late = node(&mut b, Op::Unary(UnaryOp::Exp), vec![late]);
     }
     let read = if round_trip {
