@@ -58,8 +58,10 @@ fn words(count: usize, syllables: usize, suffix: &str, seed: u64, stream: u64, t
     out
 }
 
-/// Generate `num_countries` countries and `num_sentences` sentences about them.
+/// Generate `num_countries` countries (at least one: sentences need a
+/// subject) and `num_sentences` sentences about them.
 pub fn demo_corpus(seed: u64, num_countries: usize, num_sentences: usize) -> DemoCorpus {
+    let num_countries = num_countries.max(1);
     let mut taken = Vec::new();
     let names = words(num_countries, 2, "ia", seed, 1, &mut taken);
     let capitals = words(num_countries, 2, "", seed, 2, &mut taken);

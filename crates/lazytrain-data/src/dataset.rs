@@ -40,7 +40,34 @@ pub fn find_shards(spec: &Path, split: &str) -> Result<Vec<PathBuf>> {
             detail: "no shards match; run `lazytrain prepare` or check the path".into(),
         });
     }
+    if spec.is_dir() {
+        check_one_preparation(&dir, split, &files)?;
+    }
     Ok(files)
+}
+
+/// A folder's `{split}-{i}-of-{n}` shards must be exactly one preparation's
+/// `0..n` (a missing shard, or leftovers of a run with another shard count,
+/// would silently train on the wrong data).
+fn check_one_preparation(dir: &Path, split: &str, files: &[PathBuf]) -> Result<()> {
+    let name = |p: &PathBuf| p.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
+    let positions: Option<Vec<(usize, usize)>> =
+        files.iter().map(|p| crate::prepare::shard_position(&name(p), split)).collect();
+    let Some(positions) = positions else { return Ok(()) };
+    let n = positions[0].1;
+    let complete = positions.len() == n && positions.iter().enumerate().all(|(k, &(i, of))| i == k && of == n);
+    if complete {
+        return Ok(());
+    }
+    let names: Vec<String> = files.iter().map(name).collect();
+    Err(DataError::Io {
+        path: dir.display().to_string(),
+        detail: format!(
+            "the {split} shards are not one complete set of {n} ({}); run `lazytrain prepare` again into this folder \
+             (it replaces earlier shards) or into an empty one",
+            names.join(", ")
+        ),
+    })
 }
 
 struct Shard {
@@ -54,6 +81,7 @@ pub struct ShardedDataset {
     starts: Vec<usize>,
     len: usize,
     skipped: u64,
+    unframed_bytes: u64,
 }
 
 impl ShardedDataset {
@@ -62,7 +90,7 @@ impl ShardedDataset {
         let mut shards = Vec::with_capacity(files.len());
         let mut starts = Vec::with_capacity(files.len());
         let mut len = 0;
-        let mut skipped = 0;
+        let (mut skipped, mut unframed_bytes) = (0, 0);
         for path in files {
             let index = RecordIndex::scan(path, policy)?;
             let file = File::open(path)
@@ -70,9 +98,10 @@ impl ShardedDataset {
             starts.push(len);
             len += index.spans.len();
             skipped += index.skipped;
+            unframed_bytes += index.unframed_bytes;
             shards.push(Shard { index, file: Mutex::new(file) });
         }
-        Ok(ShardedDataset { shards, starts, len, skipped })
+        Ok(ShardedDataset { shards, starts, len, skipped, unframed_bytes })
     }
 
     /// Records in all shards.
@@ -88,6 +117,12 @@ impl ShardedDataset {
     /// Records skipped as corrupt while indexing.
     pub fn skipped(&self) -> u64 {
         self.skipped
+    }
+
+    /// Bytes lost after corrupt record headers while indexing (the records
+    /// in them cannot be framed; see [`RecordIndex::unframed_bytes`]).
+    pub fn unframed_bytes(&self) -> u64 {
+        self.unframed_bytes
     }
 
     /// The int64 feature `name` of record `k` (global index).

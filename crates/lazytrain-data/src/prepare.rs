@@ -145,18 +145,18 @@ pub fn prepare(
             options.block_size
         )));
     }
-    let mut held_out = vec![0f32; blocks.len()];
-    lazytrain_core::random::uniform_f32(options.seed, 0x5eed, &mut held_out);
+    let held_out = validation_blocks(blocks.len(), options.validation_fraction, options.seed)?;
     let validation_shards = usize::from(options.validation_fraction > 0.0);
+    remove_shards(out_dir)?;
     let mut train = shard_writers(out_dir, "train", options.num_shards)?;
     let mut validation = shard_writers(out_dir, "validation", validation_shards)?;
     let ones = vec![1i64; options.block_size];
     let bar = stage_bar(blocks.len() as u64, options.progress, "writing");
     let mut train_count = 0usize;
-    for (block, u) in blocks.iter().zip(&held_out) {
+    for (block, &validation_block) in blocks.iter().zip(&held_out) {
         let ids: Vec<i64> = block.iter().map(|&t| t as i64).collect();
         let record = encode_int64_example(&[("input_ids", &ids), ("attention_mask", &ones)]);
-        if (*u as f64) < options.validation_fraction {
+        if validation_block {
             validation[0].1.write(&record)?;
         } else {
             train[train_count % options.num_shards].1.write(&record)?;
@@ -178,6 +178,58 @@ pub fn prepare(
     };
     write_json(&out_dir.join("manifest.json"), &manifest)?;
     Ok(manifest)
+}
+
+/// Which of `blocks` blocks are held out for validation: each with
+/// probability `fraction` (a seeded draw), and at least one block on either
+/// side whenever `fraction > 0` (an empty validation split would evaluate
+/// to meaningless metrics, an empty training split train on nothing).
+fn validation_blocks(blocks: usize, fraction: f64, seed: u64) -> Result<Vec<bool>> {
+    if fraction <= 0.0 {
+        return Ok(vec![false; blocks]);
+    }
+    if blocks < 2 {
+        return Err(DataError::Invalid(format!(
+            "the input packs into {blocks} block(s), too few to hold out validation data; add text, lower \
+             --block-size, or pass --validation-fraction 0"
+        )));
+    }
+    let mut draws = vec![0f32; blocks];
+    lazytrain_core::random::uniform_f32(seed, 0x5eed, &mut draws);
+    let mut held_out: Vec<bool> = draws.iter().map(|&u| (u as f64) < fraction).collect();
+    let by_draw = |a: &(usize, &f32), b: &(usize, &f32)| a.1.total_cmp(b.1);
+    if !held_out.contains(&true) {
+        let (lowest, _) = draws.iter().enumerate().min_by(by_draw).expect("two blocks or more");
+        held_out[lowest] = true;
+    }
+    if !held_out.contains(&false) {
+        let (highest, _) = draws.iter().enumerate().max_by(by_draw).expect("two blocks or more");
+        held_out[highest] = false;
+    }
+    Ok(held_out)
+}
+
+/// Remove the shards of an earlier preparation from `out_dir` (files named
+/// like [`shard_writers`]' output), so a folder never mixes two of them.
+pub(crate) fn remove_shards(out_dir: &Path) -> Result<()> {
+    let io = |p: &Path, e: std::io::Error| DataError::Io { path: p.display().to_string(), detail: e.to_string() };
+    for entry in std::fs::read_dir(out_dir).map_err(|e| io(out_dir, e))? {
+        let path = entry.map_err(|e| io(out_dir, e))?.path();
+        let name = path.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
+        let ours = ["train", "validation"].iter().any(|split| shard_position(&name, split).is_some());
+        if ours && path.is_file() {
+            std::fs::remove_file(&path).map_err(|e| io(&path, e))?;
+        }
+    }
+    Ok(())
+}
+
+/// `(i, n)` of a shard file named `{split}-{i:05}-of-{n:05}.tfrecord`.
+pub(crate) fn shard_position(name: &str, split: &str) -> Option<(usize, usize)> {
+    let rest = name.strip_prefix(split)?.strip_prefix('-')?.strip_suffix(".tfrecord")?;
+    let (i, n) = rest.split_once("-of-")?;
+    let digits = |s: &str| !s.is_empty() && s.bytes().all(|b| b.is_ascii_digit());
+    (digits(i) && digits(n)).then(|| Some((i.parse().ok()?, n.parse().ok()?)))?
 }
 
 /// Read `manifest.json` in `dir`, written by `command`, whose `task` field

@@ -101,6 +101,9 @@ pub struct RecordIndex {
     pub spans: Vec<RecordSpan>,
     /// Records skipped as corrupt (with [`CorruptPolicy::Skip`]).
     pub skipped: u64,
+    /// Bytes at the end of the file after a corrupt record header (with
+    /// `Skip`): whatever records they hold cannot be framed, so are lost.
+    pub unframed_bytes: u64,
 }
 
 fn corrupt(path: &Path, record: usize, offset: u64, what: &str) -> DataError {
@@ -119,6 +122,7 @@ impl RecordIndex {
         let size = file.metadata().map_err(|e| io_error(path, e.to_string()))?.len();
         let mut spans = Vec::new();
         let mut skipped = 0;
+        let mut unframed_bytes = 0;
         let mut offset = 0u64;
         let mut header = [0u8; 12];
         let mut data = Vec::new();
@@ -136,12 +140,15 @@ impl RecordIndex {
                     CorruptPolicy::Fail => return Err(corrupt(path, record, offset, "length checksum mismatch")),
                     CorruptPolicy::Skip => {
                         skipped += 1;
+                        unframed_bytes = size - offset;
                         break;
                     }
                 }
             }
             let len = u64::from_le_bytes(len_bytes);
-            if size - offset - 12 < len + 4 {
+            // `len` comes from the file: compare without overflowing.
+            let room = size - offset - 12;
+            if room < 4 || len > room - 4 {
                 return Err(corrupt(path, record, offset, "truncated record data (the file ends mid-record)"));
             }
             data.resize(len as usize + 4, 0);
@@ -156,7 +163,7 @@ impl RecordIndex {
             }
             offset += 12 + len + 4;
         }
-        Ok(RecordIndex { path: path.to_path_buf(), spans, skipped })
+        Ok(RecordIndex { path: path.to_path_buf(), spans, skipped, unframed_bytes })
     }
 
     /// Read record `k`, checking its data CRC.

@@ -136,6 +136,15 @@ fn pairs_get_segment_ids_and_long_rows_are_truncated_and_counted() {
     sorted.label_order = LabelOrder::Sorted;
     let m = prepare_classification(&tok, &[dir.join("nli.jsonl")], &[], &dir.join("sorted"), &sorted).unwrap();
     assert_eq!(m.labels, ["0", "1", "10"], "integer labels sort numerically");
+    // [CLS] a [SEP] b [SEP]: a max_length of 3 leaves no room for text.
+    let tight = ClassificationOptions { max_length: 3, ..o.clone() };
+    let msg = prepare_classification(&tok, &[dir.join("nli.jsonl")], &[], &dir.join("tight"), &tight).err().unwrap();
+    assert!(msg.to_string().contains("--max-length 3 leaves no room") && msg.to_string().contains("3 special"), "{msg}");
+    let single = ClassificationOptions { max_length: 3, ..options(3, vec![]) };
+    let two = "{\"text\": \"the park is superb\", \"label\": \"pos\"}\n{\"text\": \"awful\", \"label\": \"neg\"}\n";
+    std::fs::write(dir.join("one.jsonl"), two).unwrap();
+    let m = prepare_classification(&tok, &[dir.join("one.jsonl")], &[], &dir.join("single"), &single).unwrap();
+    assert_eq!((m.max_length, m.truncated), (3, 1), "one text: [CLS] x [SEP] fits in 3, the longer row is cut");
 }
 
 fn error_for(name: &str, body: &[u8], validation: Option<&[u8]>) -> String {

@@ -7,7 +7,7 @@ use lazytrain_data::corpus::demo_corpus;
 use lazytrain_data::dataset::{find_shards, EpochSampler, ShardedDataset};
 use lazytrain_data::loader::{DeviceLoader, LoaderPlan};
 use lazytrain_data::prepare::{prepare, Manifest, PrepareOptions};
-use lazytrain_data::tfrecord::{CorruptPolicy, RecordIndex};
+use lazytrain_data::tfrecord::{masked_crc32c, CorruptPolicy, RecordIndex};
 use lazytrain_data::train_tokenizer::{train_tokenizer, SubwordModel};
 use lazytrain_data::{TextTokenizer, TokenizerStyle};
 use std::path::PathBuf;
@@ -115,9 +115,56 @@ fn corrupt_and_truncated_shards_are_reported() {
     assert!(msg.contains("record 3") && msg.contains("--skip-corrupt"), "{msg}");
     let skipping = ShardedDataset::open(std::slice::from_ref(&shard), CorruptPolicy::Skip).unwrap();
     assert_eq!((skipping.len(), skipping.skipped()), (3, 1));
+    assert_eq!(skipping.unframed_bytes(), bytes.len() as u64 - spans[3].offset, "what the bad header cut off");
+    // A length field near u64::MAX with a valid checksum: an error, not an overflow.
+    let len = (u64::MAX - 3).to_le_bytes();
+    let mut huge = len.to_vec();
+    huge.extend(masked_crc32c(&len).to_le_bytes());
+    huge.extend([0u8; 8]);
+    std::fs::write(&shard, &huge).unwrap();
+    let msg = ShardedDataset::open(std::slice::from_ref(&shard), CorruptPolicy::Skip).err().unwrap().to_string();
+    assert!(msg.contains("truncated record data"), "{msg}");
     std::fs::write(&shard, &bytes[..bytes.len() - 5]).unwrap();
     let msg = ShardedDataset::open(&[shard], CorruptPolicy::Skip).err().unwrap().to_string();
     assert!(msg.contains("truncated"), "{msg}");
+}
+
+/// Preparing again into a folder replaces its shards (8 shards, then 4:
+/// no leftovers are read), and a folder whose shards are not one complete
+/// set is refused by name.
+#[test]
+fn a_second_prepare_replaces_the_first_ones_shards() {
+    let (dir, tok, _) = prepared("reprepare", 8);
+    let options = PrepareOptions { block_size: 32, num_shards: 4, validation_fraction: 0.1, seed: 1, progress: false };
+    let manifest = prepare(&tok, &corpus(), &dir, &options).unwrap();
+    let files = find_shards(&dir, "train").unwrap();
+    assert_eq!(files.len(), 4, "{files:?}");
+    let data = ShardedDataset::open(&files, CorruptPolicy::Fail).unwrap();
+    assert_eq!(data.len() as u64, manifest.train_records());
+    std::fs::copy(dir.join("train-00000-of-00004.tfrecord"), dir.join("train-00000-of-00002.tfrecord")).unwrap();
+    let msg = find_shards(&dir, "train").err().unwrap().to_string();
+    assert!(msg.contains("not one complete set") && msg.contains("train-00000-of-00002.tfrecord"), "{msg}");
+    std::fs::remove_file(dir.join("train-00000-of-00002.tfrecord")).unwrap();
+    std::fs::remove_file(dir.join("train-00003-of-00004.tfrecord")).unwrap();
+    let msg = find_shards(&dir, "train").err().unwrap().to_string();
+    assert!(msg.contains("not one complete set of 4"), "a missing shard: {msg}");
+}
+
+/// A validation fraction too small to draw any block still holds one out,
+/// and input too short to split is refused.
+#[test]
+fn a_validation_split_is_never_empty() {
+    let tok = train_tokenizer(&corpus(), SubwordModel::WordPiece, 300, TokenizerStyle::Bert).unwrap();
+    let dir = tmp("tiny-validation");
+    let options = PrepareOptions { block_size: 32, num_shards: 1, validation_fraction: 1e-9, seed: 1, progress: false };
+    let manifest = prepare(&tok, &corpus(), &dir, &options).unwrap();
+    assert_eq!(manifest.validation.iter().map(|s| s.records).sum::<u64>(), 1);
+    assert!(manifest.train_records() > 1);
+    let short = vec![corpus()[0].clone()];
+    let block_size = tok.encode(&short[0], true).unwrap().len();
+    let options = PrepareOptions { block_size, num_shards: 1, validation_fraction: 0.5, seed: 1, progress: false };
+    let msg = prepare(&tok, &short, &dir, &options).err().unwrap().to_string();
+    assert!(msg.contains("too few to hold out") && msg.contains("--validation-fraction 0"), "{msg}");
 }
 
 fn collator(tok: &TextTokenizer) -> MlmCollator {

@@ -216,7 +216,11 @@ pub fn open_split(dir: &Path, split: &str, skip_corrupt: bool) -> Result<Arc<Sha
     let policy = if skip_corrupt { CorruptPolicy::Skip } else { CorruptPolicy::Fail };
     let data = ShardedDataset::open(&find_shards(dir, split)?, policy)?;
     if data.skipped() > 0 {
-        eprintln!("warning: skipped {} corrupt records in {}", data.skipped(), dir.display());
+        let lost = match data.unframed_bytes() {
+            0 => String::new(),
+            bytes => format!(", and {bytes} bytes after corrupt record headers (the records in them cannot be read)"),
+        };
+        eprintln!("warning: skipped {} corrupt records in {}{lost}", data.skipped(), dir.display());
     }
     Ok(Arc::new(data))
 }

@@ -43,7 +43,7 @@ pub struct DemoArgs {
     #[arg(long, default_value_t = 60_000)]
     sentences: usize,
     /// Countries (facts) in the generated lexicon.
-    #[arg(long, default_value_t = 8)]
+    #[arg(long, default_value_t = 8, value_parser = clap::builder::RangedU64ValueParser::<usize>::new().range(1..))]
     pub countries: usize,
     /// Seed of everything.
     #[arg(long, default_value_t = 0)]

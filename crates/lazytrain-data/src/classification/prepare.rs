@@ -7,7 +7,9 @@ use super::rows::{
     label_names, read_labelled_file, BadRowCounts, BadRowKind, Columns, LabelOrder, LabelledRow, RowPolicy,
 };
 use crate::example::encode_int64_example;
-use crate::prepare::{finish_shards, read_manifest, shard_writers, stage_bar, tokenizer_hash, write_json, ShardInfo};
+use crate::prepare::{
+    finish_shards, read_manifest, remove_shards, shard_writers, stage_bar, tokenizer_hash, write_json, ShardInfo,
+};
 use crate::tokenizer::TextTokenizer;
 use crate::{DataError, Result};
 use serde::{Deserialize, Serialize};
@@ -106,6 +108,21 @@ struct LabelsFile<'a> {
     note: &'a str,
 }
 
+/// `max_length` must leave room for text after the special tokens the
+/// tokenizer adds (`[CLS] .. [SEP]`, three with a text pair on BERT).
+fn check_room_for_text(tokenizer: &TextTokenizer, max_length: usize, pairs: bool) -> Result<()> {
+    use tokenizers::PostProcessor;
+    let added = tokenizer.inner().get_post_processor().map_or(0, |p| p.added_tokens(pairs));
+    if max_length <= added {
+        return Err(DataError::Invalid(format!(
+            "--max-length {max_length} leaves no room for text: the tokenizer adds {added} special tokens to every \
+             {}; pass a larger --max-length",
+            if pairs { "text pair" } else { "text" }
+        )));
+    }
+    Ok(())
+}
+
 /// The bucket lengths: sorted, unique, ending at `max_length`.
 fn resolve_buckets(buckets: &[usize], max_length: usize) -> Result<Vec<usize>> {
     let mut out: Vec<usize> = buckets.to_vec();
@@ -150,6 +167,7 @@ pub fn prepare_classification(
         )));
     }
     let buckets = resolve_buckets(&options.buckets, options.max_length)?;
+    check_room_for_text(tokenizer, options.max_length, options.columns.text_pair.is_some())?;
     let mut skipped = BadRowCounts::new();
     let train_rows = read_all(train_files, &options.columns, options.skip_bad_rows, &mut skipped)?;
     let rows_only: Vec<LabelledRow> = train_rows.iter().map(|(_, r)| r.clone()).collect();
@@ -185,6 +203,10 @@ pub fn prepare_classification(
     let encoder = Encoder::new(tokenizer, options.max_length, &buckets)?;
     std::fs::create_dir_all(out_dir)
         .map_err(|e| DataError::Io { path: out_dir.display().to_string(), detail: e.to_string() })?;
+    if train.is_empty() {
+        return Err(DataError::Invalid("no training rows are left after the validation split".into()));
+    }
+    remove_shards(out_dir)?;
     let mut truncated = 0;
     let label_id = |name: &str| labels.iter().position(|l| l == name).unwrap_or_default() as i64;
     let mut write_split = |split: &str, rows: &[(PathBuf, LabelledRow)], shards: usize| -> Result<Vec<ShardInfo>> {
@@ -208,9 +230,6 @@ pub fn prepare_classification(
         bar.finish_and_clear();
         finish_shards(writers)
     };
-    if train.is_empty() {
-        return Err(DataError::Invalid("no training rows are left after the validation split".into()));
-    }
     let train_shards = write_split("train", &train, options.num_shards)?;
     let validation_shards = if eval_rows.is_empty() { Vec::new() } else { write_split("validation", &eval_rows, 1)? };
     let manifest = ClassificationManifest {
