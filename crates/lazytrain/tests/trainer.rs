@@ -142,6 +142,32 @@ fn a_resumed_run_matches_an_uninterrupted_one_bit_for_bit() {
     assert!(msg.contains("is it a training run"), "{msg}");
 }
 
+/// A fresh run over an earlier run's checkpoints is refused (also with
+/// `resume_from_checkpoint = "false"`); with `overwrite_output_dir` it
+/// removes them, so a later resume continues this run, not the earlier one.
+#[test]
+fn a_fresh_run_never_mixes_its_checkpoints_with_an_earlier_runs() {
+    let (dir, tok) = data("overwrite");
+    let out = dir.join("out");
+    trainer(&dir, &tok, args(&out), &Device::cpu()).train().unwrap();
+    assert_eq!(checkpoint_steps(&out), [3, 6]);
+    let no_resume = TrainingArguments { resume_from_checkpoint: Some("false".into()), ..args(&out) };
+    let msg = trainer(&dir, &tok, no_resume, &Device::cpu()).train().err().unwrap().to_string();
+    assert!(msg.contains("already holds checkpoints") && msg.contains("--overwrite-output-dir"), "{msg}");
+    assert_eq!(checkpoint_steps(&out), [3, 6], "nothing was touched");
+    let over = TrainingArguments { overwrite_output_dir: true, max_steps: 3, save_total_limit: Some(1), ..args(&out) };
+    trainer(&dir, &tok, over, &Device::cpu()).train().unwrap();
+    assert_eq!(checkpoint_steps(&out), [3], "the earlier run's checkpoint-6 is gone, this run's newest stays");
+}
+
+/// The steps of the complete checkpoints in `output_dir`.
+fn checkpoint_steps(output_dir: &Path) -> Vec<u64> {
+    checkpoints(output_dir)
+        .iter()
+        .map(|p| p.file_name().unwrap().to_str().unwrap()["checkpoint-".len()..].parse().unwrap())
+        .collect()
+}
+
 #[test]
 fn evaluation_compiles_once_and_reports_perplexity() {
     let (dir, tok) = data("eval");

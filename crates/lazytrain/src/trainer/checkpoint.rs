@@ -104,18 +104,20 @@ fn write_into(dir: &Path, c: &CheckpointContents) -> Result<()> {
     json_file(&dir.join("trainer_state.json"), c.state)
 }
 
-/// Delete the oldest checkpoints beyond `limit` (keeping the best one, as HF does).
+/// Delete the oldest checkpoints beyond `limit`, never the newest one (the
+/// one just written, which a resume continues from) nor the best one: with
+/// `limit = 1` and a best checkpoint older than the newest, both stay (as in
+/// Hugging Face's Trainer).
 pub fn rotate(output_dir: &Path, limit: usize, best: Option<&str>) -> Result<()> {
     let all = checkpoints(output_dir);
+    let Some(newest) = all.last().cloned() else { return Ok(()) };
+    let kept = |p: &Path| p == newest || best.is_some_and(|b| Path::new(b) == p);
     let mut excess = all.len().saturating_sub(limit.max(1));
-    for path in all {
+    for path in all.iter().filter(|p| !kept(p)) {
         if excess == 0 {
             break;
         }
-        if best.is_some_and(|b| Path::new(b) == path) {
-            continue;
-        }
-        std::fs::remove_dir_all(&path).map_err(|e| Error::Input(format!("{}: {e}", path.display())))?;
+        std::fs::remove_dir_all(path).map_err(|e| Error::Input(format!("{}: {e}", path.display())))?;
         excess -= 1;
     }
     Ok(())
@@ -127,4 +129,51 @@ pub fn read_json<T: serde::de::DeserializeOwned>(dir: &Path, name: &str) -> Resu
     let text = std::fs::read_to_string(&path)
         .map_err(|e| Error::Input(format!("{}: cannot read ({e}); is this a complete checkpoint?", path.display())))?;
     serde_json::from_str(&text).map_err(|e| Error::Input(format!("{}: {e}", path.display())))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A folder with complete `checkpoint-{step}` folders for `steps`.
+    fn folder_with(name: &str, steps: &[u64]) -> PathBuf {
+        let dir = std::env::temp_dir().join(format!("lazytrain-rotate-{}-{name}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        for step in steps {
+            let c = dir.join(format!("checkpoint-{step}"));
+            std::fs::create_dir_all(&c).unwrap();
+            std::fs::write(c.join("trainer_state.json"), "{}").unwrap();
+        }
+        dir
+    }
+
+    fn steps_in(dir: &Path) -> Vec<u64> {
+        checkpoints(dir).iter().filter_map(|p| step_of(p)).collect()
+    }
+
+    #[test]
+    fn rotation_keeps_the_newest_and_the_best_checkpoint() {
+        let dir = folder_with("best-older", &[100, 200, 300]);
+        let best = dir.join("checkpoint-100").display().to_string();
+        rotate(&dir, 1, Some(&best)).unwrap();
+        assert_eq!(steps_in(&dir), [100, 300], "limit 1 with an older best keeps best and newest");
+        std::fs::remove_dir_all(&dir).unwrap();
+
+        let dir = folder_with("best-newest", &[100, 200, 300]);
+        let best = dir.join("checkpoint-300").display().to_string();
+        rotate(&dir, 1, Some(&best)).unwrap();
+        assert_eq!(steps_in(&dir), [300]);
+        std::fs::remove_dir_all(&dir).unwrap();
+
+        let dir = folder_with("no-best", &[100, 200, 300, 400]);
+        rotate(&dir, 2, None).unwrap();
+        assert_eq!(steps_in(&dir), [300, 400]);
+        std::fs::remove_dir_all(&dir).unwrap();
+
+        let dir = folder_with("best-in-middle", &[100, 200, 300, 400]);
+        let best = dir.join("checkpoint-200").display().to_string();
+        rotate(&dir, 2, Some(&best)).unwrap();
+        assert_eq!(steps_in(&dir), [200, 400]);
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
 }

@@ -39,6 +39,14 @@ impl Tally {
             },
         })
     }
+
+    /// The labelled tokens (masked LM) or examples (classifier) scored.
+    fn scored(&self) -> u64 {
+        match self {
+            Tally::MaskedLm { count, .. } => *count as u64,
+            Tally::Classification { confusion, .. } => confusion.total(),
+        }
+    }
 }
 
 impl<M: TaskModel> Trainer<M> {
@@ -104,19 +112,26 @@ impl<M: TaskModel> Trainer<M> {
         if world > 1 {
             tally = tally.summed_over_replicas(&self.device)?;
         }
+        if tally.scored() == 0 {
+            return Err(Error::Input(format!(
+                "the eval data ({} records) has nothing to score (no labelled token or example), so its metrics would \
+                 be meaningless; prepare it again with more text or a larger --validation-fraction",
+                eval.len()
+            )));
+        }
         Ok(match tally {
             Tally::MaskedLm { loss, correct, count } => {
-                let loss = loss / count.max(1.0);
+                let loss = loss / count;
                 EvalMetrics {
                     loss,
-                    accuracy: correct / count.max(1.0),
+                    accuracy: correct / count,
                     perplexity: Some(loss.exp()),
                     macro_f1: None,
                     count: count as u64,
                 }
             }
             Tally::Classification { loss, confusion } => EvalMetrics {
-                loss: loss / confusion.total().max(1) as f64,
+                loss: loss / confusion.total() as f64,
                 accuracy: confusion.accuracy(),
                 perplexity: None,
                 macro_f1: Some(confusion.macro_f1()),

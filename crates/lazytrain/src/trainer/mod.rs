@@ -22,7 +22,7 @@ pub use state::{RngState, SchedulerState, TrainerState};
 pub use task::{EvalMetrics, TaskData};
 
 use crate::{Error, Result};
-use checkpoint::{latest_checkpoint, read_json, rotate, save_checkpoint, CheckpointContents};
+use checkpoint::{checkpoints, latest_checkpoint, read_json, rotate, save_checkpoint, CheckpointContents};
 use lazytrain_core::ir::AllReduceOp;
 use lazytrain_core::{DType, Device, PrecisionGuard, Tensor};
 use lazytrain_data::classification::ClassificationManifest;
@@ -323,14 +323,31 @@ impl<M: TaskModel> Trainer<M> {
         }
     }
 
+    /// Refuse to start a fresh run over an earlier run's checkpoints unless
+    /// `overwrite_output_dir` says to; starting over then removes them (the
+    /// master replica does), so rotation and a later resume never mistake
+    /// them for this run's.
     fn check_output_dir(&self) -> Result<()> {
         let output = Path::new(&self.args.output_dir);
-        let has_checkpoints = latest_checkpoint(output).is_some();
-        if has_checkpoints && !self.args.overwrite_output_dir && self.args.resume_from_checkpoint.is_none() {
-            return Err(Error::Input(format!(
-                "{} already holds checkpoints; pass --resume-from-checkpoint true to continue, or --overwrite-output-dir true to start over",
-                output.display()
-            )));
+        let resuming = !matches!(self.args.resume_from_checkpoint.as_deref(), None | Some("false"));
+        let earlier = checkpoints(output);
+        if !earlier.is_empty() && !resuming {
+            if !self.args.overwrite_output_dir {
+                return Err(Error::Input(format!(
+                    "{} already holds checkpoints; pass --resume-from-checkpoint true to continue, or --overwrite-output-dir true to start over",
+                    output.display()
+                )));
+            }
+            if self.is_master() {
+                for dir in &earlier {
+                    std::fs::remove_dir_all(dir).map_err(|e| Error::Input(format!("{}: {e}", dir.display())))?;
+                }
+                eprintln!(
+                    "overwrite_output_dir: removed {} checkpoint(s) of an earlier run from {}",
+                    earlier.len(),
+                    output.display()
+                );
+            }
         }
         std::fs::create_dir_all(output).map_err(|e| Error::Input(format!("{}: {e}", output.display())))
     }
