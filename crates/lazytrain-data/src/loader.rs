@@ -100,7 +100,8 @@ impl DeviceLoader {
                 let mut produced = 0u64;
                 let (mut epoch, mut sample) = (plan.start_epoch, plan.start_sample);
                 while epoch < plan.epochs && plan.max_batches.is_none_or(|m| produced < m) {
-                    if sample + plan.batch_size > per_epoch * plan.batch_size {
+                    // The start may come from a saved state: compare without overflowing.
+                    if sample > (per_epoch - 1) * plan.batch_size {
                         epoch += 1;
                         sample = 0;
                         continue;
@@ -138,10 +139,15 @@ impl Iterator for DeviceLoader {
                 Some(batch)
             }
             Err(_) => {
-                if let Some(worker) = self.worker.take() {
-                    let _ = worker.join();
-                }
-                None
+                // The worker hung up: the data ran out, or it panicked, which
+                // must not pass for the end of the data.
+                let panic = self.worker.take()?.join().err()?;
+                let what = panic
+                    .downcast_ref::<&str>()
+                    .map(|s| s.to_string())
+                    .or_else(|| panic.downcast_ref::<String>().cloned())
+                    .unwrap_or_else(|| "a panic without a message".into());
+                Some(Err(DataError::Invalid(format!("the loader thread panicked while preparing a batch: {what}"))))
             }
         }
     }

@@ -2,7 +2,7 @@
 //! integrity, sharded reading with resume, and the prefetching loader.
 
 use lazytrain_core::Device;
-use lazytrain_data::collator::MlmCollator;
+use lazytrain_data::collator::{Collator, HostBatch, MlmCollator};
 use lazytrain_data::corpus::demo_corpus;
 use lazytrain_data::dataset::{find_shards, EpochSampler, ShardedDataset};
 use lazytrain_data::loader::{DeviceLoader, LoaderPlan};
@@ -178,6 +178,43 @@ fn collect(loader: DeviceLoader) -> Vec<(u64, usize, Vec<i64>, Vec<i64>)> {
             (b.epoch, b.first_sample, b.input_ids.to_vec::<i64>().unwrap(), b.labels.to_vec::<i64>().unwrap())
         })
         .collect()
+}
+
+/// Collates like `inner` until `after` batches, then panics.
+struct PanicsAfter<C> {
+    inner: C,
+    after: std::sync::atomic::AtomicUsize,
+}
+
+impl<C: Collator> Collator for PanicsAfter<C> {
+    fn collate_records(&self, data: &ShardedDataset, records: &[usize], epoch: u64) -> lazytrain_data::Result<HostBatch> {
+        if self.after.fetch_sub(1, std::sync::atomic::Ordering::SeqCst) == 0 {
+            panic!("collator bug at record {}", records[0]);
+        }
+        self.inner.collate_records(data, records, epoch)
+    }
+}
+
+/// A worker that panics is an error after the batches it made, never a
+/// quiet end of the data; a saved position past the end of an epoch (even
+/// near `usize::MAX`) starts the next epoch.
+#[test]
+fn a_loader_thread_panic_is_an_error_and_far_positions_do_not_overflow() {
+    let (dir, tok, _) = prepared("loader-panic", 1);
+    let data = Arc::new(ShardedDataset::open(&find_shards(&dir, "train").unwrap(), CorruptPolicy::Fail).unwrap());
+    let dev = Device::cpu();
+    let plan = LoaderPlan { batch_size: 2, prefetch: 1, start_epoch: 0, start_sample: 0, max_batches: None, epochs: 1 };
+    let sampler = || EpochSampler::new(data.len(), 5, true, 0, 1).unwrap();
+    let panicking = PanicsAfter { inner: collator(&tok), after: 2.into() };
+    let results: Vec<_> = DeviceLoader::new(data.clone(), sampler(), panicking, plan, &dev).unwrap().collect();
+    assert_eq!(results.len(), 3, "two batches, then the error");
+    assert!(results[..2].iter().all(Result::is_ok));
+    let msg = results[2].as_ref().err().unwrap().to_string();
+    assert!(msg.contains("loader thread panicked") && msg.contains("collator bug at record"), "{msg}");
+    let far = LoaderPlan { start_sample: usize::MAX - 1, epochs: 2, ..plan };
+    let batches = collect(DeviceLoader::new(data.clone(), sampler(), collator(&tok), far, &dev).unwrap());
+    assert_eq!(batches.len(), data.len() / 2, "one whole epoch, the second");
+    assert!(batches.iter().all(|b| b.0 == 1));
 }
 
 #[test]
