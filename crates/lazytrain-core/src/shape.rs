@@ -28,9 +28,14 @@ impl Shape {
         self.0.len()
     }
 
-    /// The number of elements (1 for a scalar).
+    /// The number of elements (1 for a scalar); `usize::MAX` when the
+    /// product overflows (no such tensor can exist, and trace-time checks
+    /// refuse it rather than wrap around).
     pub fn numel(&self) -> usize {
-        self.0.iter().product()
+        if self.0.contains(&0) {
+            return 0;
+        }
+        self.0.iter().try_fold(1usize, |n, &d| n.checked_mul(d)).unwrap_or(usize::MAX)
     }
 
     /// Row-major (C order) strides in elements.

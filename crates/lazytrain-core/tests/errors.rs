@@ -118,3 +118,28 @@ fn out_of_range_indices_fail_at_run_time_without_panicking() {
     assert_eq!(table.embedding(&ok).unwrap().to_vec::<f32>().unwrap(), vec![0.5, 0.5]);
     let _ = DType::F32;
 }
+
+/// Sizes whose arithmetic would overflow `usize` are argument or shape
+/// errors at the caller's line, never a wrapped size or a panic.
+#[test]
+fn sizes_that_overflow_are_refused() {
+    let dev = Device::cpu();
+    let a = t(&dev, &[2, 3]);
+    let line = line!() + 1;
+    let e = a.narrow(0, usize::MAX, 2).unwrap_err();
+    assert!(matches!(e, Error::Op { kind: RuleKind::Argument, .. }));
+    assert_message(&e, line, &["slice", "out of bounds", "[2, 3]"]);
+    let line = line!() + 1;
+    let e = a.pad(&[usize::MAX, 0], &[1, 0], 0.0).unwrap_err();
+    assert_message(&e, line, &["pad", "overflow"]);
+    let huge = 1usize << 33;
+    let line = line!() + 1;
+    let e = Tensor::zeros([huge, huge, huge], DType::F32, &dev).unwrap_err();
+    assert!(matches!(e, Error::Op { kind: RuleKind::Shape, .. }));
+    assert_message(&e, line, &["would not fit in memory"]);
+    let empty = Tensor::zeros([0], DType::F32, &dev).unwrap();
+    let line = line!() + 1;
+    let e = empty.reshape([huge, huge]).unwrap_err();
+    assert_message(&e, line, &["reshape", "[0]"]);
+    assert_eq!(Tensor::zeros([huge, huge, 0], DType::F32, &dev).unwrap().dims(), [huge, huge, 0], "zero elements");
+}

@@ -155,13 +155,13 @@ pub fn slice(x: Meta, starts: &[usize], sizes: &[usize]) -> RuleResult {
         return Err(err(RuleKind::Argument, format!("slice of {} needs {rank} starts and sizes", x.0)));
     }
     for axis in 0..rank {
-        if starts[axis] + sizes[axis] > x.0.dims()[axis] {
+        if starts[axis].checked_add(sizes[axis]).is_none_or(|end| end > x.0.dims()[axis]) {
             return Err(err(
                 RuleKind::Argument,
                 format!(
                     "slice {}..{} of axis {axis} is out of bounds for shape {}",
                     starts[axis],
-                    starts[axis] + sizes[axis],
+                    starts[axis].saturating_add(sizes[axis]),
                     x.0
                 ),
             ));
@@ -189,7 +189,9 @@ pub fn concat(xs: &[Meta], axis: usize) -> RuleResult {
                 format!("concat along axis {axis} needs equal other dimensions, got {} and {}", first.0, x.0),
             ));
         }
-        dims[axis] += x.0.dims()[axis];
+        dims[axis] = dims[axis].checked_add(x.0.dims()[axis]).ok_or_else(|| {
+            err(RuleKind::Shape, format!("concat along axis {axis}: the joined length overflows"))
+        })?;
     }
     Ok((Shape::new(dims), first.1))
 }
@@ -199,7 +201,9 @@ pub fn pad(x: Meta, low: &[usize], high: &[usize]) -> RuleResult {
     if low.len() != x.0.rank() || high.len() != x.0.rank() {
         return Err(err(RuleKind::Argument, format!("pad of {} needs {} low and high widths", x.0, x.0.rank())));
     }
-    let dims = x.0.dims().iter().zip(low.iter().zip(high)).map(|(d, (l, h))| d + l + h).collect::<Vec<_>>();
+    let dims = x.0.dims().iter().zip(low.iter().zip(high)).map(|(d, (l, h))| d.checked_add(*l)?.checked_add(*h));
+    let dims: Option<Vec<usize>> = dims.collect();
+    let dims = dims.ok_or_else(|| err(RuleKind::Argument, format!("pad widths {low:?} + {high:?} of {} overflow", x.0)))?;
     Ok((Shape::new(dims), x.1))
 }
 

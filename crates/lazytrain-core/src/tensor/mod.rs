@@ -16,7 +16,7 @@ pub use elementwise::broadcast_shapes;
 
 use crate::device::Device;
 use crate::dtype::DType;
-use crate::error::{Error, Result, RuleError};
+use crate::error::{Error, Result, RuleError, RuleKind};
 use crate::ir::infer::Meta;
 use crate::ir::{Node, NodeId, Op};
 use crate::shape::Shape;
@@ -237,6 +237,11 @@ pub(crate) fn trace(
         if t.device() != device {
             return Err(Error::DeviceMismatch { op: name, a: device.name(), b: t.device().name(), location });
         }
+    }
+    let bytes = shape.numel().checked_mul(dtype.size_in_bytes()).filter(|&b| b <= isize::MAX as usize);
+    if bytes.is_none() {
+        let detail = format!("a {dtype} tensor of shape {shape} would not fit in memory (its size overflows)");
+        return rule(name, location, Err(RuleError::new(RuleKind::Shape, detail)));
     }
     let mut live = device.lock_live();
     let mut ids = Vec::with_capacity(inputs.len());
