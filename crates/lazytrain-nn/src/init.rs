@@ -5,7 +5,7 @@
 //! graph uses, keyed by `(seed, stream)`: the same seed gives the same model.
 
 use crate::Result;
-use lazytrain_core::random::uniform_f32;
+use lazytrain_core::random::{uniform_f32, uniform_f32_from};
 use lazytrain_core::{DType, Device, Tensor};
 
 /// BERT's `initializer_range`.
@@ -13,29 +13,67 @@ pub const BERT_INIT_STD: f32 = 0.02;
 
 /// `n` samples of N(0, std²) by Box–Muller over Philox uniforms.
 pub fn normal_values(n: usize, std: f32, seed: u64, stream: u64) -> Vec<f32> {
-    let mut u = vec![0f32; n + n % 2];
-    uniform_f32(seed, stream, &mut u);
-    let mut out = Vec::with_capacity(u.len());
-    for pair in u.chunks(2) {
+    let mut out = vec![0f32; n];
+    fill_normal(&mut out, std, seed, stream);
+    out
+}
+
+/// [`normal_values`] written into `out` (pairs of uniforms transformed in
+/// place; an odd length draws the last pair's second uniform on its own).
+fn fill_normal(out: &mut [f32], std: f32, seed: u64, stream: u64) {
+    uniform_f32(seed, stream, out);
+    let n = out.len();
+    let mut last = [0f32; 2];
+    if n % 2 == 1 {
+        uniform_f32_from(seed, stream, n - 1, &mut last);
+    }
+    let transform = |pair: &mut [f32]| {
         let r = (-2.0 * (1.0 - pair[0] as f64).ln()).sqrt();
         let theta = std::f64::consts::TAU * pair[1] as f64;
-        out.push((r * theta.cos()) as f32 * std);
-        out.push((r * theta.sin()) as f32 * std);
+        pair[0] = (r * theta.cos()) as f32 * std;
+        pair[1] = (r * theta.sin()) as f32 * std;
+    };
+    let mut pairs = out.chunks_exact_mut(2);
+    pairs.by_ref().for_each(transform);
+    if let [tail] = pairs.into_remainder() {
+        transform(&mut last);
+        *tail = last[0];
     }
-    out.truncate(n);
-    out
+}
+
+/// A zeroed host buffer for a parameter of `shape`, or an error naming the
+/// shape when it cannot exist (a config with absurd sizes) instead of an
+/// abort on allocation failure.
+fn host_buffer(shape: &[usize]) -> Result<Vec<f32>> {
+    let n = shape.iter().try_fold(1usize, |n, &d| n.checked_mul(d));
+    let mut values = Vec::new();
+    match n {
+        Some(n) if values.try_reserve_exact(n).is_ok() => {
+            values.resize(n, 0.0);
+            Ok(values)
+        }
+        _ => Err(crate::NnError::Invalid {
+            what: "parameter",
+            detail: format!(
+                "a parameter of shape {shape:?} is too large to allocate; check the model config's sizes \
+                 (vocab_size, hidden_size, intermediate_size, max_position_embeddings)"
+            ),
+        }),
+    }
 }
 
 /// A trainable tensor of N(0, std²) values.
 pub fn normal(shape: &[usize], std: f32, seed: u64, stream: u64, device: &Device) -> Result<Tensor> {
-    let n = shape.iter().product();
-    parameter(Tensor::from_vec(normal_values(n, std, seed, stream), shape, device)?)
+    let mut values = host_buffer(shape)?;
+    fill_normal(&mut values, std, seed, stream);
+    parameter(Tensor::from_vec(values, shape, device)?)
 }
 
 /// A trainable tensor filled with `value`.
 pub fn constant(shape: &[usize], value: f32, device: &Device) -> Result<Tensor> {
-    let n = shape.iter().product();
-    parameter(Tensor::from_vec(vec![value; n], shape, device)?)
+    let mut values = host_buffer(shape)?;
+    values.fill(value);
+    parameter(Tensor::from_vec(values, shape, device)?)
 }
 
 /// Mark a device tensor as a trainable parameter.
@@ -94,5 +132,35 @@ mod tests {
         assert!((var.sqrt() - 0.02).abs() < 5e-4, "std {}", var.sqrt());
         assert_eq!(v, normal_values(20_000, 0.02, 3, 1));
         assert_ne!(v, normal_values(20_000, 0.02, 3, 2));
+    }
+
+    /// The in-place transform gives the values of the two-buffer
+    /// Box–Muller it replaced (the models of earlier versions), odd lengths
+    /// included.
+    #[test]
+    fn normal_values_are_box_muller_over_uniform_pairs() {
+        for n in [0, 1, 2, 7, 64] {
+            let mut u = vec![0f32; n + n % 2];
+            uniform_f32(5, 9, &mut u);
+            let expected: Vec<f32> = u
+                .chunks(2)
+                .flat_map(|p| {
+                    let r = (-2.0 * (1.0 - p[0] as f64).ln()).sqrt();
+                    let theta = std::f64::consts::TAU * p[1] as f64;
+                    [(r * theta.cos()) as f32 * 0.5, (r * theta.sin()) as f32 * 0.5]
+                })
+                .take(n)
+                .collect();
+            assert_eq!(normal_values(n, 0.5, 5, 9), expected, "n = {n}");
+        }
+    }
+
+    #[test]
+    fn a_parameter_too_large_to_allocate_is_an_error() {
+        let device = Device::cpu();
+        let msg = normal(&[1 << 40, 1 << 30], 0.02, 0, 0, &device).err().unwrap().to_string();
+        assert!(msg.contains("too large to allocate") && msg.contains("vocab_size"), "{msg}");
+        assert!(constant(&[usize::MAX, 2], 1.0, &device).is_err(), "the element count overflows");
+        assert!(constant(&[1 << 40, 1 << 10], 1.0, &device).is_err(), "4 PiB: the allocator refuses");
     }
 }
