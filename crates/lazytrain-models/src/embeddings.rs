@@ -48,7 +48,7 @@ impl Embeddings {
     /// HF's `create_position_ids_from_input_ids` (padding keeps `pad`,
     /// other tokens count from `pad + 1`), computed in the graph.
     fn position_ids(&self, input_ids: &Tensor) -> Result<Tensor> {
-        let (b, s) = (input_ids.dims()[0], input_ids.dims()[1]);
+        let [b, s] = crate::error::dims_of(input_ids, "input_ids", "[batch, seq]")?;
         let dev = input_ids.device();
         match self.model_type {
             ModelType::Bert => Ok(Tensor::iota([b, s], 1, DType::I64, dev)?),

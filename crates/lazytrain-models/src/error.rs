@@ -37,3 +37,12 @@ pub enum ModelError {
 
 /// `Result` with [`ModelError`].
 pub type Result<T, E = ModelError> = std::result::Result<T, E>;
+
+/// `t`'s `N` dimensions, or an error saying what `what` must be when it
+/// has another rank (`layout`, e.g. `[batch, seq, hidden]`).
+pub(crate) fn dims_of<const N: usize>(t: &lazytrain_core::Tensor, what: &str, layout: &str) -> Result<[usize; N]> {
+    t.dims().try_into().map_err(|_| ModelError::Config {
+        path: "model inputs".into(),
+        detail: format!("{what} must be {layout} (rank {N}), got shape {}", t.shape()),
+    })
+}

@@ -44,9 +44,9 @@ impl ForMaskedLM {
 
     /// Vocabulary logits `[batch, seq, vocab]` from the last hidden state.
     pub fn head(&self, hidden: &Tensor) -> Result<Tensor> {
+        let [b, s, d] = crate::error::dims_of(hidden, "the hidden state", "[batch, seq, hidden]")?;
         let h = activation(&self.transform.forward(hidden)?, &self.config().hidden_act)?;
         let h = self.layer_norm.forward(&h)?;
-        let (b, s, d) = (h.dims()[0], h.dims()[1], h.dims()[2]);
         let word = &self.model.embeddings.word_embeddings.weight;
         let logits = h.reshape([b * s, d])?.matmul_transposed(word, false, true)?.add(&self.bias)?;
         Ok(logits.reshape([b, s, word.dims()[0]])?)

@@ -86,8 +86,8 @@ impl EncoderModel {
 
     /// The pooled first-token representation `[batch, hidden]`.
     pub fn pool(&self, hidden: &Tensor) -> Result<Option<Tensor>> {
+        let [b, _, h] = crate::error::dims_of(hidden, "the hidden state", "[batch, seq, hidden]")?;
         let Some(dense) = &self.pooler else { return Ok(None) };
-        let (b, h) = (hidden.dims()[0], hidden.dims()[2]);
         let first = hidden.narrow(1, 0, 1)?.reshape([b, h])?;
         Ok(Some(dense.forward(&first)?.tanh()?))
     }

@@ -2,7 +2,7 @@
 //! logits and hidden states for single and padded batched inputs, a 20-step
 //! training trajectory, checkpoint round trips and checkpoint errors.
 
-use lazytrain_core::{Device, Tensor};
+use lazytrain_core::{DType, Device, Tensor};
 use lazytrain_models::hub::{load_masked_lm, load_sequence_classifier, load_weights, save_pretrained};
 use lazytrain_models::{ForMaskedLM, ModelConfig, ModelError, Result};
 use lazytrain_nn::init::Initializer;
@@ -202,4 +202,11 @@ fn malformed_inputs_are_errors_not_panics() {
     let ids = Tensor::from_vec(vec![2i64, 17, 3], [1, 3], &dev).unwrap();
     let bad_mask = Tensor::from_vec(vec![1i64, 1], [1, 2], &dev).unwrap();
     assert!(model.forward(&ids, Some(&bad_mask), None, &ctx).is_err());
+    // The public pieces check their own inputs too.
+    let hidden = Tensor::zeros([3, 32], DType::F32, &dev).unwrap();
+    let msg = model.head(&hidden).err().unwrap().to_string();
+    assert!(msg.contains("[batch, seq, hidden]") && msg.contains("[3, 32]"), "{msg}");
+    assert!(model.model.pool(&hidden).err().unwrap().to_string().contains("[batch, seq, hidden]"));
+    let msg = model.model.embeddings.forward(&flat, None, &ctx).err().unwrap().to_string();
+    assert!(msg.contains("input_ids must be [batch, seq]"), "{msg}");
 }
