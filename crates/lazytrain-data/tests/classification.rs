@@ -139,7 +139,10 @@ fn pairs_get_segment_ids_and_long_rows_are_truncated_and_counted() {
     // [CLS] a [SEP] b [SEP]: a max_length of 3 leaves no room for text.
     let tight = ClassificationOptions { max_length: 3, ..o.clone() };
     let msg = prepare_classification(&tok, &[dir.join("nli.jsonl")], &[], &dir.join("tight"), &tight).err().unwrap();
-    assert!(msg.to_string().contains("--max-length 3 leaves no room") && msg.to_string().contains("3 special"), "{msg}");
+    assert!(
+        msg.to_string().contains("--max-length 3 leaves no room") && msg.to_string().contains("3 special"),
+        "{msg}"
+    );
     let single = ClassificationOptions { max_length: 3, ..options(3, vec![]) };
     let two = "{\"text\": \"the park is superb\", \"label\": \"pos\"}\n{\"text\": \"awful\", \"label\": \"neg\"}\n";
     std::fs::write(dir.join("one.jsonl"), two).unwrap();

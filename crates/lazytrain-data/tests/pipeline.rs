@@ -187,7 +187,12 @@ struct PanicsAfter<C> {
 }
 
 impl<C: Collator> Collator for PanicsAfter<C> {
-    fn collate_records(&self, data: &ShardedDataset, records: &[usize], epoch: u64) -> lazytrain_data::Result<HostBatch> {
+    fn collate_records(
+        &self,
+        data: &ShardedDataset,
+        records: &[usize],
+        epoch: u64,
+    ) -> lazytrain_data::Result<HostBatch> {
         if self.after.fetch_sub(1, std::sync::atomic::Ordering::SeqCst) == 0 {
             panic!("collator bug at record {}", records[0]);
         }

@@ -264,6 +264,10 @@ fn invalid(toml: &str, has_eval: bool) -> String {
 fn bad_configs_are_clear_errors() {
     let msg = invalid("output_dir = \"x\"\nlearning_rat = 0.1\n", false);
     assert!(msg.contains("unknown field `learning_rat`") && msg.contains("learning_rate"), "{msg}");
+    let msg = invalid("num_train_epochs = nan\n", false);
+    assert!(msg.contains("num_train_epochs must be a finite number, got NaN"), "{msg}");
+    let msg = invalid("learning_rate = inf\n", false);
+    assert!(msg.contains("learning_rate must be a finite number"), "{msg}");
     let msg = invalid("lr_scheduler_type = \"polynomial\"\n", false);
     assert!(msg.contains("choose one of linear, cosine, constant, constant_with_warmup"), "{msg}");
     let msg = invalid("eval_strategy = \"steps\"\n", false);

@@ -189,9 +189,9 @@ pub fn concat(xs: &[Meta], axis: usize) -> RuleResult {
                 format!("concat along axis {axis} needs equal other dimensions, got {} and {}", first.0, x.0),
             ));
         }
-        dims[axis] = dims[axis].checked_add(x.0.dims()[axis]).ok_or_else(|| {
-            err(RuleKind::Shape, format!("concat along axis {axis}: the joined length overflows"))
-        })?;
+        dims[axis] = dims[axis]
+            .checked_add(x.0.dims()[axis])
+            .ok_or_else(|| err(RuleKind::Shape, format!("concat along axis {axis}: the joined length overflows")))?;
     }
     Ok((Shape::new(dims), first.1))
 }
@@ -203,7 +203,8 @@ pub fn pad(x: Meta, low: &[usize], high: &[usize]) -> RuleResult {
     }
     let dims = x.0.dims().iter().zip(low.iter().zip(high)).map(|(d, (l, h))| d.checked_add(*l)?.checked_add(*h));
     let dims: Option<Vec<usize>> = dims.collect();
-    let dims = dims.ok_or_else(|| err(RuleKind::Argument, format!("pad widths {low:?} + {high:?} of {} overflow", x.0)))?;
+    let dims =
+        dims.ok_or_else(|| err(RuleKind::Argument, format!("pad widths {low:?} + {high:?} of {} overflow", x.0)))?;
     Ok((Shape::new(dims), x.1))
 }
 

@@ -73,7 +73,8 @@ impl AdamW {
 impl Optimizer for AdamW {
     fn step(&mut self) -> Result<()> {
         let Some(device) = self.slots.first().map(|s| s.param.device().clone()) else { return Ok(()) };
-        let t = (self.steps + 1) as i32;
+        // β^t is 0 in f64 long before t leaves i32 (a step count from a file may be anything).
+        let t = i32::try_from(self.steps.saturating_add(1)).unwrap_or(i32::MAX);
         let c = self.config;
         let bias1 = 1.0 - c.beta1.powi(t);
         let bias2 = 1.0 - c.beta2.powi(t);
@@ -95,7 +96,7 @@ impl Optimizer for AdamW {
             slot.exp_avg.assign(&m)?;
             slot.exp_avg_sq.assign(&v)?;
         }
-        self.steps += 1;
+        self.steps = self.steps.saturating_add(1);
         Ok(())
     }
 

@@ -211,6 +211,20 @@ impl TrainingArguments {
         {
             return Err(invalid("batch sizes and gradient_accumulation_steps must be at least 1".into()));
         }
+        let floats = [
+            ("num_train_epochs", self.num_train_epochs),
+            ("learning_rate", self.learning_rate),
+            ("weight_decay", self.weight_decay),
+            ("adam_beta1", self.adam_beta1),
+            ("adam_beta2", self.adam_beta2),
+            ("adam_epsilon", self.adam_epsilon),
+            ("max_grad_norm", self.max_grad_norm),
+            ("warmup_steps", self.warmup_steps),
+            ("mlm_probability", self.mlm_probability),
+        ];
+        if let Some((name, value)) = floats.iter().find(|(_, v)| !v.is_finite()) {
+            return Err(invalid(format!("{name} must be a finite number, got {value}")));
+        }
         if self.max_steps <= 0 && self.num_train_epochs <= 0.0 {
             return Err(invalid("set max_steps > 0 or num_train_epochs > 0".into()));
         }

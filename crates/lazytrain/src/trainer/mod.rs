@@ -387,7 +387,7 @@ impl<M: TaskModel> Trainer<M> {
             prefetch: self.args.dataloader_prefetch,
             start_epoch: self.state.data_epoch,
             start_sample: self.state.data_sample,
-            max_batches: Some(remaining * accumulation as u64),
+            max_batches: Some(remaining.saturating_mul(accumulation as u64)),
             epochs: u64::MAX,
         };
         let mut loader =
@@ -417,7 +417,7 @@ impl<M: TaskModel> Trainer<M> {
             let labelled: usize = window.iter().map(|b| b.label_count).sum();
             let scale = Tensor::scalar(1.0f32 / labelled.max(1) as f32, &self.device);
             // Each replica draws its own dropout masks.
-            let dropout_seed = self.args.seed as i64 + rank as i64 * REPLICA_SEED_STRIDE;
+            let dropout_seed = (self.args.seed as i64).wrapping_add((rank as i64).wrapping_mul(REPLICA_SEED_STRIDE));
             let ctx = Context::train(&self.device, dropout_seed, step as i64)?;
             let mut step_loss: Option<Tensor> = None;
             for batch in &window {
@@ -671,8 +671,10 @@ impl<M: TaskModel> Trainer<M> {
                 self.args.seed
             )));
         }
-        let max_steps = self.state.max_steps;
-        self.state = TrainerState { max_steps, ..saved };
+        // This run's intervals apply from here on (as in Hugging Face, which
+        // recomputes them from the arguments after loading the state).
+        let TrainerState { max_steps, logging_steps, eval_steps, save_steps, .. } = self.state;
+        self.state = TrainerState { max_steps, logging_steps, eval_steps, save_steps, ..saved };
         self.device.sync()?;
         Ok(())
     }
