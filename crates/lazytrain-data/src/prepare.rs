@@ -229,7 +229,10 @@ pub(crate) fn shard_position(name: &str, split: &str) -> Option<(usize, usize)> 
     let rest = name.strip_prefix(split)?.strip_prefix('-')?.strip_suffix(".tfrecord")?;
     let (i, n) = rest.split_once("-of-")?;
     let digits = |s: &str| !s.is_empty() && s.bytes().all(|b| b.is_ascii_digit());
-    (digits(i) && digits(n)).then(|| Some((i.parse().ok()?, n.parse().ok()?)))?
+    if !(digits(i) && digits(n)) {
+        return None;
+    }
+    Some((i.parse().ok()?, n.parse().ok()?))
 }
 
 /// Read `manifest.json` in `dir`, written by `command`, whose `task` field

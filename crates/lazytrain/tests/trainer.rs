@@ -160,6 +160,28 @@ fn a_fresh_run_never_mixes_its_checkpoints_with_an_earlier_runs() {
     assert_eq!(checkpoint_steps(&out), [3], "the earlier run's checkpoint-6 is gone, this run's newest stays");
 }
 
+/// Eval data without a record is refused when the Trainer is built, not
+/// evaluated to a loss of 0 (which would always be the best).
+#[test]
+fn an_empty_eval_set_is_refused_before_training() {
+    let (dir, tok) = data("empty-eval");
+    let empty = tmp("empty-eval-shards");
+    std::fs::create_dir_all(empty.join("data")).unwrap();
+    std::fs::write(empty.join("data/validation-00000-of-00001.tfrecord"), b"").unwrap();
+    let device = Device::cpu();
+    let built = Trainer::new(
+        args(&dir.join("out")),
+        small_model(&tok, &device),
+        tok.clone(),
+        open(&dir, "train"),
+        Some(open(&empty, "validation")),
+        16,
+        &device,
+    );
+    let msg = built.err().unwrap().to_string();
+    assert!(msg.contains("eval data holds no records"), "{msg}");
+}
+
 /// The steps of the complete checkpoints in `output_dir`.
 fn checkpoint_steps(output_dir: &Path) -> Vec<u64> {
     checkpoints(output_dir)

@@ -114,8 +114,8 @@ impl<M: TaskModel> Trainer<M> {
         }
         if tally.scored() == 0 {
             return Err(Error::Input(format!(
-                "the eval data ({} records) has nothing to score (no labelled token or example), so its metrics would \
-                 be meaningless; prepare it again with more text or a larger --validation-fraction",
+                "the eval data ({} records) has nothing to score (no masked token or labelled example), so its \
+                 metrics would be meaningless; give it more records (more text or a larger --validation-fraction)",
                 eval.len()
             )));
         }

@@ -175,6 +175,13 @@ impl<M: TaskModel> Trainer<M> {
         device: &Device,
     ) -> Result<Trainer<M>> {
         args.validate(eval.is_some())?;
+        if eval.as_ref().is_some_and(|e| e.is_empty()) {
+            return Err(Error::Input(
+                "the eval data holds no records; prepare it again with more text or a larger --validation-fraction, \
+                 or leave out --eval-data"
+                    .into(),
+            ));
+        }
         crate::folder::check_pad_id(model.config(), &tokenizer)?;
         if tokenizer.vocab_size() > model.config().vocab_size {
             return Err(Error::Input(format!(
