@@ -29,6 +29,7 @@
 //! # Ok::<(), lazytrain_core::Error>(())
 //! ```
 
+pub mod atomic_file;
 pub mod autodiff;
 pub mod backend;
 pub mod cache;

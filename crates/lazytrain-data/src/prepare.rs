@@ -280,7 +280,8 @@ pub(crate) fn tokenizer_hash(tokenizer: &TextTokenizer) -> Result<String> {
 /// Write `value` as pretty JSON to `path`.
 pub(crate) fn write_json(path: &Path, value: &impl Serialize) -> Result<()> {
     let text = serde_json::to_string_pretty(value).map_err(|e| DataError::Invalid(e.to_string()))?;
-    std::fs::write(path, text).map_err(|e| DataError::Io { path: path.display().to_string(), detail: e.to_string() })
+    lazytrain_core::atomic_file::write_atomically(path, text.as_bytes())
+        .map_err(|e| DataError::Io { path: path.display().to_string(), detail: e.to_string() })
 }
 
 #[cfg(test)]

@@ -3,6 +3,7 @@
 //! (`tokenizer_config.json`, `special_tokens_map.json`) `AutoTokenizer` reads.
 
 use crate::{DataError, Result};
+use lazytrain_core::atomic_file::write_atomically;
 use serde_json::json;
 use std::path::Path;
 use tokenizers::models::ModelWrapper;
@@ -150,7 +151,8 @@ impl TextTokenizer {
         let io = |p: &Path, e: String| DataError::Io { path: p.display().to_string(), detail: e };
         std::fs::create_dir_all(dir).map_err(|e| io(dir, e.to_string()))?;
         let file = dir.join("tokenizer.json");
-        self.inner.save(&file, false).map_err(|e| io(&file, e.to_string()))?;
+        let text = self.inner.to_string(false).map_err(|e| io(&file, e.to_string()))?;
+        write_atomically(&file, text.as_bytes()).map_err(|e| io(&file, e.to_string()))?;
         let [pad, unk, start, end, mask] = self.special.style.token_names();
         // The model-specific classes rebuild their own pipeline from the
         // vocabulary; anything else must load tokenizer.json as it is.
@@ -173,7 +175,7 @@ impl TextTokenizer {
         config["model_max_length"] = json!(model_max_length);
         let write = |name: &str, value: &serde_json::Value| {
             let path = dir.join(name);
-            std::fs::write(&path, serde_json::to_string_pretty(value).unwrap_or_default())
+            write_atomically(&path, serde_json::to_string_pretty(value).unwrap_or_default().as_bytes())
                 .map_err(|e| io(&path, e.to_string()))
         };
         write("tokenizer_config.json", &config)?;

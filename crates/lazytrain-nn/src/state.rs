@@ -6,7 +6,6 @@ use crate::{NnError, Result};
 use lazytrain_core::{DType, Device, HostData, Tensor};
 use safetensors::tensor::{Dtype, TensorView};
 use std::collections::HashMap;
-use std::io::Write;
 use std::path::Path;
 
 /// An ordered map of names to tensors.
@@ -176,22 +175,10 @@ pub fn save_safetensors(path: &Path, state: &StateDict, metadata: &[(&str, &str)
     write_atomically(path, &bytes)
 }
 
-/// Write `bytes` to `path` via a temporary file in the same directory,
-/// fsync it, and rename it into place.
+/// Write `bytes` to `path` atomically ([`lazytrain_core::atomic_file`]).
 pub fn write_atomically(path: &Path, bytes: &[u8]) -> Result<()> {
-    let dir = path.parent().filter(|d| !d.as_os_str().is_empty()).unwrap_or(Path::new("."));
-    let name = path.file_name().map(|n| n.to_string_lossy().to_string()).unwrap_or_default();
-    let tmp = dir.join(format!(".{name}.tmp-{}", std::process::id()));
-    let io = |e: std::io::Error| file_error(path, format!("cannot write: {e}"));
-    let mut file = std::fs::File::create(&tmp).map_err(io)?;
-    file.write_all(bytes).map_err(io)?;
-    file.sync_all().map_err(io)?;
-    drop(file);
-    std::fs::rename(&tmp, path).map_err(io)?;
-    if let Ok(d) = std::fs::File::open(dir) {
-        let _ = d.sync_all();
-    }
-    Ok(())
+    lazytrain_core::atomic_file::write_atomically(path, bytes)
+        .map_err(|e| file_error(path, format!("cannot write: {e}")))
 }
 
 /// Read every tensor of a safetensors file onto `device`, in file order.
