@@ -98,7 +98,22 @@ pub struct ModelConfig {
     /// Label ids by name, for classification.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub label2id: Option<std::collections::BTreeMap<String, i64>>,
+    /// What a classifier's outputs mean: `single_label_classification`
+    /// (softmax), `multi_label_classification` (a sigmoid per label) or
+    /// `regression` (raw scores); unset: inferred from the label count.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub problem_type: Option<String>,
+    /// Whether the masked-LM decoder shares the word embeddings (it must:
+    /// lazytrain's decoder is always tied, as HF's default).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tie_word_embeddings: Option<bool>,
+    /// `absolute` (the only kind lazytrain implements).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub position_embedding_type: Option<String>,
 }
+
+/// The `problem_type` values Hugging Face defines.
+pub const PROBLEM_TYPES: [&str; 3] = ["single_label_classification", "multi_label_classification", "regression"];
 
 /// The preset names, `bert-*` and `roberta-*`.
 pub const PRESETS: [&str; 8] = [
@@ -152,6 +167,9 @@ impl ModelConfig {
             eos_token_id: roberta.then_some(2),
             id2label: None,
             label2id: None,
+            problem_type: None,
+            tie_word_embeddings: None,
+            position_embedding_type: None,
         };
         config.validate(&format!("preset {name}"))?;
         Ok(config)
@@ -188,6 +206,19 @@ impl ModelConfig {
         }
         if self.vocab_size == 0 || self.hidden_size == 0 || self.max_position_embeddings == 0 {
             return bad("vocab_size, hidden_size and max_position_embeddings must be positive".into());
+        }
+        if let Some(kind) = self.position_embedding_type.as_deref().filter(|k| *k != "absolute") {
+            return bad(format!(
+                "position_embedding_type `{kind}` is not supported; lazytrain implements `absolute` position embeddings"
+            ));
+        }
+        if self.tie_word_embeddings == Some(false) {
+            return bad("tie_word_embeddings = false (an untied masked-LM decoder) is not supported; lazytrain's \
+                 decoder always shares the word embeddings"
+                .into());
+        }
+        if let Some(kind) = self.problem_type.as_deref().filter(|k| !PROBLEM_TYPES.contains(k)) {
+            return bad(format!("problem_type `{kind}`; choose one of {}", PROBLEM_TYPES.join(", ")));
         }
         if self.pad_token_id < 0 || self.pad_token_id as usize >= self.vocab_size {
             return bad(format!("pad_token_id {} is outside the vocabulary of {}", self.pad_token_id, self.vocab_size));

@@ -17,6 +17,15 @@ fn ignorable(name: &str) -> bool {
         || name.ends_with("lm_head.decoder.bias")
 }
 
+/// The name old BERT checkpoints use for a LayerNorm parameter
+/// (`LayerNorm.gamma`/`beta`, which HF renames to `weight`/`bias` on load).
+fn legacy_layer_norm_name(name: &str) -> Option<String> {
+    if let Some(stem) = name.strip_suffix("LayerNorm.weight") {
+        return Some(format!("{stem}LayerNorm.gamma"));
+    }
+    name.strip_suffix("LayerNorm.bias").map(|stem| format!("{stem}LayerNorm.beta"))
+}
+
 /// Tensors a model may legitimately leave unused (another head, a pooler),
 /// which HF reports as a warning rather than an error.
 fn head_or_pooler(name: &str, base: &str) -> bool {
@@ -46,10 +55,13 @@ pub fn load_weights(
     let mut problems = Vec::new();
     let mut warnings = Vec::new();
     let mut assignments = Vec::new();
-    for (name, param) in &own {
-        let found = position(name)
+    let lookup = |name: &str| {
+        position(name)
             .or_else(|| name.strip_prefix(&prefix).and_then(position))
-            .or_else(|| position(&format!("{prefix}{name}")));
+            .or_else(|| position(&format!("{prefix}{name}")))
+    };
+    for (name, param) in &own {
+        let found = lookup(name).or_else(|| legacy_layer_norm_name(name).and_then(|old| lookup(&old)));
         let Some(k) = found else {
             if fresh(name) {
                 warnings.push(format!("{name} is not in the checkpoint and was newly initialised"));
@@ -61,8 +73,9 @@ pub fn load_weights(
         used[k] = true;
         let value = &file.entries()[k].1;
         if value.shape() != param.shape() || !value.dtype().is_float() {
+            let what = if value.shape() == param.shape() { "wrong dtype (not a float)" } else { "wrong shape" };
             problems.push(format!(
-                "  wrong shape: {name}: the model has {}{}, the checkpoint {}{}",
+                "  {what}: {name}: the model has {}{}, the checkpoint {}{}",
                 param.dtype(),
                 param.shape(),
                 value.dtype(),

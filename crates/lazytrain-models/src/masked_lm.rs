@@ -45,7 +45,12 @@ impl ForMaskedLM {
     /// Vocabulary logits `[batch, seq, vocab]` from the last hidden state.
     pub fn head(&self, hidden: &Tensor) -> Result<Tensor> {
         let [b, s, d] = crate::error::dims_of(hidden, "the hidden state", "[batch, seq, hidden]")?;
-        let h = activation(&self.transform.forward(hidden)?, &self.config().hidden_act)?;
+        // BERT's head follows `hidden_act`; RoBERTa's is always exact GELU (as in HF).
+        let act = match self.config().model_type {
+            ModelType::Bert => self.config().hidden_act.as_str(),
+            ModelType::Roberta => "gelu",
+        };
+        let h = activation(&self.transform.forward(hidden)?, act)?;
         let h = self.layer_norm.forward(&h)?;
         let word = &self.model.embeddings.word_embeddings.weight;
         let logits = h.reshape([b * s, d])?.matmul_transposed(word, false, true)?.add(&self.bias)?;

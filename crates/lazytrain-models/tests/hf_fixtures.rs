@@ -7,6 +7,7 @@ use lazytrain_models::hub::{load_masked_lm, load_sequence_classifier, load_weigh
 use lazytrain_models::{ForMaskedLM, ModelConfig, ModelError, Result};
 use lazytrain_nn::init::Initializer;
 use lazytrain_nn::optim::{AdamW, AdamWConfig, Optimizer, ParamGroup};
+use lazytrain_nn::state::{load_safetensors, save_safetensors, StateDict};
 use lazytrain_nn::{named_parameters, Context};
 use serde_json::Value;
 use std::path::{Path, PathBuf};
@@ -165,11 +166,46 @@ fn bad_checkpoints_are_clear_errors() {
         "{err}"
     );
 
+    for (field, expected) in [
+        ("\"position_embedding_type\": \"relative_key\"", "position_embedding_type `relative_key` is not supported"),
+        ("\"tie_word_embeddings\": false", "tie_word_embeddings = false"),
+        ("\"problem_type\": \"ranking\"", "problem_type `ranking`; choose one of"),
+    ] {
+        let config = good_config.replace("\"tie_word_embeddings\": true,", "").replacen('{', &format!("{{{field},"), 1);
+        let msg =
+            load_masked_lm(&write_folder("unsupported", &config, Some(&weights)), &dev).err().unwrap().to_string();
+        assert!(msg.contains(expected), "{field}: {msg}");
+    }
+
     let dir = write_folder("truncated", &good_config, Some(&weights));
     let bytes = std::fs::read(dir.join("model.safetensors")).unwrap();
     std::fs::write(dir.join("model.safetensors"), &bytes[..bytes.len() / 2]).unwrap();
     let msg = load_masked_lm(&dir, &dev).err().unwrap().to_string();
     assert!(msg.contains("truncated or corrupt"), "{msg}");
+}
+
+/// Old BERT checkpoints name LayerNorm parameters `gamma`/`beta`; they
+/// load as `weight`/`bias` (as HF renames them) and give the same logits.
+#[test]
+fn legacy_layer_norm_names_load() -> Result<()> {
+    let dev = Device::cpu();
+    let state = load_safetensors(&fixture("tiny-bert/model.safetensors"), &dev)?;
+    let mut renamed = StateDict::new();
+    for (name, tensor) in state.entries() {
+        let name = name.replace("LayerNorm.weight", "LayerNorm.gamma").replace("LayerNorm.bias", "LayerNorm.beta");
+        renamed.push(name, tensor.clone());
+    }
+    assert!(renamed.names().iter().any(|n| n.ends_with("LayerNorm.gamma")));
+    let dir = write_folder("legacy", &std::fs::read_to_string(fixture("tiny-bert/config.json")).unwrap(), None);
+    save_safetensors(&dir.join("model.safetensors"), &renamed, &[])?;
+    let (legacy, warnings) = load_masked_lm(&dir, &dev)?;
+    assert!(warnings.is_empty(), "{warnings:?}");
+    let (model, _) = load_masked_lm(&fixture("tiny-bert"), &dev)?;
+    let ids = Tensor::from_vec(vec![2i64, 17, 3, 9], [1, 4], &dev)?;
+    let ctx = Context::eval();
+    let logits = |m: &ForMaskedLM| m.forward(&ids, None, None, &ctx).and_then(|l| Ok(l.to_vec::<f32>()?));
+    assert_eq!(logits(&legacy)?, logits(&model)?);
+    Ok(())
 }
 
 #[test]

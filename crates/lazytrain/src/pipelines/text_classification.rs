@@ -15,7 +15,8 @@ use std::path::Path;
 pub struct LabelScore {
     /// The label name (`id2label`).
     pub label: String,
-    /// Softmax probability (sigmoid for a single-output model).
+    /// Softmax probability (a sigmoid for a single-output or multi-label
+    /// model, the raw score for a regression model).
     pub score: f32,
 }
 
@@ -60,7 +61,14 @@ impl TextClassification {
         let batch = encode_batch(&self.tokenizer, texts, max, &self.device)?;
         let logits = self.model.forward(&batch.input_ids, Some(&batch.attention_mask), None, &Context::eval())?;
         let classes = self.model.num_labels();
-        let probabilities = if classes == 1 { logits.sigmoid()? } else { logits.softmax(-1)? };
+        // As HF's pipeline: raw scores for regression, a sigmoid per label
+        // for multi-label models and single outputs, else a softmax.
+        let probabilities = match self.model.config().problem_type.as_deref() {
+            Some("regression") => logits,
+            Some("multi_label_classification") => logits.sigmoid()?,
+            _ if classes == 1 => logits.sigmoid()?,
+            _ => logits.softmax(-1)?,
+        };
         let values = probabilities.to_vec::<f32>()?;
         let names = self.model.label_names();
         Ok(values

@@ -151,6 +151,12 @@ impl Trainer<ForSequenceClassification> {
                 manifest.labels.len()
             )));
         }
+        if let Some(kind) = model.config().problem_type.as_deref().filter(|k| *k != "single_label_classification") {
+            return Err(Error::Input(format!(
+                "the model's config.json has problem_type `{kind}`, but the Trainer fine-tunes single-label \
+                 classifiers (cross-entropy); set problem_type to single_label_classification or remove it"
+            )));
+        }
         let max = model.config().max_sequence_length();
         if manifest.max_length > max {
             return Err(Error::Input(format!(
