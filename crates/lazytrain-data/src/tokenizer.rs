@@ -7,6 +7,8 @@ use lazytrain_core::atomic_file::write_atomically;
 use serde_json::json;
 use std::path::Path;
 use tokenizers::models::ModelWrapper;
+use tokenizers::normalizers::NormalizerWrapper;
+use tokenizers::pre_tokenizers::PreTokenizerWrapper;
 use tokenizers::Tokenizer;
 
 /// Which special-token convention a tokenizer follows.
@@ -59,7 +61,15 @@ fn tokenizer_error(path: &Path, detail: impl Into<String>) -> DataError {
 impl TextTokenizer {
     /// Wrap a `tokenizers` tokenizer, finding its special tokens (BERT style
     /// when it has `[CLS]`, RoBERTa style when it has `<s>`).
-    pub fn new(inner: Tokenizer, origin: &Path) -> Result<TextTokenizer> {
+    ///
+    /// Padding and truncation settings stored in `tokenizer.json` are turned
+    /// off, as Hugging Face's fast tokenizers do on every call: lazytrain
+    /// pads and truncates where it means to (collators, pipelines).
+    pub fn new(mut inner: Tokenizer, origin: &Path) -> Result<TextTokenizer> {
+        inner.with_padding(None);
+        inner
+            .with_truncation(None)
+            .map_err(|e| tokenizer_error(origin, format!("cannot turn off its truncation: {e}")))?;
         let style = if inner.token_to_id("[CLS]").is_some() {
             TokenizerStyle::Bert
         } else if inner.token_to_id("<s>").is_some() {
@@ -173,6 +183,18 @@ impl TextTokenizer {
         let mut config = map.clone();
         config["tokenizer_class"] = json!(class);
         config["model_max_length"] = json!(model_max_length);
+        // The model-specific classes rebuild the normaliser / pre-tokeniser
+        // from these arguments when they differ from their defaults
+        // (`do_lower_case=True`, `add_prefix_space=False`): state them.
+        if let Some(NormalizerWrapper::BertNormalizer(n)) = self.inner.get_normalizer() {
+            config["do_lower_case"] = json!(n.lowercase);
+            config["strip_accents"] = json!(n.strip_accents);
+            config["tokenize_chinese_chars"] = json!(n.handle_chinese_chars);
+        }
+        if let Some(PreTokenizerWrapper::ByteLevel(b)) = self.inner.get_pre_tokenizer() {
+            config["add_prefix_space"] = json!(b.add_prefix_space);
+            config["trim_offsets"] = json!(b.trim_offsets);
+        }
         let write = |name: &str, value: &serde_json::Value| {
             let path = dir.join(name);
             write_atomically(&path, serde_json::to_string_pretty(value).unwrap_or_default().as_bytes())

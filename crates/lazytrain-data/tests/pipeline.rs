@@ -53,6 +53,51 @@ fn tokenizers_train_in_every_model_and_style() {
     }
 }
 
+/// `tokenizer_config.json` states what the normaliser and pre-tokeniser
+/// do, so `BertTokenizerFast`/`RobertaTokenizerFast` (whose defaults are
+/// `do_lower_case=True`, `add_prefix_space=False`) keep them: a cased
+/// WordPiece stays cased, a byte-level BPE keeps its prefix space.
+#[test]
+fn tokenizer_configs_state_casing_and_prefix_spaces() {
+    use tokenizers::normalizers::BertNormalizer;
+    let config = |tok: &TextTokenizer, name: &str| {
+        let dir = tmp(name);
+        tok.save(&dir, 128).unwrap();
+        serde_json::from_str::<serde_json::Value>(&std::fs::read_to_string(dir.join("tokenizer_config.json")).unwrap())
+            .unwrap()
+    };
+    let bert = train_tokenizer(&corpus(), SubwordModel::WordPiece, 300, TokenizerStyle::Bert).unwrap();
+    let c = config(&bert, "cfg-uncased");
+    assert_eq!((c["do_lower_case"].as_bool(), c["tokenizer_class"].as_str()), (Some(true), Some("BertTokenizerFast")));
+    let mut cased = bert.inner().clone();
+    cased.with_normalizer(Some(BertNormalizer::new(true, true, Some(false), false)));
+    let cased = TextTokenizer::new(cased, std::path::Path::new("<cased>")).unwrap();
+    let c = config(&cased, "cfg-cased");
+    assert_eq!((c["do_lower_case"].as_bool(), c["strip_accents"].as_bool()), (Some(false), Some(false)));
+    let roberta = train_tokenizer(&corpus(), SubwordModel::Bpe, 300, TokenizerStyle::Roberta).unwrap();
+    let c = config(&roberta, "cfg-roberta");
+    assert_eq!((c["add_prefix_space"].as_bool(), c["trim_offsets"].as_bool()), (Some(true), Some(true)));
+    assert!(c.get("do_lower_case").is_none());
+}
+
+/// Padding and truncation saved in a `tokenizer.json` are not applied
+/// (Hugging Face's fast tokenizers turn them off on every call).
+#[test]
+fn stored_padding_and_truncation_are_ignored() {
+    use tokenizers::{PaddingParams, PaddingStrategy, TruncationParams};
+    let tok = train_tokenizer(&corpus(), SubwordModel::WordPiece, 300, TokenizerStyle::Bert).unwrap();
+    let mut inner = tok.inner().clone();
+    inner.with_truncation(Some(TruncationParams { max_length: 4, ..Default::default() })).unwrap();
+    inner.with_padding(Some(PaddingParams { strategy: PaddingStrategy::Fixed(64), ..Default::default() }));
+    let dir = tmp("padded-tok");
+    inner.save(dir.join("tokenizer.json"), false).unwrap();
+    let loaded = TextTokenizer::from_path(&dir).unwrap();
+    let text = &corpus()[0];
+    let ids = loaded.encode(text, true).unwrap();
+    assert_eq!(ids, tok.encode(text, true).unwrap());
+    assert!(ids.len() > 4 && ids.len() < 64, "{} ids", ids.len());
+}
+
 #[test]
 fn a_tokenizer_without_special_tokens_is_refused() {
     let dir = tmp("plain-tok");
