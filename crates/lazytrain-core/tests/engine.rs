@@ -175,3 +175,19 @@ fn metrics_track_bytes_and_serialise() -> Result<()> {
     assert!(lazytrain_core::metrics::report().contains("compiles:"));
     Ok(())
 }
+
+/// Reducing an empty axis gives the reduction's identity (0 for a sum,
+/// -inf for a max), never a pooled buffer's stale contents.
+#[test]
+fn reducing_an_empty_axis_gives_the_identity() -> Result<()> {
+    let dev = Device::cpu();
+    // A first graph leaves non-zero buffers in the pool.
+    let x = Tensor::from_vec((0..12).map(|v| v as f32 + 1.0).collect(), [4, 3], &dev)?;
+    let _ = x.mul_scalar(3.0)?.sum(&[-1], false)?.to_vec::<f32>()?;
+    let empty = x.narrow(-1, 0, 0)?;
+    assert_eq!(empty.sum(&[-1], false)?.to_vec::<f32>()?, [0.0; 4]);
+    assert_eq!(empty.mul_scalar(2.0)?.sum(&[-1], false)?.to_vec::<f32>()?, [0.0; 4]);
+    assert_eq!(empty.max(&[-1], false)?.to_vec::<f32>()?, [f32::NEG_INFINITY; 4]);
+    assert_eq!(x.narrow(0, 0, 0)?.sum(&[0], false)?.to_vec::<f32>()?, [0.0; 3]);
+    Ok(())
+}

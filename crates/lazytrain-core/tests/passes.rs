@@ -210,6 +210,46 @@ fn reductions_fused_into_their_producers_match_the_unfused_bits() {
     }
 }
 
+/// Folding integer constants keeps every bit (3 * 3002399751580331 =
+/// 2^53 + 1, which f64 cannot hold), and an empty reduction folds to its
+/// identity.
+#[test]
+fn integer_constants_fold_exactly_and_empty_reductions_to_their_identity() {
+    let int = |b: &mut GraphBuilder, v: i64| {
+        b.push(Node { op: Op::Constant(Literal::Int(v)), inputs: vec![], shape: Shape::new([2]), dtype: DType::I64 })
+    };
+    let mut b = GraphBuilder::new();
+    let (three, big) = (int(&mut b, 3), int(&mut b, 3_002_399_751_580_331));
+    let product = node(&mut b, Op::Binary(BinaryOp::Mul), vec![three, big]);
+    let x = param(&mut b, 0, &[3, 0]);
+    let max = node(&mut b, Op::Reduce { op: ReduceOp::Max, axes: vec![1] }, vec![x]);
+    let graph = b.finish(vec![product, max], 1);
+    let folded = fold_constants(&graph);
+    let op_of = |id: NodeId| &folded.nodes[id.index()].op;
+    assert_eq!(op_of(folded.outputs[0]), &Op::Constant(Literal::Int((1 << 53) + 1)));
+    assert_eq!(op_of(folded.outputs[1]), &Op::Constant(Literal::Float(f64::NEG_INFINITY.to_bits())));
+}
+
+/// Row reductions over an empty axis, fused into their producer or not,
+/// write the identity: 0 for sums, -inf for maxima.
+#[test]
+fn reductions_over_an_empty_axis_write_the_identity() {
+    let mut b = GraphBuilder::new();
+    let x = param(&mut b, 0, &[5, 0]);
+    let y = node(&mut b, Op::Unary(UnaryOp::Exp), vec![x]);
+    let sum = node(&mut b, Op::Reduce { op: ReduceOp::Sum, axes: vec![1] }, vec![y]);
+    let max = node(&mut b, Op::Reduce { op: ReduceOp::Max, axes: vec![1] }, vec![y]);
+    let plain_max = node(&mut b, Op::Reduce { op: ReduceOp::Max, axes: vec![1] }, vec![x]);
+    let graph = b.finish(vec![sum, max, plain_max], 1);
+    for fuse in [true, false] {
+        let exe = CpuBackend { fuse }.compile(&graph).unwrap();
+        let out = exe.run(vec![Arc::new(Buffer::new(HostData::F32(Vec::new())))], &Default::default()).unwrap();
+        let values: Vec<HostData> = out.iter().map(|b| b.wait().unwrap().clone()).collect();
+        let minus_inf = HostData::F32(vec![f32::NEG_INFINITY; 5]);
+        assert_eq!(values, [HostData::F32(vec![0.0; 5]), minus_inf.clone(), minus_inf], "fuse {fuse}");
+    }
+}
+
 /// A graph that has run once (like the first training step, which creates
 /// the optimizer state) does not keep its intermediate buffers once another
 /// graph runs; graphs that recur keep theirs for their next run.

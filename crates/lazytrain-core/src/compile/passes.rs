@@ -2,8 +2,8 @@
 //! algebraic identities.
 
 use super::rewrite::{rebuild, Rewrite};
-use crate::dtype::Literal;
-use crate::ir::{BinaryOp, Graph, GraphBuilder, Node, NodeId, Op, UnaryOp};
+use crate::dtype::{DType, Literal};
+use crate::ir::{BinaryOp, Graph, GraphBuilder, Node, NodeId, Op, ReduceOp, UnaryOp};
 use crate::kernels::{self, MatmulKernel};
 use crate::storage::HostData;
 
@@ -58,16 +58,39 @@ fn fold_elementwise(node: &Node, values: &[Literal], input_dtypes: &[crate::dtyp
     let scalar = Node { shape: crate::shape::Shape::scalar(), ..node.clone() };
     let mut out = HostData::zeros(node.dtype, 1);
     kernels::eval(&scalar, &refs, &shapes, &mut out, MatmulKernel::Naive).ok()?;
-    let v = out.get_f64(0);
-    Some(if node.dtype.is_float() { Literal::Float(v.to_bits()) } else { Literal::Int(v as i64) })
+    // Integers are read as integers: through f64 they would lose bits above 2^53.
+    Some(match out {
+        HostData::I64(v) => Literal::Int(v[0]),
+        HostData::I32(v) => Literal::Int(v[0].into()),
+        HostData::U8(v) => Literal::Int(v[0].into()),
+        HostData::Bool(v) => Literal::Int(v[0].into()),
+        float => Literal::Float(float.get_f64(0).to_bits()),
+    })
+}
+
+/// The value of a reduction over no elements: 0 for a sum, the dtype's
+/// lowest value (-inf for floats) for a max.
+fn empty_reduction(op: ReduceOp, dtype: DType) -> Literal {
+    match (op, dtype) {
+        (ReduceOp::Sum, d) if d.is_float() => Literal::Float(0f64.to_bits()),
+        (ReduceOp::Sum, _) => Literal::Int(0),
+        (ReduceOp::Max, d) if d.is_float() => Literal::Float(f64::NEG_INFINITY.to_bits()),
+        (ReduceOp::Max, DType::I64) => Literal::Int(i64::MIN),
+        (ReduceOp::Max, DType::I32) => Literal::Int(i32::MIN.into()),
+        (ReduceOp::Max, _) => Literal::Int(0),
+    }
 }
 
 /// Replace ops whose inputs are all splat constants by a splat constant:
-/// elementwise math, and movement ops that keep every element equal.
+/// elementwise math, and movement ops that keep every element equal; and
+/// reductions over no elements by their identity (kernels never see them).
 pub fn fold_constants(graph: &Graph) -> Graph {
     rebuild(graph, |b, node| {
         let values: Option<Vec<Literal>> = node.inputs.iter().map(|&i| constant(b, i)).collect();
         let folded = match (&node.op, values) {
+            (Op::Reduce { op, .. }, _) if b.node(node.inputs[0]).shape.numel() == 0 => {
+                Some(empty_reduction(*op, node.dtype))
+            }
             (_, None) => None,
             (op, Some(values)) if op.is_elementwise() => {
                 let dtypes: Vec<_> = node.inputs.iter().map(|&i| b.node(i).dtype).collect();

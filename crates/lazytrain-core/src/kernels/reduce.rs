@@ -32,8 +32,10 @@ fn layout(in_shape: &[usize], axes: &[usize]) -> Layout {
     let rank = in_shape.len();
     let k = axes.len();
     let numel: usize = in_shape.iter().product();
-    if k > 0 && axes.iter().enumerate().all(|(i, &a)| a == rank - k + i) {
-        return Layout::Trailing { inner: in_shape[rank - k..].iter().product::<usize>().max(1) };
+    let inner: usize = in_shape[rank - k..].iter().product();
+    // Rows of no elements take the general path, which writes the identity.
+    if k > 0 && inner > 0 && axes.iter().enumerate().all(|(i, &a)| a == rank - k + i) {
+        return Layout::Trailing { inner };
     }
     if k > 0 && axes.iter().enumerate().all(|(i, &a)| a == i) {
         let outer: usize = in_shape[..k].iter().product();
