@@ -153,6 +153,40 @@ fn backward_accumulates_into_leaves() -> Result<()> {
     Ok(())
 }
 
+/// A loss whose graph already ran (a value of the step was read first)
+/// cannot be differentiated: an error, not silently no gradients.
+#[test]
+fn backward_after_the_graph_ran_is_an_error() -> Result<()> {
+    let dev = Device::cpu();
+    let w = Tensor::from_vec(vec![1.0f32, 2.0], [2], &dev)?;
+    w.set_requires_grad(true);
+    let loss = w.square()?.sum_all()?;
+    let accuracy = w.gt_scalar(1.5)?.cast(DType::F32)?.sum_all()?;
+    assert_eq!(accuracy.item::<f32>()?, 1.0, "reading runs the whole live graph, the loss included");
+    let line = line!() + 1;
+    let e = loss.backward().unwrap_err();
+    let msg = e.to_string();
+    assert!(msg.contains("already computed") && msg.contains(&format!("gradients.rs:{line}")), "{msg}");
+    assert!(w.grad().is_none());
+    Ok(())
+}
+
+/// torch's pow gradients at a zero base: no NaN where the exponent is 0
+/// (to the base) or where the base is 0 and the exponent is not negative
+/// (to the exponent).
+#[test]
+fn pow_gradients_at_a_zero_base_are_finite() -> Result<()> {
+    let dev = Device::cpu();
+    let a = Tensor::from_vec(vec![0.0f32, 0.0, 2.0], [3], &dev)?;
+    let b = Tensor::from_vec(vec![0.0f32, 2.0, 3.0], [3], &dev)?;
+    let g = grad(&a.pow(&b)?.sum_all()?, &[&a, &b])?;
+    assert_eq!(g[0].to_vec::<f32>()?, [0.0, 0.0, 12.0], "b·a^(b-1), 0 where b = 0");
+    let to_b = g[1].to_vec::<f32>()?;
+    assert_eq!(&to_b[..2], [0.0, 0.0], "a^b·ln a, 0 where a = 0 and b >= 0");
+    assert!((to_b[2] - 8.0 * 2f32.ln()).abs() < 1e-5, "{}", to_b[2]);
+    Ok(())
+}
+
 #[test]
 fn backward_needs_a_scalar_loss() {
     let dev = Device::cpu();

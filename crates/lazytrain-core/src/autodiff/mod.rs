@@ -88,7 +88,15 @@ fn backpropagate(
     }
     let device = loss.device().clone();
     let Some(loss_id) = live_node(loss, location)? else {
-        return Ok(FxHashMap::default());
+        // A computed value has no graph left to differentiate; returning no
+        // gradients would silently stop training.
+        return Err(Error::Data {
+            what: "backward",
+            detail: "the loss is already computed (reading a value or a sync ran its graph), so there is no traced \
+                     graph left to differentiate; call backward() before reading any value of the step"
+                .into(),
+            location,
+        });
     };
     let nodes: Vec<Node> = {
         let live = device.lock_live();

@@ -149,10 +149,22 @@ fn binary(
             let to_b = if want_b { Some(g.sub(&to_a)?) } else { None };
             (Some(to_a), to_b)
         }
-        BinaryOp::Pow => (
-            if want_a { Some(g.mul(b)?.mul(&a.pow(&b.add_scalar(-1.0)?)?)?) } else { None },
-            if want_b { Some(g.mul(y)?.mul(&a.log()?)?) } else { None },
-        ),
+        BinaryOp::Pow => {
+            // torch's masks: no gradient to the base where the exponent is 0
+            // (b·a^(b-1) is 0·0^-1 = NaN at a = 0), nor to the exponent where
+            // a = 0 and b >= 0 (y·log a is 0·-inf).
+            let zero = Tensor::zeros(Shape::scalar(), g.dtype(), g.device())?;
+            let to_a = || -> Result<Tensor> {
+                let raw = g.mul(b)?.mul(&a.pow(&b.add_scalar(-1.0)?)?)?;
+                Tensor::select(&b.eq_scalar(0.0)?, &zero, &raw)
+            };
+            let to_b = || -> Result<Tensor> {
+                let raw = g.mul(y)?.mul(&a.log()?)?;
+                let masked = Tensor::select(&b.ge_scalar(0.0)?, &zero, &raw)?;
+                Tensor::select(&a.eq_scalar(0.0)?, &masked, &raw)
+            };
+            (want_a.then(to_a).transpose()?, want_b.then(to_b).transpose()?)
+        }
     };
     Ok(vec![if want_a { ga } else { None }, if want_b { gb } else { None }])
 }
