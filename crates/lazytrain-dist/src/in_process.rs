@@ -27,7 +27,12 @@ struct Published {
 pub struct InProcessCollective {
     world_size: usize,
     published: Mutex<Vec<Option<Published>>>,
+    /// The barrier inside collectives (run by the replicas' devices).
     barrier: Barrier,
+    /// The barrier of `rendezvous` (run by the replicas' own threads): a
+    /// separate one, so a host meeting can never complete a generation of a
+    /// collective that an asynchronous device is running at the same time.
+    meeting: Barrier,
 }
 
 impl InProcessCollective {
@@ -38,6 +43,7 @@ impl InProcessCollective {
             world_size,
             published: Mutex::new(vec![None; world_size]),
             barrier: Barrier::new(world_size),
+            meeting: Barrier::new(world_size),
         }
     }
 
@@ -48,7 +54,9 @@ impl InProcessCollective {
     /// Stop the group: replicas waiting in (or later entering) a collective
     /// get an error naming `rank` and `message`. The first abort wins.
     pub fn abort(&self, rank: usize, message: impl Into<String>) {
-        self.barrier.abort(rank, message.into());
+        let message = message.into();
+        self.barrier.abort(rank, message.clone());
+        self.meeting.abort(rank, message);
     }
 
     /// The replica and message of the first abort, if the group was aborted.
@@ -59,7 +67,7 @@ impl InProcessCollective {
     /// Meet every replica (PyTorch/XLA's `rendezvous`); fails when the group
     /// was aborted.
     pub fn rendezvous(&self) -> Result<(), String> {
-        self.barrier.wait().map_err(describe)
+        self.meeting.wait().map_err(describe)
     }
 }
 

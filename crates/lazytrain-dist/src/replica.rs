@@ -68,9 +68,16 @@ impl Replica {
         self.rank == 0
     }
 
-    /// Wait until every replica reaches this point (`xm.rendezvous`). Fails
-    /// when another replica has stopped the group.
+    /// Wait until every replica reaches this point (`xm.rendezvous`), with
+    /// every step this replica enqueued finished first (an asynchronous
+    /// device may still be running one). Fails when a step failed or
+    /// another replica has stopped the group.
     pub fn rendezvous(&self) -> std::result::Result<(), String> {
+        if let Err(e) = self.device.wait() {
+            let message = format!("a step failed before the rendezvous: {e}");
+            self.group.abort(self.rank, message.clone());
+            return Err(message);
+        }
         self.group.rendezvous()
     }
 }

@@ -144,3 +144,35 @@ fn asynchronous_replicas_compute_what_synchronous_ones_do() {
     assert_eq!(asynchronous, synchronous);
     assert_eq!(asynchronous[0].1, asynchronous[1].1);
 }
+
+/// `rendezvous` on asynchronous replicas waits for the replica's own
+/// enqueued steps, and never meets a device that is inside a collective:
+/// with rank 1 late, rank 0's host reaches the rendezvous while its device
+/// waits in the all-reduce (the two used to complete a barrier generation
+/// together, without rank 1).
+#[test]
+fn rendezvous_waits_for_the_replicas_own_steps() {
+    use lazytrain_core::ir::AllReduceOp;
+    let sums = spawn(&SpawnConfig::new(2).asynchronous(true), |replica| -> Result<Vec<Vec<f32>>, NnError> {
+        let device = replica.device();
+        let mut sums = Vec::new();
+        for step in 0..3 {
+            if replica.rank() == 1 {
+                std::thread::sleep(std::time::Duration::from_millis(150));
+            }
+            let value = (replica.rank() + 1) as f32 * (step + 1) as f32;
+            let y = Tensor::from_vec(vec![value; 4], [4], device)?.all_reduce(AllReduceOp::Sum)?;
+            device.mark_step()?;
+            replica.rendezvous().map_err(|detail| NnError::Invalid { what: "rendezvous", detail })?;
+            assert!(!y.is_pending(), "the rendezvous waited for this replica's step");
+            sums.push(y.to_vec::<f32>()?);
+        }
+        Ok(sums)
+    })
+    .unwrap();
+    for replica in &sums {
+        for (step, s) in replica.iter().enumerate() {
+            assert_eq!(s, &vec![3.0 * (step + 1) as f32; 4]);
+        }
+    }
+}
