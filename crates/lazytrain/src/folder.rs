@@ -6,10 +6,19 @@ use lazytrain_models::{hub, ModelConfig, ModelType};
 use lazytrain_nn::Module;
 use std::path::Path;
 
-/// Refuse a RoBERTa model whose `pad_token_id` is not the tokenizer's pad id
-/// (its position ids are computed from it, so a mismatch silently corrupts
-/// every prediction); a BERT model's pad id must match too.
-pub fn check_pad_id(config: &ModelConfig, tokenizer: &TextTokenizer) -> Result<()> {
+/// Refuse a tokenizer the model cannot read: one with more tokens than the
+/// model's `vocab_size` (an id past the embeddings), or whose pad id is not
+/// the config's `pad_token_id` (RoBERTa's position ids are computed from it,
+/// so a mismatch silently corrupts every prediction; BERT's must match too).
+pub fn check_tokenizer_fits(config: &ModelConfig, tokenizer: &TextTokenizer) -> Result<()> {
+    if tokenizer.vocab_size() > config.vocab_size {
+        return Err(Error::Input(format!(
+            "the tokenizer has {} tokens but the model's vocab_size is {}; use the model's own tokenizer (or \
+             resize the model's embeddings and train it)",
+            tokenizer.vocab_size(),
+            config.vocab_size
+        )));
+    }
     let pad = tokenizer.special().pad as i64;
     if config.pad_token_id != pad {
         let kind = match config.model_type {
@@ -28,7 +37,7 @@ pub fn check_pad_id(config: &ModelConfig, tokenizer: &TextTokenizer) -> Result<(
 /// `AutoTokenizer`: `config.json`, `model.safetensors`, `tokenizer.json`,
 /// `tokenizer_config.json` and `special_tokens_map.json`.
 pub fn save_folder(dir: &Path, module: &dyn Module, config: &ModelConfig, tokenizer: &TextTokenizer) -> Result<()> {
-    check_pad_id(config, tokenizer)?;
+    check_tokenizer_fits(config, tokenizer)?;
     hub::save_pretrained(dir, module, config)?;
     tokenizer.save(dir, config.max_sequence_length())?;
     Ok(())

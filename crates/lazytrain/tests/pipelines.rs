@@ -98,4 +98,8 @@ fn exported_folders_load_back_and_pad_ids_are_checked() {
     let (roberta, _) = hub::load_masked_lm(&fixtures().join("tiny-roberta"), &dev).unwrap();
     let msg = save_folder(&out, &roberta, roberta.config(), &tokenizer).err().unwrap().to_string();
     assert!(msg.contains("pad_token_id 1") && msg.contains("pads with id 0"), "{msg}");
+    let mut small = model.config().clone();
+    small.vocab_size = 10;
+    let msg = lazytrain::folder::check_tokenizer_fits(&small, &tokenizer).err().unwrap().to_string();
+    assert!(msg.contains("but the model's vocab_size is 10"), "{msg}");
 }

@@ -208,7 +208,12 @@ impl Tensor {
         Ok(())
     }
 
-    /// A handle with this value that is not a trainable leaf and carries no gradient.
+    /// A handle with this value that is not a trainable leaf: it has no
+    /// `requires_grad` and no gradient of its own (for snapshots of values).
+    /// It does not cut the traced graph: it reads the same node (or, for a
+    /// computed value, the same buffer) as `self`, so gradients still flow
+    /// through its uses into `self`. To stop them (`torch`'s `detach()`
+    /// inside a step), use [`Tensor::stop_gradient`].
     pub fn detach(&self) -> Tensor {
         let state = self.cell.lock_state().duplicate();
         let cell = Arc::new(TensorCell::new(self.device(), self.shape().clone(), self.dtype(), state));

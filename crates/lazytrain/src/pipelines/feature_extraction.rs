@@ -1,7 +1,7 @@
 //! The feature-extraction pipeline: the last hidden state of every token.
 
 use super::encode_batch;
-use crate::folder::check_pad_id;
+use crate::folder::check_tokenizer_fits;
 use crate::Result;
 use lazytrain_core::Device;
 use lazytrain_data::TextTokenizer;
@@ -22,7 +22,7 @@ impl FeatureExtraction {
     pub fn from_dir(dir: &Path, device: &Device) -> Result<FeatureExtraction> {
         let tokenizer = TextTokenizer::from_path(dir)?;
         let config = hub::load_config(dir)?;
-        check_pad_id(&config, &tokenizer)?;
+        check_tokenizer_fits(&config, &tokenizer)?;
         let model = EncoderModel::new(&mut Initializer::new(0, device), &config, false)?;
         hub::load_weights(&model, config.model_type, &dir.join("model.safetensors"), device, &|_| false)?;
         Ok(FeatureExtraction { model, tokenizer, device: device.clone() })

@@ -1,7 +1,7 @@
 //! The fill-mask pipeline.
 
 use super::encode_batch;
-use crate::folder::check_pad_id;
+use crate::folder::check_tokenizer_fits;
 use crate::{Error, Result};
 use lazytrain_core::Device;
 use lazytrain_data::TextTokenizer;
@@ -38,13 +38,13 @@ impl FillMask {
     pub fn from_dir(dir: &Path, device: &Device) -> Result<FillMask> {
         let tokenizer = TextTokenizer::from_path(dir)?;
         let (model, _warnings) = hub::load_masked_lm(dir, device)?;
-        check_pad_id(model.config(), &tokenizer)?;
+        check_tokenizer_fits(model.config(), &tokenizer)?;
         Ok(FillMask { model, tokenizer, device: device.clone() })
     }
 
     /// Use an in-memory model and tokenizer.
     pub fn new(model: ForMaskedLM, tokenizer: TextTokenizer, device: &Device) -> Result<FillMask> {
-        check_pad_id(model.config(), &tokenizer)?;
+        check_tokenizer_fits(model.config(), &tokenizer)?;
         Ok(FillMask { model, tokenizer, device: device.clone() })
     }
 

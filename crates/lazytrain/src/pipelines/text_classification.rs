@@ -1,7 +1,7 @@
 //! The text-classification pipeline.
 
 use super::encode_batch;
-use crate::folder::check_pad_id;
+use crate::folder::check_tokenizer_fits;
 use crate::Result;
 use lazytrain_core::Device;
 use lazytrain_data::TextTokenizer;
@@ -50,7 +50,7 @@ impl TextClassification {
         tokenizer: TextTokenizer,
         device: &Device,
     ) -> Result<TextClassification> {
-        check_pad_id(model.config(), &tokenizer)?;
+        check_tokenizer_fits(model.config(), &tokenizer)?;
         Ok(TextClassification { model, tokenizer, device: device.clone() })
     }
 

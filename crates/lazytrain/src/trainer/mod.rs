@@ -188,14 +188,7 @@ impl<M: TaskModel> Trainer<M> {
                     .into(),
             ));
         }
-        crate::folder::check_pad_id(model.config(), &tokenizer)?;
-        if tokenizer.vocab_size() > model.config().vocab_size {
-            return Err(Error::Input(format!(
-                "the tokenizer has {} tokens but the model's vocab_size is {}",
-                tokenizer.vocab_size(),
-                model.config().vocab_size
-            )));
-        }
+        crate::folder::check_tokenizer_fits(model.config(), &tokenizer)?;
         let (_, world) = device.replica_position();
         if world != args.num_replicas {
             return Err(Error::Input(format!(
