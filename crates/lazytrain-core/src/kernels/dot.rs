@@ -138,6 +138,51 @@ fn gemm_native<T: Real + Send + Sync + 'static>(
     gemm_batches(d, a, b, o, 0..d.batch, parallelism);
 }
 
+/// A matrix operand for [`gemm_into`]: its first element and its
+/// `(row stride, column stride)` in elements.
+pub(super) struct GemmOperand<T> {
+    pub ptr: *const T,
+    pub rs: usize,
+    pub cs: usize,
+}
+
+/// `out = a x b` for an `m x k` and a `k x n` matrix through `gemm`, `out`
+/// row-major `m x n` (overwritten, not read).
+///
+/// # Safety
+/// `a` and `b` address every element of their matrices inside live
+/// buffers, `out` holds `m * n` elements, and `out` aliases neither.
+pub(super) unsafe fn gemm_into<T: Real + 'static>(
+    (m, k, n): (usize, usize, usize),
+    a: GemmOperand<T>,
+    b: GemmOperand<T>,
+    out: &mut [T],
+    parallelism: gemm::Parallelism,
+) {
+    debug_assert!(out.len() >= m * n);
+    gemm::gemm(
+        m,
+        n,
+        k,
+        out.as_mut_ptr(),
+        1,
+        n as isize,
+        false,
+        a.ptr,
+        a.cs as isize,
+        a.rs as isize,
+        b.ptr,
+        b.cs as isize,
+        b.rs as isize,
+        T::ZERO,
+        T::ONE,
+        false,
+        false,
+        false,
+        parallelism,
+    );
+}
+
 /// Batches `range` of the product into `o` (which holds exactly them).
 fn gemm_batches<T: Real + 'static>(
     d: DotDims,
@@ -152,27 +197,9 @@ fn gemm_batches<T: Real + 'static>(
         // SAFETY: `MatrixLayout::new` checked that every matrix lies inside
         // its buffer; `o` holds exactly m*n elements and aliases neither input.
         unsafe {
-            gemm::gemm(
-                d.m,
-                d.n,
-                d.k,
-                o.as_mut_ptr(),
-                1,
-                d.n as isize,
-                false,
-                a.as_ptr().add(la.offsets[bi]),
-                la.cs as isize,
-                la.rs as isize,
-                b.as_ptr().add(lb.offsets[bi]),
-                lb.cs as isize,
-                lb.rs as isize,
-                T::ZERO,
-                T::ONE,
-                false,
-                false,
-                false,
-                parallelism,
-            );
+            let a = GemmOperand { ptr: a.as_ptr().add(la.offsets[bi]), rs: la.rs, cs: la.cs };
+            let b = GemmOperand { ptr: b.as_ptr().add(lb.offsets[bi]), rs: lb.rs, cs: lb.cs };
+            gemm_into((d.m, d.k, d.n), a, b, o, parallelism);
         }
     }
 }

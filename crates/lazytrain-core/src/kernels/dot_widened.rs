@@ -8,6 +8,7 @@
 //! Products of bf16 values are exact in f32 and the sums are f32 sums, so a
 //! result is the f32 matmul of the same inputs, rounded once.
 
+use super::dot::{gemm_into, gemm_parallelism, GemmOperand};
 use super::numeric::FloatLike;
 use std::cell::RefCell;
 use std::thread::LocalKey;
@@ -129,27 +130,9 @@ pub(crate) fn matmul<T: FloatLike<Math = f32>>(
                 // `right` the `k x n` ones at (brs, bcs), `product` is
                 // `m x n` row-major; none alias.
                 unsafe {
-                    gemm::gemm(
-                        m,
-                        n,
-                        k,
-                        product.as_mut_ptr(),
-                        1,
-                        n as isize,
-                        false,
-                        left.as_ptr(),
-                        acs as isize,
-                        ars as isize,
-                        right.as_ptr(),
-                        bcs as isize,
-                        brs as isize,
-                        0.0,
-                        1.0,
-                        false,
-                        false,
-                        false,
-                        super::dot::gemm_parallelism(m * n * k, threads),
-                    );
+                    let a = GemmOperand { ptr: left.as_ptr(), rs: ars, cs: acs };
+                    let b = GemmOperand { ptr: right.as_ptr(), rs: brs, cs: bcs };
+                    gemm_into((m, k, n), a, b, product, gemm_parallelism(m * n * k, threads));
                 }
                 narrow_into(product, out, threads);
             })
