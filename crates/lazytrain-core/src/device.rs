@@ -291,11 +291,33 @@ impl Device {
     /// a pool thread, so splitting a kernel wakes one other thread instead of
     /// handing both halves to a shared pool while the caller sleeps (5–8 %
     /// faster steps on 2 cores). Without threads it uses the shared pool.
+    ///
+    /// `LAZYTRAIN_BACKEND=reference` makes it a device on the reference
+    /// backend instead (naive kernels, no fusion; for checking results); an
+    /// unknown name is reported once and the CPU backend is used.
     pub fn cpu() -> Device {
+        let backend = crate::backend::from_env().unwrap_or_else(|e| {
+            static WARNED: std::sync::Once = std::sync::Once::new();
+            WARNED.call_once(|| eprintln!("[lazytrain] {e}; using the cpu backend"));
+            Arc::new(CpuBackend::default())
+        });
         let threads = std::thread::available_parallelism().map_or(1, |n| n.get());
         let options = DeviceOptions { threads: Some(threads), ..DeviceOptions::default() };
-        Device::new(Arc::new(CpuBackend::default()), Arc::new(CompileCache::new()), options)
-            .unwrap_or_else(|_| Device::with_backend(Arc::new(CpuBackend::default()), Arc::new(CompileCache::new()), 0))
+        Device::new(backend.clone(), Arc::new(CompileCache::new()), options)
+            .unwrap_or_else(|_| Device::with_backend(backend, Arc::new(CompileCache::new()), 0))
+    }
+
+    /// A lone device on the backend named `name` (`cpu` or `reference`,
+    /// see [`crate::backend::by_name`]) with its own compile cache.
+    pub fn on_backend(name: &str) -> Result<Device> {
+        let threads = std::thread::available_parallelism().map_or(1, |n| n.get());
+        let options = DeviceOptions { threads: Some(threads), ..DeviceOptions::default() };
+        Device::new(crate::backend::by_name(name)?, Arc::new(CompileCache::new()), options)
+    }
+
+    /// The name of this device's backend (`cpu`, `reference`).
+    pub fn backend_name(&self) -> &'static str {
+        self.inner.backend.name()
     }
 
     /// A synchronous device on `backend` sharing `cache`, with replica `ordinal`.

@@ -11,12 +11,15 @@
 //!    ([`cache`]); a miss is explained by comparing with the nearest graph
 //!    from the same sync site ([`metrics`]).
 //! 4. **Compile.** A declared pipeline of pure passes ([`compile`]) simplifies
-//!    the graph; the backend ([`backend`]) plans memory by liveness and emits
-//!    a flat list of kernel calls.
+//!    the graph; the backend-neutral [`schedule`] decides fusion, views and
+//!    the liveness memory plan for the backend's capabilities; the backend
+//!    ([`backend`]) lowers that schedule into its executable.
 //! 5. **Run.** The executable computes the outputs into device buffers.
 //!
 //! The reference interpreter ([`interp`]) evaluates graphs without any of
-//! this and is the oracle the tests compare against.
+//! this and is the oracle the tests compare against; the reference backend
+//! ([`backend::ReferenceBackend`]) runs the same oracle kernels behind the
+//! backend trait (`LAZYTRAIN_BACKEND=reference`).
 //!
 //! ```
 //! use lazytrain_core::{Device, DType, Tensor};
@@ -43,6 +46,7 @@ pub mod ir;
 mod kernels;
 pub mod metrics;
 pub mod random;
+pub mod schedule;
 mod shape;
 mod storage;
 mod tensor;

@@ -1,7 +1,7 @@
 //! Every primitive and composite against PyTorch (fixtures/goldens.json,
 //! produced by fixtures/gen_goldens.py; the torch version is in the file).
 //! Floats must agree to 1e-5 relative (1e-6 absolute near zero); integer and
-//! bool results exactly.
+//! bool results exactly, on every backend.
 
 use lazytrain_core::{DType, Device, HostData, Result, Tensor};
 use serde_json::Value;
@@ -100,9 +100,10 @@ fn primitives_and_composites_match_pytorch() {
     let cases = fixture["cases"].as_array().unwrap();
     assert!(cases.len() > 60, "fixture has {} cases", cases.len());
     let mut failures = Vec::new();
-    for case in cases {
-        let name = case["name"].as_str().unwrap();
-        let dev = Device::cpu();
+    for (backend, case) in lazytrain_core::backend::BACKEND_NAMES.iter().flat_map(|b| cases.iter().map(move |c| (b, c)))
+    {
+        let name = format!("{} on {backend}", case["name"].as_str().unwrap());
+        let dev = Device::on_backend(backend).unwrap();
         let inputs: Vec<Tensor> = case["inputs"].as_array().unwrap().iter().map(|v| tensor(v, &dev)).collect();
         let out =
             run(case["op"].as_str().unwrap(), &case["attrs"], &inputs, &dev).unwrap_or_else(|e| panic!("{name}: {e}"));

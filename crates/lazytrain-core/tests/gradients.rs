@@ -3,7 +3,8 @@
 
 #![allow(clippy::cloned_ref_to_slice_refs)] // `&[x.clone()]` reads better in a table of checks
 
-use lazytrain_core::autodiff::gradcheck::check_gradients;
+use lazytrain_core::autodiff::gradcheck::{check_gradients, check_gradients_on};
+use lazytrain_core::backend::BACKEND_NAMES;
 use lazytrain_core::{grad, DType, Device, Result, Shape, Tensor};
 
 /// Deterministic values in roughly [-1.5, 1.5], away from 0 (kinks) and distinct (no ties).
@@ -28,10 +29,14 @@ fn input(shape: &[usize], salt: u64) -> (Vec<f64>, Vec<usize>) {
     (values(shape.iter().product(), salt), shape.to_vec())
 }
 
+/// Check `f`'s gradients on every backend.
 fn check(name: &str, inputs: &[(Vec<f64>, Vec<usize>)], f: impl Fn(&[Tensor]) -> Result<Tensor>) {
-    let report = check_gradients(inputs, 1e-6, f).unwrap_or_else(|e| panic!("{name}: {e}"));
-    assert!(report.checked > 0, "{name}: nothing checked");
-    assert!(report.max_error < 1e-6, "{name}: {} ({})", report.max_error, report.worst);
+    for backend in BACKEND_NAMES {
+        let dev = Device::on_backend(backend).unwrap();
+        let report = check_gradients_on(&dev, inputs, 1e-6, &f).unwrap_or_else(|e| panic!("{name} on {backend}: {e}"));
+        assert!(report.checked > 0, "{name} on {backend}: nothing checked");
+        assert!(report.max_error < 1e-6, "{name} on {backend}: {} ({})", report.max_error, report.worst);
+    }
 }
 
 #[test]

@@ -2,7 +2,7 @@
 //! property tests that random graphs give the same values through the full
 //! pipeline as through the reference interpreter.
 
-use lazytrain_core::backend::{Backend, CpuBackend};
+use lazytrain_core::backend::{Backend, CpuBackend, ReferenceBackend};
 use lazytrain_core::compile::{
     dead_code_elimination, fold_constants, optimize, schedule_narrow_copies, simplify_algebra,
 };
@@ -51,9 +51,15 @@ fn derive(op: &Op, m: &[infer::Meta]) -> Result<(Shape, DType), lazytrain_core::
     }
 }
 
+/// `graph` optimised and run on the CPU backend.
 fn run_compiled(graph: &Graph, params: &[HostData]) -> Vec<HostData> {
+    run_on(&CpuBackend::default(), graph, params)
+}
+
+/// `graph` optimised and run on `backend`.
+fn run_on(backend: &dyn Backend, graph: &Graph, params: &[HostData]) -> Vec<HostData> {
     let optimized = optimize(graph, None).unwrap();
-    let exe = CpuBackend::default().compile(&optimized).unwrap();
+    let exe = backend.compile(&optimized).unwrap();
     let inputs = params.iter().map(|p| Arc::new(Buffer::new(p.clone()))).collect();
     exe.run(inputs, &Default::default()).unwrap().iter().map(|b| b.wait().unwrap().clone()).collect()
 }
@@ -547,10 +553,13 @@ proptest! {
         ];
         let refs: Vec<&HostData> = params.iter().collect();
         let expected = interpret(&graph, &refs).unwrap();
-        let got = run_compiled(&graph, &params);
-        prop_assert_eq!(expected.len(), got.len());
-        for (e, g) in expected.iter().zip(&got) {
-            prop_assert!(close(g, e), "graph:\n{}\nexpected {:?}\ngot {:?}", graph, e, g);
+        // The optimised graph on both backends (the same schedule interface,
+        // fused and unfused) against the unoptimised graph.
+        for got in [run_compiled(&graph, &params), run_on(&ReferenceBackend, &graph, &params)] {
+            prop_assert_eq!(expected.len(), got.len());
+            for (e, g) in expected.iter().zip(&got) {
+                prop_assert!(close(g, e), "graph:\n{}\nexpected {:?}\ngot {:?}", graph, e, g);
+            }
         }
     }
 }

@@ -48,9 +48,18 @@ pub fn check_gradients(
     eps: f64,
     f: impl Fn(&[Tensor]) -> Result<Tensor>,
 ) -> Result<GradCheckReport> {
-    let dev = Device::cpu();
+    check_gradients_on(&Device::cpu(), inputs, eps, f)
+}
+
+/// [`check_gradients`] on `dev` (to check a backend's kernels).
+pub fn check_gradients_on(
+    dev: &Device,
+    inputs: &[(Vec<f64>, Vec<usize>)],
+    eps: f64,
+    f: impl Fn(&[Tensor]) -> Result<Tensor>,
+) -> Result<GradCheckReport> {
     let make = |values: &[Vec<f64>]| -> Result<Vec<Tensor>> {
-        values.iter().zip(inputs).map(|(v, (_, shape))| Tensor::from_vec(v.clone(), shape.clone(), &dev)).collect()
+        values.iter().zip(inputs).map(|(v, (_, shape))| Tensor::from_vec(v.clone(), shape.clone(), dev)).collect()
     };
     let base: Vec<Vec<f64>> = inputs.iter().map(|(v, _)| v.clone()).collect();
     let xs = make(&base)?;

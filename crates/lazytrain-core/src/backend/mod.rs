@@ -1,29 +1,69 @@
-//! The backend trait: what a device needs to compile and run graphs.
+//! The backend trait: what a device needs to run scheduled graphs.
 //!
-//! The CPU backend is the only one today; a CUDA backend would implement the
-//! same two traits and add a device-memory variant to [`crate::storage::Buffer`].
+//! The engine optimises a graph ([`crate::compile`]) and schedules it
+//! ([`crate::schedule`]: fusion, views, memory plan) for the backend's
+//! [`Capabilities`]; the backend only *lowers* that schedule into an
+//! [`Executable`]. Two backends implement it: [`CpuBackend`] (fused tile
+//! kernels, `gemm`, AVX-512 BF16) and [`ReferenceBackend`] (one naive kernel
+//! per node: the oracle). `LAZYTRAIN_BACKEND=cpu|reference` picks one for
+//! every device a process makes ([`from_env`]).
 
 mod cpu;
-mod fusion;
-mod plan;
 pub mod profile;
+mod reference;
 
 pub use cpu::CpuBackend;
-pub use plan::{MemoryPlan, Operand};
+pub use reference::ReferenceBackend;
 
 use crate::collective::RunContext;
-use crate::error::Result;
+use crate::error::{Error, Result};
 use crate::ir::Graph;
+use crate::schedule::{Capabilities, Schedule};
 use crate::storage::Buffer;
 use serde::Serialize;
 use std::sync::Arc;
 
-/// Compiles optimised graphs into executables.
+/// Lowers scheduled graphs into executables.
 pub trait Backend: Send + Sync {
-    /// A short name (`cpu`).
+    /// A short name (`cpu`, `reference`).
     fn name(&self) -> &'static str;
-    /// Plan memory and emit an executable for `graph`.
-    fn compile(&self, graph: &Graph) -> Result<Arc<dyn Executable>>;
+    /// What the backend runs, which shapes the schedules it is given.
+    fn capabilities(&self) -> Capabilities;
+    /// Emit an executable for `schedule` (made for [`Backend::capabilities`]).
+    fn lower(&self, schedule: &Schedule) -> Result<Arc<dyn Executable>>;
+    /// Schedule an optimised `graph` for this backend and lower it.
+    fn compile(&self, graph: &Graph) -> Result<Arc<dyn Executable>> {
+        self.lower(&Schedule::new(graph, &self.capabilities()))
+    }
+}
+
+/// The backends [`from_env`] knows, by name.
+pub const BACKEND_NAMES: [&str; 2] = ["cpu", "reference"];
+
+/// The backend named `name` (`cpu` or `reference`).
+pub fn by_name(name: &str) -> Result<Arc<dyn Backend>> {
+    match name {
+        "cpu" => Ok(Arc::new(CpuBackend::default())),
+        "reference" => Ok(Arc::new(ReferenceBackend)),
+        other => Err(Error::Execution {
+            node: 0,
+            op: "backend",
+            detail: format!("unknown backend `{other}`; choose one of {}", BACKEND_NAMES.join(", ")),
+        }),
+    }
+}
+
+/// The backend `LAZYTRAIN_BACKEND` names (`cpu` when unset or empty).
+pub fn from_env() -> Result<Arc<dyn Backend>> {
+    match std::env::var("LAZYTRAIN_BACKEND") {
+        Ok(name) if !name.is_empty() => by_name(&name).map_err(|e| match e {
+            Error::Execution { detail, .. } => {
+                Error::Execution { node: 0, op: "backend", detail: format!("LAZYTRAIN_BACKEND: {detail}") }
+            }
+            other => other,
+        }),
+        _ => Ok(Arc::new(CpuBackend::default())),
+    }
 }
 
 /// A compiled graph, runnable many times on new input buffers.

@@ -14,24 +14,13 @@ use super::numeric::{bf16_from_f32, bf16_to_f32, exp_f32};
 use super::reduce::RowLanes;
 use crate::dtype::DType;
 use crate::ir::{BinaryOp, CmpOp, ReduceOp, UnaryOp};
+use crate::schedule::{Access, Load};
 use crate::storage::HostData;
 use half::bf16;
 
 /// Elements per tile: small enough that a program's live registers stay in
 /// the L1/L2 caches, large enough to amortise the per-op dispatch.
 pub(crate) const TILE: usize = 1024;
-
-/// How a load reads its input for a tile of the (contiguous) output.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub(crate) enum Access {
-    /// Element `i` of the output reads element `i` of the input.
-    Contiguous,
-    /// Every element reads the input's only element.
-    Splat,
-    /// Element with multi-index `idx` reads `sum(idx[d] * strides[d])`
-    /// (0 strides broadcast).
-    Strided(Vec<usize>),
-}
 
 /// An operand: a register or an immediate constant.
 #[derive(Clone, Copy, Debug, PartialEq)]
@@ -71,22 +60,13 @@ pub(crate) enum Instr {
     ReduceStore { op: ReduceOp, src: usize, out: usize },
 }
 
-/// A load: which kernel input and how it is indexed.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub(crate) struct LoadSpec {
-    /// Index into the kernel's inputs.
-    pub input: usize,
-    /// The index map.
-    pub access: Access,
-}
-
 /// A compiled fused program over an output of `shape`.
 #[derive(Clone, Debug, PartialEq)]
 pub(crate) struct FusedProgram {
     /// The shape every member computes.
     pub shape: Vec<usize>,
     /// The loads.
-    pub loads: Vec<LoadSpec>,
+    pub loads: Vec<Load>,
     /// The instructions, run once per tile.
     pub instrs: Vec<Instr>,
     /// Registers needed.

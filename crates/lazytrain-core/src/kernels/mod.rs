@@ -91,17 +91,6 @@ pub(crate) fn eval_with_views(
     Ok(())
 }
 
-/// True when `node` can write its output over input `position` (elementwise
-/// with the same dtype, so element `i` is read before it is written).
-pub(crate) fn can_run_in_place(node: &Node, position: usize) -> bool {
-    match node.op {
-        Op::Unary(_) | Op::Binary(_) | Op::AllReduce(_) => true,
-        Op::ScatterAdd { .. } => position == 0,
-        Op::Select => position > 0,
-        _ => false,
-    }
-}
-
 /// Compute `node` in place: `out` holds input `position` on entry and the
 /// result on exit; `others` are the remaining inputs in order; `shapes` are
 /// the shapes of all inputs.

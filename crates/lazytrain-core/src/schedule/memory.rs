@@ -2,8 +2,9 @@
 //! is reused once the last reader of its previous value has run.
 
 use super::fusion::Fusion;
+use super::Capabilities;
 use crate::dtype::DType;
-use crate::ir::{Graph, Op};
+use crate::ir::{Graph, Node, Op};
 
 /// Where a kernel reads a value from.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -56,7 +57,8 @@ impl MemoryPlan {
     /// for a splat the backend keeps as a single element). A fused group's
     /// outputs are placed together at its last member; one may take over
     /// the slot of an input it reads at the same positions (in place).
-    pub(crate) fn new(graph: &Graph, lengths: &[usize], fusion: &Fusion) -> MemoryPlan {
+    /// Elementwise nodes write in place only where `capabilities` allow it.
+    pub fn new(graph: &Graph, lengths: &[usize], fusion: &Fusion, capabilities: &Capabilities) -> MemoryPlan {
         let mut last_use = vec![0usize; graph.nodes.len()];
         for i in 0..graph.nodes.len() {
             for x in fusion.reads(graph, i) {
@@ -146,7 +148,8 @@ impl MemoryPlan {
             let reusable = candidates.into_iter().find_map(|(pos, id)| {
                 let input = &graph.nodes[id.index()];
                 let Operand::Slot(s) = operands[id.index()] else { return None };
-                let fits = crate::kernels::can_run_in_place(node, pos)
+                let fits = capabilities.in_place
+                    && writes_in_place(node, pos)
                     && last_use[id.index()] == i
                     && input.dtype == node.dtype
                     && lengths[id.index()] == len
@@ -179,6 +182,34 @@ impl MemoryPlan {
             })
             .sum();
         MemoryPlan { operands, slots, in_place, donated, unplanned_bytes, input_bytes }
+    }
+}
+
+/// True when `node` can write its output over input `position`: element
+/// `i` of the output depends only on element `i` of that input, which is
+/// read before it is written (elementwise ops; a scatter-add into its
+/// target; a select's values, never its mask, which has another dtype).
+pub fn writes_in_place(node: &Node, position: usize) -> bool {
+    match node.op {
+        Op::Unary(_) | Op::Binary(_) | Op::AllReduce(_) => true,
+        Op::ScatterAdd { .. } => position == 0,
+        Op::Select => position > 0,
+        Op::Parameter(_)
+        | Op::Constant(_)
+        | Op::Iota { .. }
+        | Op::RngUniform { .. }
+        | Op::Cast
+        | Op::Compare(_)
+        | Op::Reduce { .. }
+        | Op::Reshape
+        | Op::Permute(_)
+        | Op::Expand
+        | Op::Slice { .. }
+        | Op::Concat { .. }
+        | Op::Pad { .. }
+        | Op::Gather { .. }
+        | Op::Dot { .. }
+        | Op::StopGradient => false,
     }
 }
 

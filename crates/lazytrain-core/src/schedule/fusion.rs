@@ -1,8 +1,9 @@
-//! Elementwise fusion for the CPU backend.
+//! Fusion decisions, backend-neutral.
 //!
 //! Connected elementwise nodes of one shape become a group computed by one
-//! fused kernel ([`crate::kernels::fused`]) at the position of its last
-//! member. `reshape`, `expand` and `permute` nodes read only by fused
+//! fused kernel at the position of its last member (the backend turns the
+//! group's data flow into its own kernel; the CPU backend into tile
+//! bytecode). `reshape`, `expand` and `permute` nodes read only by fused
 //! kernels (and reshapes of contiguous data read by matmuls) become *views*:
 //! no kernel and no buffer, just an index map the loads (or the matmul's
 //! operand strides) follow. Members read outside their group (or graph outputs) are the
@@ -14,22 +15,57 @@
 //! the root has run, and no path leaves the group and comes back.
 
 use crate::dtype::DType;
-use crate::ir::{BinaryOp, Graph, Op, UnaryOp};
-use crate::kernels::fused::{Access, FusedProgram, Instr, LoadSpec, Src};
+use crate::ir::{Graph, Op, UnaryOp};
 use crate::shape::contiguous_strides;
+
+/// How a group's load reads its input for each element of the group's
+/// (contiguous) shape.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Access {
+    /// Element `i` of the output reads element `i` of the input.
+    Contiguous,
+    /// Every element reads the input's only element.
+    Splat,
+    /// Element with multi-index `idx` reads `sum(idx[d] * strides[d])`
+    /// (0 strides broadcast).
+    Strided(Vec<usize>),
+}
+
+/// A load of a fused group: which of the group's inputs and how it is indexed.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Load {
+    /// Index into the group's inputs.
+    pub input: usize,
+    /// The index map.
+    pub access: Access,
+}
+
+/// Where a group member reads one of its operands.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub enum MemberRead {
+    /// The value of another member (computed earlier in the group).
+    Member(usize),
+    /// A scalar constant, folded into the kernel as an immediate.
+    Immediate(f32),
+    /// Load `k` of the group (each read loads afresh).
+    Load(usize),
+    /// The seed scalar of a random draw: group input `k`, read whole.
+    Seed(usize),
+}
 
 /// A value read through an index map instead of its own buffer.
 #[derive(Clone, Debug, PartialEq, Eq)]
-pub(crate) struct View {
+pub struct View {
     /// The node whose buffer is read.
     pub base: usize,
     /// Strides into the base buffer over the view's shape (0 broadcasts).
     pub strides: Vec<usize>,
 }
 
-/// A fused group.
+/// A fused group: what it computes and from which buffers. The backend
+/// lowers it into one kernel.
 #[derive(Clone, Debug)]
-pub(crate) struct Group {
+pub struct Group {
     /// Member nodes, ascending.
     pub members: Vec<usize>,
     /// Where the group runs: its last member, or earlier when a cast of a
@@ -41,13 +77,20 @@ pub(crate) struct Group {
     pub inputs: Vec<usize>,
     /// Inputs read at the output's own positions (candidates for in place).
     pub contiguous_inputs: Vec<usize>,
-    /// The kernel.
-    pub program: FusedProgram,
+    /// The loads, in order of first read.
+    pub loads: Vec<Load>,
+    /// For each member (in `members` order), where its operands come from.
+    pub reads: Vec<Vec<MemberRead>>,
+    /// The shape every member computes (reductions: before reducing).
+    pub shape: Vec<usize>,
+    /// The row length of the group's reductions (all reduce the trailing
+    /// `reduce_inner` elements of the shape); 0 without reductions.
+    pub reduce_inner: usize,
 }
 
 /// The fusion decisions for a graph.
 #[derive(Clone, Debug, Default)]
-pub(crate) struct Fusion {
+pub struct Fusion {
     /// The group of each node, if it is a member of one.
     pub group_of: Vec<Option<usize>>,
     /// The groups.
@@ -95,6 +138,7 @@ impl Fusion {
     }
 }
 
+/// True for the dtypes fused kernels compute in (f32 registers).
 fn fusible_dtype(dtype: DType) -> bool {
     matches!(dtype, DType::F32 | DType::BF16 | DType::Bool)
 }
@@ -122,7 +166,7 @@ fn fusible(graph: &Graph, i: usize, splat: &[bool]) -> bool {
 }
 
 /// A scalar constant's value, when node `i` is one (any shape: every element is equal).
-fn immediate(graph: &Graph, i: usize) -> Option<f32> {
+pub fn immediate(graph: &Graph, i: usize) -> Option<f32> {
     let node = &graph.nodes[i];
     match (&node.op, node.dtype) {
         (Op::Constant(v), DType::F32) => Some(v.as_f64() as f32),
@@ -134,7 +178,7 @@ fn immediate(graph: &Graph, i: usize) -> Option<f32> {
 
 /// Decide views and groups. `splat[i]` marks nodes the backend keeps as one
 /// element.
-pub(crate) fn plan(graph: &Graph, splat: &[bool]) -> Fusion {
+pub fn plan(graph: &Graph, splat: &[bool]) -> Fusion {
     let n = graph.nodes.len();
     let fusible: Vec<bool> = (0..n).map(|i| fusible(graph, i, splat)).collect();
     let mut consumers: Vec<Vec<usize>> = vec![Vec::new(); n];
@@ -216,9 +260,9 @@ pub(crate) fn plan(graph: &Graph, splat: &[bool]) -> Fusion {
         if group.len() == 1 && !reads_view {
             continue;
         }
-        let mut built = build_group(graph, &fusion, &group, &consumers, &is_output, &duplicated, splat);
+        let mut built = describe_group(graph, &fusion, &group, &consumers, &is_output, &duplicated, splat);
         built.runs_at = runs_at;
-        built.program.reduce_inner = reduce_inner;
+        built.reduce_inner = reduce_inner;
         for &m in &built.members {
             final_of[m] = Some(fusion.groups.len());
         }
@@ -437,41 +481,10 @@ fn view_of(graph: &Graph, view: &[Option<View>], splat: &[bool], i: usize) -> Op
     Some(View { base, strides })
 }
 
-/// A value inside a program under construction: a virtual register or a constant.
-#[derive(Clone, Copy)]
-enum Value {
-    Reg(usize),
-    Imm(f32),
-}
-
-/// Instructions under construction and their virtual registers.
-#[derive(Default)]
-struct ProgramBuilder {
-    instrs: Vec<Instr>,
-    registers: usize,
-}
-
-impl ProgramBuilder {
-    /// Append the instruction `make(dst)` writing a fresh register; returns it.
-    fn emit(&mut self, make: impl FnOnce(usize) -> Instr) -> usize {
-        self.registers += 1;
-        self.instrs.push(make(self.registers - 1));
-        self.registers - 1
-    }
-
-    /// A register holding `v` (a constant is written into one as `v * 1`).
-    fn register(&mut self, v: Value) -> usize {
-        match v {
-            Value::Reg(r) => r,
-            Value::Imm(x) => {
-                self.emit(|dst| Instr::Binary { op: BinaryOp::Mul, a: Src::Imm(x), b: Src::Imm(1.0), dst })
-            }
-        }
-    }
-}
-
-/// Assemble the kernel of a group.
-fn build_group(
+/// Describe a group's data flow: its inputs and loads, where each member
+/// reads its operands, and which members are stored (read outside the
+/// group, or graph outputs).
+fn describe_group(
     graph: &Graph,
     fusion: &Fusion,
     members: &[usize],
@@ -484,101 +497,48 @@ fn build_group(
     let shape = graph.nodes[members[0]].shape.dims().to_vec();
     let contiguous = contiguous_strides(&shape);
     let mut inputs: Vec<usize> = Vec::new();
-    let mut loads: Vec<LoadSpec> = Vec::new();
-    let mut program = ProgramBuilder::default();
-    let mut value_of: Vec<Option<Value>> = vec![None; graph.nodes.len()];
+    let mut loads: Vec<Load> = Vec::new();
+    let mut reads = Vec::with_capacity(members.len());
     let mut outputs = Vec::new();
     for &m in members {
         let node = &graph.nodes[m];
-        // A random draw's only input is its seed, which it reads itself.
-        let loaded = if matches!(node.op, Op::RngUniform { .. }) { &[][..] } else { &node.inputs[..] };
-        let mut operands = Vec::with_capacity(loaded.len());
-        for id in loaded {
-            let x = id.index();
-            let value = if member(x) {
-                value_of[x].expect("members are built in order")
-            } else if let Some(v) = immediate(graph, fusion.resolve(x)) {
-                Value::Imm(v)
-            } else {
-                let (base, strides) = match &fusion.view[x] {
-                    Some(v) => (v.base, v.strides.clone()),
-                    None => (x, contiguous.clone()),
-                };
-                let access = if splat[base] || graph.nodes[base].shape.numel() == 1 {
-                    Access::Splat
-                } else if strides == contiguous {
-                    Access::Contiguous
-                } else {
-                    Access::Strided(strides)
-                };
-                let input = index_of(&mut inputs, base);
-                let load = index_of(&mut loads, LoadSpec { input, access });
-                Value::Reg(program.emit(|dst| Instr::Load { load, dst }))
-            };
-            operands.push(value);
-        }
-        let src = |v: Value| match v {
-            Value::Reg(r) => Src::Reg(r),
-            Value::Imm(x) => Src::Imm(x),
+        let operands: Vec<MemberRead> = if matches!(node.op, Op::RngUniform { .. }) {
+            // A random draw's only input is its seed, which it reads itself.
+            vec![MemberRead::Seed(index_of(&mut inputs, fusion.resolve(node.inputs[0].index())))]
+        } else {
+            node.inputs
+                .iter()
+                .map(|id| {
+                    let x = id.index();
+                    if member(x) {
+                        return MemberRead::Member(x);
+                    }
+                    if let Some(v) = immediate(graph, fusion.resolve(x)) {
+                        return MemberRead::Immediate(v);
+                    }
+                    let (base, strides) = match &fusion.view[x] {
+                        Some(v) => (v.base, v.strides.clone()),
+                        None => (x, contiguous.clone()),
+                    };
+                    let access = if splat[base] || graph.nodes[base].shape.numel() == 1 {
+                        Access::Splat
+                    } else if strides == contiguous {
+                        Access::Contiguous
+                    } else {
+                        Access::Strided(strides)
+                    };
+                    let input = index_of(&mut inputs, base);
+                    MemberRead::Load(index_of(&mut loads, Load { input, access }))
+                })
+                .collect()
         };
-        let rounded = |program: &mut ProgramBuilder, v: usize| match node.dtype {
-            DType::BF16 => program.emit(|dst| Instr::RoundBf16 { src: v, dst }),
-            _ => v,
-        };
-        let result = match &node.op {
-            Op::Unary(op) => {
-                let s = program.register(operands[0]);
-                let v = program.emit(|dst| Instr::Unary { op: *op, src: s, dst });
-                Value::Reg(rounded(&mut program, v))
-            }
-            Op::Binary(op) => {
-                let (a, b) = (src(operands[0]), src(operands[1]));
-                let v = program.emit(|dst| Instr::Binary { op: *op, a, b, dst });
-                Value::Reg(rounded(&mut program, v))
-            }
-            Op::Compare(op) => {
-                let (a, b) = (src(operands[0]), src(operands[1]));
-                Value::Reg(program.emit(|dst| Instr::Compare { op: *op, a, b, dst }))
-            }
-            Op::Select => {
-                let (c, a, b) = (src(operands[0]), src(operands[1]), src(operands[2]));
-                Value::Reg(program.emit(|dst| Instr::Select { c, a, b, dst }))
-            }
-            Op::Cast if node.dtype == DType::Bool && graph.nodes[node.inputs[0].index()].dtype != DType::Bool => {
-                let s = program.register(operands[0]);
-                Value::Reg(program.emit(|dst| Instr::ToBool { src: s, dst }))
-            }
-            Op::Cast if node.dtype == DType::BF16 && graph.nodes[node.inputs[0].index()].dtype == DType::F32 => {
-                let s = program.register(operands[0]);
-                Value::Reg(program.emit(|dst| Instr::RoundBf16 { src: s, dst }))
-            }
-            // bool and bf16 values are exact in f32 registers.
-            Op::Cast => operands[0],
-            // A reduction's rows are accumulated where it is stored.
-            Op::Reduce { .. } => operands[0],
-            Op::RngUniform { stream } => {
-                let input = index_of(&mut inputs, fusion.resolve(node.inputs[0].index()));
-                Value::Reg(program.emit(|dst| Instr::Random { input, stream: *stream, dst }))
-            }
-            other => unreachable!("{} is not fusible", other.name()),
-        };
-        value_of[m] = Some(result);
+        reads.push(operands);
         // A recomputed member's readers in other groups compute it themselves.
         let read_outside = !duplicated[m] && (consumers[m].iter().any(|&c| !member(c)) || is_output[m]);
         if read_outside {
             outputs.push(m);
         }
     }
-    let mut output_dtypes = Vec::new();
-    for (k, &m) in outputs.iter().enumerate() {
-        let src = program.register(value_of[m].expect("built"));
-        program.instrs.push(match graph.nodes[m].op {
-            Op::Reduce { op, .. } => Instr::ReduceStore { op, src, out: k },
-            _ => Instr::Store { src, out: k },
-        });
-        output_dtypes.push(graph.nodes[m].dtype);
-    }
-    let (instrs, registers) = allocate_registers(program.instrs, program.registers);
     let contiguous_inputs = (0..inputs.len())
         .filter(|&k| {
             let mut reads = loads.iter().filter(|l| l.input == k).peekable();
@@ -592,7 +552,10 @@ fn build_group(
         outputs,
         inputs,
         contiguous_inputs,
-        program: FusedProgram { shape, loads, instrs, registers, output_dtypes, reduce_inner: 0 },
+        loads,
+        reads,
+        shape,
+        reduce_inner: 0,
     }
 }
 
@@ -602,102 +565,4 @@ fn index_of<T: PartialEq>(list: &mut Vec<T>, item: T) -> usize {
         list.push(item);
         list.len() - 1
     })
-}
-
-fn reads(instr: &Instr) -> Vec<usize> {
-    let reg = |s: &Src| match s {
-        Src::Reg(r) => Some(*r),
-        Src::Imm(_) => None,
-    };
-    match instr {
-        Instr::Load { .. } | Instr::Random { .. } => vec![],
-        Instr::Unary { src, .. }
-        | Instr::ToBool { src, .. }
-        | Instr::RoundBf16 { src, .. }
-        | Instr::Store { src, .. }
-        | Instr::ReduceStore { src, .. } => vec![*src],
-        Instr::Binary { a, b, .. } | Instr::Compare { a, b, .. } => [a, b].iter().filter_map(|s| reg(s)).collect(),
-        Instr::Select { c, a, b, .. } => [c, a, b].iter().filter_map(|s| reg(s)).collect(),
-    }
-}
-
-fn remap(instr: &mut Instr, map: &[usize]) {
-    let fix = |s: &mut Src| {
-        if let Src::Reg(r) = s {
-            *r = map[*r];
-        }
-    };
-    match instr {
-        Instr::Load { dst, .. } | Instr::Random { dst, .. } => *dst = map[*dst],
-        Instr::Unary { src, dst, .. } | Instr::ToBool { src, dst } | Instr::RoundBf16 { src, dst } => {
-            *src = map[*src];
-            *dst = map[*dst];
-        }
-        Instr::Binary { a, b, dst, .. } | Instr::Compare { a, b, dst, .. } => {
-            fix(a);
-            fix(b);
-            *dst = map[*dst];
-        }
-        Instr::Select { c, a, b, dst } => {
-            fix(c);
-            fix(a);
-            fix(b);
-            *dst = map[*dst];
-        }
-        Instr::Store { src, .. } | Instr::ReduceStore { src, .. } => *src = map[*src],
-    }
-}
-
-fn writes(instr: &Instr) -> Option<usize> {
-    match instr {
-        Instr::Load { dst, .. }
-        | Instr::Random { dst, .. }
-        | Instr::Unary { dst, .. }
-        | Instr::ToBool { dst, .. }
-        | Instr::RoundBf16 { dst, .. }
-        | Instr::Binary { dst, .. }
-        | Instr::Compare { dst, .. }
-        | Instr::Select { dst, .. } => Some(*dst),
-        Instr::Store { .. } | Instr::ReduceStore { .. } => None,
-    }
-}
-
-/// Map virtual registers to few physical ones: a register is reused after
-/// its last reader; a destination never shares a register with a source of
-/// the same instruction.
-fn allocate_registers(mut instrs: Vec<Instr>, virtual_regs: usize) -> (Vec<Instr>, usize) {
-    let mut last = vec![0usize; virtual_regs];
-    for (k, instr) in instrs.iter().enumerate() {
-        for r in reads(instr) {
-            last[r] = k;
-        }
-        if let Some(w) = writes(instr) {
-            last[w] = last[w].max(k);
-        }
-    }
-    let mut map = vec![usize::MAX; virtual_regs];
-    let mut free: Vec<usize> = Vec::new();
-    let mut physical = 0;
-    for (k, instr) in instrs.iter().enumerate() {
-        if let Some(w) = writes(instr) {
-            map[w] = free.pop().unwrap_or_else(|| {
-                physical += 1;
-                physical - 1
-            });
-        }
-        for r in reads(instr) {
-            if last[r] == k && !free.contains(&map[r]) {
-                free.push(map[r]);
-            }
-        }
-        if let Some(w) = writes(instr) {
-            if last[w] == k {
-                free.push(map[w]);
-            }
-        }
-    }
-    for instr in &mut instrs {
-        remap(instr, &map);
-    }
-    (instrs, physical)
 }

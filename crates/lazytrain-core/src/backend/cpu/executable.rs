@@ -1,193 +1,17 @@
-//! The CPU backend: a flat list of kernel calls over planned buffers, with
-//! `gemm` for matmuls.
+//! Running a CPU program: planned slots kept between runs, donated inputs
+//! taken over, kernels called in order.
 
-use super::fusion::{self, Fusion};
-use super::plan::{MemoryPlan, Operand};
-use super::{profile, Backend, Executable, ExecutableStats};
+use super::{CpuExecutable, Kernel};
+use crate::backend::{profile, Executable, ExecutableStats};
 use crate::collective::RunContext;
 use crate::error::{Error, Result};
-use crate::ir::{Graph, Node, Op};
-use crate::kernels::fused::{FusedProgram, Source};
+use crate::ir::Op;
+use crate::kernels::fused::Source;
 use crate::kernels::{self, MatmulKernel};
-use crate::shape::Shape;
+use crate::schedule::Operand;
 use crate::storage::{Buffer, HostData};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
-
-/// Runs graphs on the host CPU.
-#[derive(Clone, Copy, Debug)]
-pub struct CpuBackend {
-    /// Fuse elementwise chains and fold views into their loads.
-    pub fuse: bool,
-}
-
-impl Default for CpuBackend {
-    /// Fusion on, unless `LAZYTRAIN_FUSION=0` (for A/B measurements).
-    fn default() -> CpuBackend {
-        CpuBackend { fuse: std::env::var("LAZYTRAIN_FUSION").map_or(true, |v| v != "0") }
-    }
-}
-
-/// What a step runs.
-enum Kernel {
-    /// One primitive.
-    Primitive {
-        node: Node,
-        input_shapes: Vec<Vec<usize>>,
-        /// Element strides of inputs read as views of another buffer (matmul operands).
-        views: Vec<Option<Vec<usize>>>,
-        slot: usize,
-        in_place: Option<usize>,
-    },
-    /// A fused group: input `j` is read from output `alias[j]` when that
-    /// output overwrites it in place.
-    Fused { program: FusedProgram, outputs: Vec<usize>, alias: Vec<Option<usize>> },
-}
-
-/// One kernel call.
-struct Step {
-    node_index: usize,
-    kernel: Kernel,
-    inputs: Vec<Operand>,
-    /// What the profile report calls this kernel (op and shapes).
-    label: String,
-}
-
-/// A compiled CPU program.
-struct CpuExecutable {
-    steps: Vec<Step>,
-    outputs: Vec<Operand>,
-    num_params: usize,
-    plan: MemoryPlan,
-    /// Intermediate buffers kept between runs, one set per concurrent run
-    /// (replicas share the executable).
-    pool: Arc<SlotPool>,
-    /// Bytes of slot buffers allocated by runs so far.
-    allocated: AtomicU64,
-}
-
-impl Backend for CpuBackend {
-    fn name(&self) -> &'static str {
-        "cpu"
-    }
-
-    fn compile(&self, graph: &Graph) -> Result<Arc<dyn Executable>> {
-        let splat = splat_nodes(graph);
-        let fusion = if self.fuse { fusion::plan(graph, &splat) } else { Fusion::none(graph.nodes.len()) };
-        let lengths: Vec<usize> = graph
-            .nodes
-            .iter()
-            .enumerate()
-            .map(|(i, n)| match (splat[i], fusion.materialised(i)) {
-                (_, false) => 0,
-                (true, true) => 1,
-                (false, true) => n.shape.numel(),
-            })
-            .collect();
-        let plan = MemoryPlan::new(graph, &lengths, &fusion);
-        let mut steps = Vec::new();
-        for (i, node) in graph.nodes.iter().enumerate() {
-            if matches!(node.op, Op::Parameter(_)) || fusion.view[i].is_some() || fusion.inlined[i] {
-                continue;
-            }
-            if let Some(g) = fusion.group_of[i] {
-                if fusion.position(i) != i {
-                    continue;
-                }
-                let group = &fusion.groups[g];
-                let inputs: Vec<Operand> = group.inputs.iter().map(|&x| plan.operands[x]).collect();
-                let outputs: Vec<usize> = group
-                    .outputs
-                    .iter()
-                    .map(|&o| match plan.operands[o] {
-                        Operand::Slot(s) => s,
-                        _ => unreachable!("fused outputs get slots"),
-                    })
-                    .collect();
-                let alias = inputs
-                    .iter()
-                    .map(|op| match op {
-                        Operand::Slot(s) => outputs.iter().position(|o| o == s),
-                        _ => None,
-                    })
-                    .collect();
-                steps.push(Step {
-                    node_index: i,
-                    label: group.program.describe(),
-                    kernel: Kernel::Fused { program: group.program.clone(), outputs, alias },
-                    inputs,
-                });
-                continue;
-            }
-            if let Operand::Slot(slot) = plan.operands[i] {
-                let lowered = if splat[i] { Node { shape: Shape::scalar(), ..node.clone() } } else { node.clone() };
-                let input_dims: Vec<String> =
-                    node.inputs.iter().map(|id| format!("{:?}", graph.node(*id).shape.dims())).collect();
-                steps.push(Step {
-                    node_index: i,
-                    label: format!(
-                        "{} {} -> {:?} {}",
-                        node.op.name(),
-                        input_dims.join(" "),
-                        node.shape.dims(),
-                        node.dtype
-                    ),
-                    kernel: Kernel::Primitive {
-                        node: lowered,
-                        input_shapes: node.inputs.iter().map(|id| graph.node(*id).shape.dims().to_vec()).collect(),
-                        views: node
-                            .inputs
-                            .iter()
-                            .map(|id| fusion.view[id.index()].as_ref().map(|v| v.strides.clone()))
-                            .collect(),
-                        slot,
-                        in_place: plan.in_place[i],
-                    },
-                    inputs: node.inputs.iter().map(|id| plan.operands[fusion.resolve(id.index())]).collect(),
-                });
-            }
-        }
-        let outputs = graph.outputs.iter().map(|id| plan.operands[id.index()]).collect();
-        Ok(Arc::new(CpuExecutable {
-            steps,
-            outputs,
-            num_params: graph.num_params,
-            plan,
-            pool: Arc::default(),
-            allocated: AtomicU64::new(0),
-        }))
-    }
-}
-
-/// Nodes the backend keeps as one element: splat constants and broadcasts
-/// of a single value, read only by elementwise kernels (which broadcast a
-/// one-element operand). They are never materialised at full size.
-fn splat_nodes(graph: &Graph) -> Vec<bool> {
-    let mut only_elementwise_readers = vec![true; graph.nodes.len()];
-    for node in &graph.nodes {
-        let broadcasting_reader = matches!(node.op, Op::Unary(_) | Op::Binary(_) | Op::Select | Op::Compare(_));
-        for input in &node.inputs {
-            only_elementwise_readers[input.index()] &= broadcasting_reader;
-        }
-    }
-    for out in &graph.outputs {
-        only_elementwise_readers[out.index()] = false;
-    }
-    let mut single_value = vec![false; graph.nodes.len()];
-    let mut splat = vec![false; graph.nodes.len()];
-    for (i, node) in graph.nodes.iter().enumerate() {
-        single_value[i] = match node.op {
-            Op::Constant(_) => true,
-            Op::Expand | Op::Reshape => {
-                let input = node.inputs[0].index();
-                single_value[input] || graph.nodes[input].shape.numel() == 1
-            }
-            _ => node.shape.numel() == 1,
-        };
-        splat[i] = single_value[i] && only_elementwise_readers[i] && node.shape.numel() > 1;
-    }
-    splat
-}
 
 impl CpuExecutable {
     /// A slot's buffer, at its planned capacity: every value the slot holds
@@ -348,7 +172,7 @@ impl Executable for CpuExecutable {
 /// Intermediate buffers an executable keeps between runs (one set per
 /// concurrent run), and how many runs it has started.
 #[derive(Default)]
-struct SlotPool {
+pub(super) struct SlotPool {
     sets: std::sync::Mutex<Vec<Vec<Option<HostData>>>>,
     runs: AtomicU64,
 }

@@ -1,0 +1,181 @@
+//! The backend-neutral schedule of an optimised graph: which nodes are
+//! kept as one element (splats), which fuse into one kernel and which are
+//! views ([`fusion`]), where every value lives (the liveness/slot
+//! [`memory`] plan, in place and donated buffers), and the ordered steps a
+//! backend lowers into its executable.
+//!
+//! A backend answers a small [`Capabilities`] query; it makes none of these
+//! decisions itself.
+
+pub mod fusion;
+pub mod memory;
+mod splat;
+
+pub use fusion::{Access, Fusion, Group, Load, MemberRead, View};
+pub use memory::{writes_in_place, MemoryPlan, Operand};
+pub use splat::splat_nodes;
+
+use crate::ir::{Graph, Op};
+
+/// What a backend can run, which shapes its schedule.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Capabilities {
+    /// Fused elementwise kernels (groups) and views read through strides.
+    pub fuse: bool,
+    /// Single values broadcast by elementwise kernels kept as one element.
+    pub splat: bool,
+    /// Elementwise kernels that write over an input whose last reader they are.
+    pub in_place: bool,
+}
+
+impl Capabilities {
+    /// Every value computed by its own kernel into its own planned slot.
+    pub const UNFUSED: Capabilities = Capabilities { fuse: false, splat: false, in_place: false };
+}
+
+/// One kernel call of a schedule, in execution order.
+#[derive(Clone, Debug, PartialEq)]
+pub enum Step {
+    /// Node `node` computed by its own kernel into slot `slot`.
+    Node {
+        /// The node.
+        node: usize,
+        /// Where each input's data is (views: their base's buffer).
+        inputs: Vec<Operand>,
+        /// Element strides of inputs read as views of another buffer.
+        views: Vec<Option<Vec<usize>>>,
+        /// The output slot.
+        slot: usize,
+        /// The input position whose buffer the output overwrites.
+        in_place: Option<usize>,
+        /// The node is a splat: computed as its single element.
+        splat: bool,
+    },
+    /// Group `group` of [`Fusion::groups`] computed by one kernel.
+    Group {
+        /// The group.
+        group: usize,
+        /// Where each of the group's inputs is.
+        inputs: Vec<Operand>,
+        /// The slot of each of the group's outputs.
+        outputs: Vec<usize>,
+        /// For each input, the output that overwrites it in place.
+        alias: Vec<Option<usize>>,
+    },
+}
+
+/// An optimised graph scheduled for a backend with given capabilities.
+#[derive(Clone, Debug)]
+pub struct Schedule<'g> {
+    /// The graph.
+    pub graph: &'g Graph,
+    /// Nodes kept as one element.
+    pub splat: Vec<bool>,
+    /// Groups, views and inlined constants.
+    pub fusion: Fusion,
+    /// Slots, in-place outputs and donated inputs.
+    pub memory: MemoryPlan,
+    /// The kernel calls, in order.
+    pub steps: Vec<Step>,
+    /// Where each graph output is after the last step.
+    pub outputs: Vec<Operand>,
+}
+
+impl<'g> Schedule<'g> {
+    /// Schedule `graph` for a backend with `capabilities`.
+    pub fn new(graph: &'g Graph, capabilities: &Capabilities) -> Schedule<'g> {
+        let splat = match capabilities.splat {
+            true => splat_nodes(graph),
+            false => vec![false; graph.nodes.len()],
+        };
+        let fusion = match capabilities.fuse {
+            true => fusion::plan(graph, &splat),
+            false => Fusion::none(graph.nodes.len()),
+        };
+        let lengths: Vec<usize> = graph
+            .nodes
+            .iter()
+            .enumerate()
+            .map(|(i, n)| match (splat[i], fusion.materialised(i)) {
+                (_, false) => 0,
+                (true, true) => 1,
+                (false, true) => n.shape.numel(),
+            })
+            .collect();
+        let memory = MemoryPlan::new(graph, &lengths, &fusion, capabilities);
+        let steps = steps(graph, &splat, &fusion, &memory);
+        let outputs = graph.outputs.iter().map(|id| memory.operands[id.index()]).collect();
+        Schedule { graph, splat, fusion, memory, steps, outputs }
+    }
+
+    /// The number of kernel calls.
+    pub fn kernels(&self) -> usize {
+        self.steps.len()
+    }
+
+    /// Of those, fused groups.
+    pub fn fused_kernels(&self) -> usize {
+        self.steps.iter().filter(|s| matches!(s, Step::Group { .. })).count()
+    }
+
+    /// Kernel calls that write over an input's buffer.
+    pub fn in_place_kernels(&self) -> usize {
+        self.steps
+            .iter()
+            .filter(|s| match s {
+                Step::Node { in_place, .. } => in_place.is_some(),
+                Step::Group { alias, .. } => alias.iter().any(Option::is_some),
+            })
+            .count()
+    }
+}
+
+/// The kernel calls: a group where it runs, every other computed node that
+/// has a buffer where it is; parameters, views and inlined constants need none.
+fn steps(graph: &Graph, splat: &[bool], fusion: &Fusion, memory: &MemoryPlan) -> Vec<Step> {
+    let mut steps = Vec::new();
+    for (i, node) in graph.nodes.iter().enumerate() {
+        if matches!(node.op, Op::Parameter(_)) || fusion.view[i].is_some() || fusion.inlined[i] {
+            continue;
+        }
+        if let Some(g) = fusion.group_of[i] {
+            if fusion.position(i) != i {
+                continue;
+            }
+            let group = &fusion.groups[g];
+            let inputs: Vec<Operand> = group.inputs.iter().map(|&x| memory.operands[x]).collect();
+            let outputs: Vec<usize> = group
+                .outputs
+                .iter()
+                .map(|&o| match memory.operands[o] {
+                    Operand::Slot(s) => s,
+                    Operand::Param(_) | Operand::Fused => unreachable!("fused outputs get slots"),
+                })
+                .collect();
+            let alias = inputs
+                .iter()
+                .map(|op| match op {
+                    Operand::Slot(s) => outputs.iter().position(|o| o == s),
+                    Operand::Param(_) | Operand::Fused => None,
+                })
+                .collect();
+            steps.push(Step::Group { group: g, inputs, outputs, alias });
+            continue;
+        }
+        if let Operand::Slot(slot) = memory.operands[i] {
+            steps.push(Step::Node {
+                node: i,
+                inputs: node.inputs.iter().map(|id| memory.operands[fusion.resolve(id.index())]).collect(),
+                views: node
+                    .inputs
+                    .iter()
+                    .map(|id| fusion.view[id.index()].as_ref().map(|v| v.strides.clone()))
+                    .collect(),
+                slot,
+                in_place: memory.in_place[i],
+                splat: splat[i],
+            });
+        }
+    }
+    steps
+}
