@@ -1,7 +1,9 @@
 //! Collectives: how the replicas of a data-parallel run exchange values
-//! inside a step. The executable calls them for `all_reduce` nodes; the
-//! implementations live in `lazytrain-dist` (in-process today; MPI or NCCL
-//! would implement the same trait).
+//! inside a step and meet between steps. The executable calls
+//! [`Collective::all_reduce`] for `all_reduce` nodes; the host calls
+//! [`Collective::barrier`] and, when a replica fails,
+//! [`Collective::abort`]. The implementations live in `lazytrain-dist`
+//! (threads in one process today; MPI or NCCL implement the same trait).
 
 use crate::ir::AllReduceOp;
 use crate::storage::HostData;
@@ -18,6 +20,21 @@ pub trait Collective: Send + Sync {
     /// error when the group was aborted (another replica failed) or the
     /// replicas disagree.
     fn all_reduce(&self, rank: usize, data: &mut HostData, op: AllReduceOp) -> Result<(), String>;
+
+    /// Wait until every replica of the group calls `barrier` (a host-side
+    /// meeting, e.g. PyTorch/XLA's `rendezvous`). It never pairs with the
+    /// synchronisation inside [`Collective::all_reduce`], which a replica's
+    /// asynchronous device may be running at the same time. Fails when the
+    /// group was aborted.
+    fn barrier(&self, rank: usize) -> Result<(), String>;
+
+    /// Stop the group because replica `rank` failed with `message`: replicas
+    /// waiting in (or later entering) a collective or a barrier get an
+    /// error naming `rank` and `message`. The first abort wins.
+    fn abort(&self, rank: usize, message: &str);
+
+    /// The replica and message of the first abort, if the group was aborted.
+    fn abort_reason(&self) -> Option<(usize, String)>;
 }
 
 /// Where a device sits in a replica group.

@@ -191,3 +191,39 @@ fn reducing_an_empty_axis_gives_the_identity() -> Result<()> {
     assert_eq!(x.narrow(0, 0, 0)?.sum(&[0], false)?.to_vec::<f32>()?, [0.0; 3]);
     Ok(())
 }
+
+/// The same steps on the CPU backend (fused kernels, in place, gemm) and on
+/// the reference backend (one naive kernel per node) give the same losses
+/// and weights, and only the CPU backend fuses.
+#[test]
+fn the_cpu_and_reference_backends_agree_on_training_steps() -> Result<()> {
+    let mut runs = Vec::new();
+    for name in lazytrain_core::backend::BACKEND_NAMES {
+        let dev = Device::on_backend(name)?;
+        assert_eq!(dev.backend_name(), name);
+        let mut w = Tensor::from_vec((0..32).map(|i| (i as f32 - 16.0) / 40.0).collect(), [8, 4], &dev)?;
+        let mut losses = Vec::new();
+        for i in 0..5 {
+            let (loss, new_w) = step(&dev, &w, 16, 0.05, i)?;
+            w = new_w;
+            dev.mark_step()?;
+            losses.push(loss.item::<f32>()?);
+        }
+        let fused: usize = dev.metrics().compile_events.iter().map(|e| e.fused_kernels).sum();
+        runs.push((losses, w.to_vec::<f32>()?, fused));
+    }
+    let (cpu, reference) = (&runs[0], &runs[1]);
+    assert!(cpu.2 > 0, "the CPU backend fuses the tanh/square chain");
+    assert_eq!(reference.2, 0, "the reference backend runs every node alone");
+    for (a, b) in cpu.0.iter().chain(&cpu.1).zip(reference.0.iter().chain(&reference.1)) {
+        assert!((a - b).abs() <= 1e-6 * a.abs().max(1.0), "cpu {a} vs reference {b}");
+    }
+    assert_ne!(cpu.0[0], cpu.0[4], "the steps changed the weights");
+    Ok(())
+}
+
+#[test]
+fn an_unknown_backend_is_named_with_the_choices() {
+    let e = Device::on_backend("tpu").unwrap_err().to_string();
+    assert!(e.contains("unknown backend `tpu`") && e.contains("cpu, reference"), "{e}");
+}

@@ -50,25 +50,6 @@ impl InProcessCollective {
     fn lock(&self) -> MutexGuard<'_, Vec<Option<Published>>> {
         self.published.lock().unwrap_or_else(|p| p.into_inner())
     }
-
-    /// Stop the group: replicas waiting in (or later entering) a collective
-    /// get an error naming `rank` and `message`. The first abort wins.
-    pub fn abort(&self, rank: usize, message: impl Into<String>) {
-        let message = message.into();
-        self.barrier.abort(rank, message.clone());
-        self.meeting.abort(rank, message);
-    }
-
-    /// The replica and message of the first abort, if the group was aborted.
-    pub fn abort_reason(&self) -> Option<(usize, String)> {
-        self.barrier.aborted().map(|a| (a.rank, a.message.clone()))
-    }
-
-    /// Meet every replica (PyTorch/XLA's `rendezvous`); fails when the group
-    /// was aborted.
-    pub fn rendezvous(&self) -> Result<(), String> {
-        self.meeting.wait().map_err(describe)
-    }
 }
 
 fn describe(abort: Abort) -> String {
@@ -138,6 +119,19 @@ impl Collective for InProcessCollective {
         self.world_size
     }
 
+    fn barrier(&self, _rank: usize) -> Result<(), String> {
+        self.meeting.wait().map_err(describe)
+    }
+
+    fn abort(&self, rank: usize, message: &str) {
+        self.barrier.abort(rank, message.to_string());
+        self.meeting.abort(rank, message.to_string());
+    }
+
+    fn abort_reason(&self) -> Option<(usize, String)> {
+        self.barrier.aborted().map(|a| (a.rank, a.message.clone()))
+    }
+
     fn all_reduce(&self, rank: usize, data: &mut HostData, op: AllReduceOp) -> Result<(), String> {
         if self.world_size == 1 {
             return Ok(());
@@ -147,7 +141,7 @@ impl Collective for InProcessCollective {
             HostData::F64(v) => Published { address: v.as_mut_ptr() as usize, len: v.len(), dtype: DType::F64 },
             other => {
                 let message = format!("all_reduce supports f32 and f64 values, not {}", other.dtype());
-                self.abort(rank, message.clone());
+                self.abort(rank, &message);
                 return Err(message);
             }
         };

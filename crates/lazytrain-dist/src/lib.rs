@@ -5,7 +5,9 @@
 //! - [`spawn`] runs n replicas as threads. Each gets its own [`Device`]
 //!   (ordinal, world size, a share of the cores, optionally asynchronous)
 //!   and all of them share one compile cache, so a step compiles once for
-//!   the whole group.
+//!   the whole group. [`spawn_with`] takes the [`Launcher`] that yields
+//!   each replica's rank, backend and collective: [`ThreadLauncher`] is
+//!   threads of one process; a multi-process launcher plugs in the same way.
 //! - `all_reduce` is an IR op; inside a step the executable reduces over the
 //!   group through a [`Collective`]. [`InProcessCollective`] meets the
 //!   replicas at a barrier and reduces their buffers in shared memory, each
@@ -21,10 +23,12 @@
 mod barrier;
 mod error;
 mod in_process;
+mod launcher;
 mod optimizer;
 mod replica;
 
 pub use error::SpawnError;
 pub use in_process::InProcessCollective;
+pub use launcher::{Launcher, ReplicaSetup, ThreadLauncher};
 pub use optimizer::{optimizer_step, reduce_gradients};
-pub use replica::{spawn, Replica, SpawnConfig};
+pub use replica::{spawn, spawn_with, Replica, SpawnConfig};

@@ -1,10 +1,10 @@
-//! `spawn`: n replicas as threads, one device each, one compile cache.
+//! `spawn`: the replicas a launcher yields, as threads with one device
+//! each and one compile cache per process.
 
 use crate::error::SpawnError;
-use crate::in_process::InProcessCollective;
-use lazytrain_core::backend::CpuBackend;
+use crate::launcher::{Launcher, ThreadLauncher};
 use lazytrain_core::cache::CompileCache;
-use lazytrain_core::collective::ReplicaLink;
+use lazytrain_core::collective::{Collective, ReplicaLink};
 use lazytrain_core::{Device, DeviceOptions};
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::sync::Arc;
@@ -12,7 +12,7 @@ use std::sync::Arc;
 /// How [`spawn`] sets the replicas up.
 #[derive(Clone, Debug)]
 pub struct SpawnConfig {
-    /// Number of replicas (threads), at least 1.
+    /// Replicas (threads) in this process, at least 1.
     pub replicas: usize,
     /// Kernel threads per replica; by default the cores divided among the
     /// replicas (at least one each).
@@ -33,7 +33,8 @@ impl SpawnConfig {
         self
     }
 
-    fn threads(&self) -> usize {
+    /// Kernel threads each replica's device gets.
+    pub fn threads(&self) -> usize {
         let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
         self.threads_per_replica.unwrap_or(cores / self.replicas.max(1)).max(1)
     }
@@ -43,7 +44,7 @@ impl SpawnConfig {
 pub struct Replica {
     device: Device,
     rank: usize,
-    group: Arc<InProcessCollective>,
+    group: Arc<dyn Collective>,
 }
 
 impl Replica {
@@ -59,8 +60,12 @@ impl Replica {
 
     /// The number of replicas (`xm.xrt_world_size()`).
     pub fn world_size(&self) -> usize {
-        use lazytrain_core::collective::Collective;
         self.group.world_size()
+    }
+
+    /// The group's collective.
+    pub fn collective(&self) -> &Arc<dyn Collective> {
+        &self.group
     }
 
     /// True for rank 0, the replica that logs and writes checkpoints.
@@ -75,15 +80,27 @@ impl Replica {
     pub fn rendezvous(&self) -> std::result::Result<(), String> {
         if let Err(e) = self.device.wait() {
             let message = format!("a step failed before the rendezvous: {e}");
-            self.group.abort(self.rank, message.clone());
+            self.group.abort(self.rank, &message);
             return Err(message);
         }
-        self.group.rendezvous()
+        self.group.barrier(self.rank)
     }
 }
 
 /// Run `f` on `config.replicas` replicas, each a thread with its own device,
-/// and return their results in rank order (`xmp.spawn`).
+/// and return their results in rank order (`xmp.spawn`): [`spawn_with`] the
+/// [`ThreadLauncher`].
+pub fn spawn<T, E, F>(config: &SpawnConfig, f: F) -> std::result::Result<Vec<T>, SpawnError<E>>
+where
+    F: Fn(&Replica) -> std::result::Result<T, E> + Sync,
+    T: Send,
+    E: Send + std::fmt::Display + From<lazytrain_core::Error>,
+{
+    spawn_with(&ThreadLauncher::default(), config, f)
+}
+
+/// Run `f` on the replicas `launcher` yields for this process, each a
+/// thread with its own device, and return their results in rank order.
 ///
 /// All devices share one compile cache, so a step every replica traces
 /// compiles once. When a replica returns an error or panics, the group is
@@ -91,7 +108,11 @@ impl Replica {
 /// returns the first failing replica's error (not the "aborted" errors it
 /// caused in the others). Once a replica's function returns, its device is
 /// drained (every enqueued step finishes) before the replica counts as done.
-pub fn spawn<T, E, F>(config: &SpawnConfig, f: F) -> std::result::Result<Vec<T>, SpawnError<E>>
+pub fn spawn_with<T, E, F>(
+    launcher: &dyn Launcher,
+    config: &SpawnConfig,
+    f: F,
+) -> std::result::Result<Vec<T>, SpawnError<E>>
 where
     F: Fn(&Replica) -> std::result::Result<T, E> + Sync,
     T: Send,
@@ -100,30 +121,32 @@ where
     if config.replicas == 0 {
         return Err(SpawnError::Setup("the number of replicas must be at least 1".into()));
     }
-    let n = config.replicas;
-    let group = Arc::new(InProcessCollective::new(n));
+    let setups = launcher.replicas(config).map_err(SpawnError::Setup)?;
+    let Some(group) = setups.first().map(|s| s.collective.clone()) else {
+        return Err(SpawnError::Setup("the launcher yielded no replica for this process".into()));
+    };
     let cache = Arc::new(CompileCache::new());
-    let backend = Arc::new(CpuBackend::default());
-    let mut devices = Vec::with_capacity(n);
-    for rank in 0..n {
+    let mut replicas = Vec::with_capacity(setups.len());
+    for setup in setups {
         let options = DeviceOptions {
-            ordinal: rank,
-            replica: Some(ReplicaLink { rank, collective: group.clone() }),
+            ordinal: setup.rank,
+            replica: Some(ReplicaLink { rank: setup.rank, collective: setup.collective.clone() }),
             threads: Some(config.threads()),
             asynchronous: config.asynchronous,
         };
-        devices
-            .push(Device::new(backend.clone(), cache.clone(), options).map_err(|e| SpawnError::Setup(e.to_string()))?);
+        let device =
+            Device::new(setup.backend, cache.clone(), options).map_err(|e| SpawnError::Setup(e.to_string()))?;
+        replicas.push(Replica { device, rank: setup.rank, group: setup.collective });
     }
+    let ranks: Vec<usize> = replicas.iter().map(|r| r.rank).collect();
     let outcomes: Vec<Outcome<T, E>> = std::thread::scope(|scope| {
-        let handles: Vec<_> = devices
+        let handles: Vec<_> = replicas
             .into_iter()
-            .enumerate()
-            .map(|(rank, device)| {
-                let (f, group) = (&f, group.clone());
+            .map(|replica| {
+                let f = &f;
                 std::thread::Builder::new()
-                    .name(format!("lazytrain-replica-{rank}"))
-                    .spawn_scoped(scope, move || run_replica(Replica { device, rank, group }, f))
+                    .name(format!("lazytrain-replica-{}", replica.rank))
+                    .spawn_scoped(scope, move || run_replica(replica, f))
             })
             .collect();
         handles
@@ -135,9 +158,9 @@ where
             .collect()
     });
     let first_failure = group.abort_reason().map(|(rank, _)| rank);
-    let mut results = Vec::with_capacity(n);
+    let mut results = Vec::with_capacity(ranks.len());
     let mut failure = None;
-    for (rank, outcome) in outcomes.into_iter().enumerate() {
+    for (rank, outcome) in ranks.into_iter().zip(outcomes) {
         let error = match outcome {
             Outcome::Done(value) => {
                 results.push(value);
@@ -182,14 +205,14 @@ where
     match &outcome {
         Outcome::Done(_) => group.abort(
             replica.rank,
-            format!(
+            &format!(
                 "replica {} finished while another replica still waits for it in a collective; \
                  every replica must run the same number of steps",
                 replica.rank
             ),
         ),
-        Outcome::Failed(error) => group.abort(replica.rank, error.to_string()),
-        Outcome::Panicked(message) => group.abort(replica.rank, format!("panicked: {message}")),
+        Outcome::Failed(error) => group.abort(replica.rank, &error.to_string()),
+        Outcome::Panicked(message) => group.abort(replica.rank, &format!("panicked: {message}")),
     }
     outcome
 }

@@ -5,7 +5,7 @@
 use lazytrain_core::backend::{Backend, CpuBackend, Executable, ExecutableStats};
 use lazytrain_core::cache::CompileCache;
 use lazytrain_core::collective::RunContext;
-use lazytrain_core::ir::Graph;
+use lazytrain_core::schedule::{Capabilities, Schedule};
 use lazytrain_core::{Buffer, DType, Device, DeviceOptions, Tensor};
 use lazytrain_dist::{optimizer_step, spawn, SpawnConfig};
 use lazytrain_nn::init::Initializer;
@@ -44,8 +44,12 @@ impl Backend for GatedBackend {
         "gated-cpu"
     }
 
-    fn compile(&self, graph: &Graph) -> lazytrain_core::Result<Arc<dyn Executable>> {
-        Ok(Arc::new(GatedExecutable(CpuBackend::default().compile(graph)?, self.0.clone())))
+    fn capabilities(&self) -> Capabilities {
+        CpuBackend::default().capabilities()
+    }
+
+    fn lower(&self, schedule: &Schedule) -> lazytrain_core::Result<Arc<dyn Executable>> {
+        Ok(Arc::new(GatedExecutable(CpuBackend::default().lower(schedule)?, self.0.clone())))
     }
 }
 

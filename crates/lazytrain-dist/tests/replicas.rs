@@ -1,11 +1,13 @@
 //! Data-parallel replicas: equivalence with one large batch, one compile
 //! for the group, failure handling.
 
+use lazytrain_core::backend::ReferenceBackend;
 use lazytrain_core::{DType, Device, Tensor};
-use lazytrain_dist::{optimizer_step, spawn, SpawnConfig, SpawnError};
+use lazytrain_dist::{optimizer_step, spawn, spawn_with, Launcher, SpawnConfig, SpawnError, ThreadLauncher};
 use lazytrain_nn::init::Initializer;
 use lazytrain_nn::optim::{AdamW, AdamWConfig, Optimizer, ParamGroup};
 use lazytrain_nn::{named_parameters, Linear, Module, NnError};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 const FEATURES: usize = 6;
@@ -60,7 +62,17 @@ fn train(
     steps: usize,
     fail: Option<(usize, usize)>,
 ) -> Result<Vec<ReplicaOutcome>, SpawnError<NnError>> {
-    spawn(&SpawnConfig::new(replicas), |replica| {
+    train_with(&ThreadLauncher::default(), replicas, steps, fail)
+}
+
+/// [`train`] on the replicas `launcher` yields.
+fn train_with(
+    launcher: &dyn Launcher,
+    replicas: usize,
+    steps: usize,
+    fail: Option<(usize, usize)>,
+) -> Result<Vec<ReplicaOutcome>, SpawnError<NnError>> {
+    spawn_with(launcher, &SpawnConfig::new(replicas), |replica| {
         let device = replica.device();
         let model = Mlp::new(device)?;
         let params = named_parameters(&model);
@@ -175,5 +187,37 @@ fn all_reduce_sums_and_averages_over_replicas() {
         assert_eq!(sum, vec![3.0, 3.0]);
         assert_eq!(mean, vec![1.0, 1.0]);
         assert_eq!(master, rank == 0);
+    }
+}
+
+#[test]
+fn replicas_on_the_reference_backend_train_like_the_cpu_backend() {
+    let reference = ThreadLauncher { backend: Some(Arc::new(ReferenceBackend)) };
+    let names = spawn_with(&reference, &SpawnConfig::new(2), |replica| -> Result<_, NnError> {
+        Ok(replica.device().backend_name())
+    })
+    .unwrap();
+    assert_eq!(names, vec!["reference", "reference"]);
+    let oracle = train_with(&reference, 2, 5, None).unwrap();
+    let cpu = train(2, 5, None).unwrap();
+    assert_eq!(oracle[0].0, oracle[1].0, "replicas hold bit-identical parameters");
+    for (a, b) in oracle[0].0.iter().flatten().zip(cpu[0].0.iter().flatten()) {
+        // AdamW normalises updates, so summation-order differences show at 1e-6.
+        assert!((a - b).abs() <= 1e-5 + 1e-4 * a.abs(), "reference {a} vs cpu {b}");
+    }
+}
+
+#[test]
+fn a_launcher_that_cannot_form_the_group_is_a_setup_error() {
+    struct Broken;
+    impl Launcher for Broken {
+        fn replicas(&self, _: &SpawnConfig) -> Result<Vec<lazytrain_dist::ReplicaSetup>, String> {
+            Err("rank 3 did not join".into())
+        }
+    }
+    let result: Result<Vec<()>, SpawnError<NnError>> = spawn_with(&Broken, &SpawnConfig::new(2), |_| Ok(()));
+    match result {
+        Err(SpawnError::Setup(message)) => assert!(message.contains("rank 3 did not join"), "{message}"),
+        other => panic!("expected a setup error, got {:?}", other.err().map(|e| e.to_string())),
     }
 }

@@ -165,9 +165,12 @@ fn training_steps(fuse: bool, bf16: bool) -> Result<Vec<Vec<f32>>> {
     Ok(params.iter().map(|(_, p)| p.to_vec::<f32>()).collect::<lazytrain_core::Result<_>>()?)
 }
 
+/// `(kernels, fused kernels)` of the last compile and two results.
+type CastRun = ((usize, usize), Vec<f32>, Vec<f32>);
+
 #[test]
 fn a_cast_feeding_a_matmul_rides_along_in_the_kernel_of_its_input() -> Result<()> {
-    let run = |fuse: bool| -> Result<((usize, usize), Vec<f32>, Vec<f32>)> {
+    let run = |fuse: bool| -> Result<CastRun> {
         let d = device(fuse);
         let x = input(&[64, 32], &d)?;
         let w = input(&[32, 16], &d)?.cast(lazytrain_core::DType::BF16)?;

@@ -40,6 +40,8 @@ pub struct BenchArgs {
 struct ReplicaRun {
     times: Vec<f64>,
     first_loss: f32,
+    last_loss: f32,
+    backend: &'static str,
     params: usize,
     compiles: u64,
     cache_hits: u64,
@@ -122,6 +124,7 @@ fn bench_replica(
     let labels = Tensor::from_vec(labels, [batch, SEQ], device)?;
     let mut times = Vec::new();
     let mut first_loss = f32::NAN;
+    let mut last_loss = f32::NAN;
     for step in 0..steps + 3 {
         if step == 3 && replica.is_master() {
             // The profile covers the timed steps only (not the first step's page faults).
@@ -143,11 +146,14 @@ fn bench_replica(
         if step == 0 {
             first_loss = value;
         }
+        last_loss = value;
     }
     let m = device.metrics();
     Ok(ReplicaRun {
         times,
         first_loss,
+        last_loss,
+        backend: device.backend_name(),
         params: n_params,
         compiles: m.compiles,
         cache_hits: m.cache_hits,
@@ -190,13 +196,15 @@ pub fn run(args: &BenchArgs) -> lazytrain::Result<()> {
     let precision = if args.bf16 { DType::BF16 } else { DType::F32 };
     // The profile covers the training steps, not the GEMM-peak probe.
     let profile = lazytrain_core::backend::profile::enabled().then(lazytrain_core::backend::profile::report);
-    let peak = gemm_peak_gflops(&Device::cpu(), precision)?;
+    let peak = gemm_peak_gflops(&Device::on_backend(master.backend)?, precision)?;
     let report = serde_json::json!({
         "framework": "lazytrain", "config": args.model, "precision": if args.bf16 { "bf16" } else { "fp32" },
         "bf16_saved_activations": args.bf16_saved_activations,
         "replicas": args.replicas, "batch": batch, "seq": SEQ,
         "params": master.params,
+        "backend": master.backend,
         "first_step_s": (first_step_s * 1000.0).round() / 1000.0, "first_loss": master.first_loss,
+        "loss": master.last_loss,
         "compile_ms": (compile_ms * 100.0).round() / 100.0,
         "step_ms_median": (median * 1e5).round() / 100.0, "tokens_per_s": (tokens / median * 10.0).round() / 10.0,
         "model_gflops": (gflops * 100.0).round() / 100.0, "gemm_peak_gflops": (peak * 100.0).round() / 100.0,
