@@ -455,6 +455,26 @@ impl Device {
         self.replica().map_or((0, 1), |link| (link.rank, link.collective.world_size()))
     }
 
+    /// Meet every replica of this device's group (PyTorch/XLA's
+    /// `xm.rendezvous`), with every step this device enqueued finished first
+    /// (an asynchronous device may still be running one). A lone device
+    /// only waits for its steps. Fails when a step failed (the group is then
+    /// aborted) or another replica stopped the group.
+    pub fn rendezvous(&self) -> Result<()> {
+        let failed = |detail: String| Error::Execution { node: 0, op: "rendezvous", detail };
+        if let Err(e) = self.wait() {
+            let message = format!("a step failed before the rendezvous: {e}");
+            if let Some(link) = self.replica() {
+                link.collective.abort(link.rank, &message);
+            }
+            return Err(failed(message));
+        }
+        match self.replica() {
+            Some(link) if link.collective.world_size() > 1 => link.collective.barrier(link.rank).map_err(failed),
+            _ => Ok(()),
+        }
+    }
+
     /// Wait until every enqueued step has finished. Returns the first
     /// failure of a step since the last wait (its outputs hold the error too).
     pub fn wait(&self) -> Result<()> {

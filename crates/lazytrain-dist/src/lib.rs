@@ -13,7 +13,9 @@
 //!   replicas at a barrier and reduces their buffers in shared memory, each
 //!   replica summing its own slice of every buffer (no staging copies).
 //! - [`optimizer_step`] all-reduces the gradients (mean) and applies the
-//!   update, all inside the step graph.
+//!   update, all inside the step graph; [`train_step`] is the whole step
+//!   (autocast, forward, backward, reduction, clipping, update, `mark_step`)
+//!   that the Trainer, `lazytrain bench` and user loops share.
 //! - A replica that fails or panics aborts the group: replicas waiting at a
 //!   barrier return at once and [`spawn`] returns the failing replica's error.
 //!
@@ -26,9 +28,11 @@ mod in_process;
 mod launcher;
 mod optimizer;
 mod replica;
+mod step;
 
 pub use error::SpawnError;
 pub use in_process::InProcessCollective;
 pub use launcher::{Launcher, ReplicaSetup, ThreadLauncher};
 pub use optimizer::{optimizer_step, reduce_gradients};
 pub use replica::{spawn, spawn_with, Replica, SpawnConfig};
+pub use step::{train_step, StepConfig, StepOutput};

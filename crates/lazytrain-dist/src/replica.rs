@@ -78,12 +78,10 @@ impl Replica {
     /// device may still be running one). Fails when a step failed or
     /// another replica has stopped the group.
     pub fn rendezvous(&self) -> std::result::Result<(), String> {
-        if let Err(e) = self.device.wait() {
-            let message = format!("a step failed before the rendezvous: {e}");
-            self.group.abort(self.rank, &message);
-            return Err(message);
-        }
-        self.group.barrier(self.rank)
+        self.device.rendezvous().map_err(|e| match e {
+            lazytrain_core::Error::Execution { detail, .. } => detail,
+            other => other.to_string(),
+        })
     }
 }
 

@@ -3,10 +3,10 @@
 
 use clap::Args;
 use lazytrain_core::{DType, Device, Tensor};
-use lazytrain_dist::{optimizer_step, spawn, Replica, SpawnConfig};
+use lazytrain_dist::{spawn, train_step, Replica, SpawnConfig, StepConfig};
 use lazytrain_models::{ForMaskedLM, ModelConfig, ModelType};
 use lazytrain_nn::init::Initializer;
-use lazytrain_nn::optim::{AdamW, AdamWConfig, Optimizer, ParamGroup};
+use lazytrain_nn::optim::{AdamW, AdamWConfig, ParamGroup};
 use lazytrain_nn::{named_parameters, Context};
 use std::time::Instant;
 
@@ -122,6 +122,11 @@ fn bench_replica(
     let inputs: Vec<i64> = ids.iter().zip(&masked).map(|(&t, &m)| if m { 4 } else { t }).collect();
     let input_ids = Tensor::from_vec(inputs, [batch, SEQ], device)?;
     let labels = Tensor::from_vec(labels, [batch, SEQ], device)?;
+    let config = StepConfig {
+        autocast: bf16.then_some(DType::BF16),
+        saved_activations: bf16_saved_activations.then_some(DType::BF16),
+        ..StepConfig::default()
+    };
     let mut times = Vec::new();
     let mut first_loss = f32::NAN;
     let mut last_loss = f32::NAN;
@@ -132,16 +137,10 @@ fn bench_replica(
         }
         let start = Instant::now();
         let ctx = Context::train(device, replica.rank() as i64, step as i64)?;
-        let autocast = if bf16 { Some(device.autocast(DType::BF16)?) } else { None };
-        let loss = model.loss(&model.forward(&input_ids, None, None, &ctx)?, &labels)?;
-        drop(autocast);
-        let saving = if bf16_saved_activations { Some(device.save_activations_as(DType::BF16)?) } else { None };
-        loss.backward()?;
-        drop(saving);
-        optimizer_step(&mut opt, replica)?;
-        opt.zero_grad();
-        device.mark_step()?;
-        let value = loss.item::<f32>()?;
+        let output = train_step(device, &mut opt, &[()], &config, &[], |_| -> lazytrain::Result<_> {
+            Ok(model.loss(&model.forward(&input_ids, None, None, &ctx)?, &labels)?)
+        })?;
+        let value = output.loss.item::<f32>()?;
         times.push(start.elapsed().as_secs_f64());
         if step == 0 {
             first_loss = value;

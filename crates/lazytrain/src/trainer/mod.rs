@@ -14,6 +14,7 @@ mod logs;
 mod replicas;
 pub mod state;
 pub mod task;
+mod train_loop;
 
 pub use args::{IntervalStrategy, TrainingArguments};
 pub use callbacks::{Control, EarlyStopping, TrainerCallback};
@@ -23,17 +24,14 @@ pub use task::{EvalMetrics, TaskData};
 
 use crate::{Error, Result};
 use checkpoint::{checkpoints, latest_checkpoint, read_json, rotate, save_checkpoint, CheckpointContents};
-use lazytrain_core::ir::AllReduceOp;
-use lazytrain_core::{DType, Device, PrecisionGuard, Tensor};
+use lazytrain_core::{DType, Device, PrecisionGuard};
 use lazytrain_data::classification::ClassificationManifest;
 use lazytrain_data::dataset::{EpochSampler, ShardedDataset};
-use lazytrain_data::loader::{DeviceBatch, DeviceLoader, LoaderPlan};
-use lazytrain_data::prepare::progress_bar;
 use lazytrain_data::TextTokenizer;
 use lazytrain_models::{hub, ForMaskedLM, ForSequenceClassification, TaskModel};
-use lazytrain_nn::optim::{clip_grad_norm, decay_groups, AdamW, AdamWConfig, LrSchedule, Optimizer, ScheduleKind};
+use lazytrain_nn::named_parameters;
+use lazytrain_nn::optim::{decay_groups, AdamW, AdamWConfig, LrSchedule, Optimizer, ScheduleKind};
 use lazytrain_nn::state::load_safetensors;
-use lazytrain_nn::{named_parameters, Context};
 use logs::LogSinks;
 use serde_json::{json, Value};
 use std::path::{Path, PathBuf};
@@ -43,22 +41,6 @@ use std::time::Instant;
 
 /// Replica `r` seeds its dropout with `seed + r * REPLICA_SEED_STRIDE`.
 const REPLICA_SEED_STRIDE: i64 = 1_000_000_007;
-
-/// `[mean of loss over the replicas, number of replicas that saw Ctrl-C]`.
-fn replica_mean_and_flag(loss: &Tensor, stop: bool) -> Result<Tensor> {
-    let device = loss.device();
-    let flag = Tensor::from_vec(vec![if stop { 1.0f32 } else { 0.0 }], [1], device)?;
-    let both = Tensor::cat(&[&loss.reshape([1])?, &flag], 0)?;
-    let mean = both.all_reduce(AllReduceOp::Mean)?;
-    Ok(mean)
-}
-
-/// Wait until every replica of the device's group gets here (a one-element
-/// all-reduce that is read back).
-fn replica_barrier(device: &Device) -> Result<()> {
-    Tensor::zeros([1], DType::F32, device)?.all_reduce(AllReduceOp::Sum)?.to_vec::<f32>()?;
-    Ok(())
-}
 
 /// Set by Ctrl-C: the loop saves a checkpoint and returns.
 static INTERRUPTED: AtomicBool = AtomicBool::new(false);
@@ -238,12 +220,6 @@ impl<M: TaskModel> Trainer<M> {
         Ok(if self.args.bf16 { Some(self.device.autocast(DType::BF16)?) } else { None })
     }
 
-    /// Where the backward pass keeps its activations in bf16, when
-    /// `bf16_saved_activations` is set.
-    fn saved_activations(&self) -> Result<Option<PrecisionGuard>> {
-        Ok(if self.args.bf16_saved_activations { Some(self.device.save_activations_as(DType::BF16)?) } else { None })
-    }
-
     /// This trainer's replica rank and the number of replicas (its device's
     /// place in a replica group; `(0, 1)` for a lone device).
     pub fn replica_position(&self) -> (usize, usize) {
@@ -356,206 +332,6 @@ impl<M: TaskModel> Trainer<M> {
             }
         }
         std::fs::create_dir_all(output).map_err(|e| Error::Input(format!("{}: {e}", output.display())))
-    }
-
-    /// Run the loop: returns when `max_steps` are done, a callback stops it,
-    /// or Ctrl-C (after a checkpoint). A NaN/Inf loss stops with an error
-    /// naming the step; the last good checkpoint stays as it was.
-    pub fn train(&mut self) -> Result<TrainOutput> {
-        self.check_output_dir()?;
-        let total = self.total_steps()?;
-        let schedule = self.schedule(total)?;
-        let mut optimizer = self.optimizer()?;
-        let output_dir = PathBuf::from(&self.args.output_dir);
-        self.state = TrainerState {
-            max_steps: total,
-            logging_steps: self.args.logging_steps,
-            eval_steps: self.args.eval_steps.unwrap_or(self.args.logging_steps),
-            save_steps: self.args.save_steps,
-            train_batch_size: self.args.per_device_train_batch_size,
-            num_train_epochs: self.args.num_train_epochs,
-            ..TrainerState::default()
-        };
-        if let Some(dir) = self.resume_dir()? {
-            self.restore(&dir, &mut optimizer)?;
-        }
-        let (rank, world) = self.replica_position();
-        let master = rank == 0;
-        let report_to = if master { self.args.report_to.clone() } else { Vec::new() };
-        let mut sinks = LogSinks::open(&output_dir, &report_to)?;
-        let accumulation = self.args.gradient_accumulation_steps;
-        let batch_size = self.args.per_device_train_batch_size;
-        let batches_per_epoch = self.batches_per_epoch()?;
-        let remaining = total.saturating_sub(self.state.global_step);
-        let sampler = EpochSampler::new(self.train.len(), self.args.seed, true, rank, world)?;
-        let plan = LoaderPlan {
-            batch_size,
-            prefetch: self.args.dataloader_prefetch,
-            start_epoch: self.state.data_epoch,
-            start_sample: self.state.data_sample,
-            max_batches: Some(remaining.saturating_mul(accumulation as u64)),
-            epochs: u64::MAX,
-        };
-        let mut loader =
-            DeviceLoader::new(self.train.clone(), sampler, self.collator(self.args.seed), plan, &self.device)?;
-        let params: Vec<Tensor> = named_parameters(&self.model).into_iter().map(|(_, t)| t).collect();
-        let bar = progress_bar(total, self.show_progress && master, "step {pos}/{len} [{bar:30}] {msg} eta {eta}");
-        bar.set_position(self.state.global_step);
-        for cb in &mut self.callbacks {
-            cb.on_train_begin(&self.state);
-        }
-        let start = Instant::now();
-        let mut losses = Vec::new();
-        let (mut logged_loss, mut logged_steps, mut tokens) = (0f64, 0u64, 0u64);
-        let mut interrupted = false;
-        while self.state.global_step < total {
-            let mut window: Vec<DeviceBatch> = Vec::with_capacity(accumulation);
-            for _ in 0..accumulation {
-                match loader.next() {
-                    Some(batch) => window.push(batch?),
-                    None => break,
-                }
-            }
-            if window.len() < accumulation {
-                break;
-            }
-            let step = self.state.global_step;
-            let labelled: usize = window.iter().map(|b| b.label_count).sum();
-            let scale = Tensor::scalar(1.0f32 / labelled.max(1) as f32, &self.device);
-            // Each replica draws its own dropout masks.
-            let dropout_seed = (self.args.seed as i64).wrapping_add((rank as i64).wrapping_mul(REPLICA_SEED_STRIDE));
-            let ctx = Context::train(&self.device, dropout_seed, step as i64)?;
-            let mut step_loss: Option<Tensor> = None;
-            for batch in &window {
-                let types = batch.token_type_ids.as_ref();
-                let autocast = self.autocast()?;
-                let logits = self.model.forward(&batch.input_ids, Some(&batch.attention_mask), types, &ctx)?;
-                drop(autocast);
-                let loss = logits.cross_entropy_sum(&batch.labels, -100)?.mul(&scale)?;
-                let saving = self.saved_activations()?;
-                loss.backward()?;
-                drop(saving);
-                step_loss = Some(match step_loss {
-                    Some(l) => l.add(&loss)?,
-                    None => loss,
-                });
-            }
-            // Replicas average their gradients before clipping, so all clip
-            // and apply the same update.
-            lazytrain_dist::reduce_gradients(&optimizer)?;
-            if self.args.max_grad_norm > 0.0 {
-                clip_grad_norm(&params, self.args.max_grad_norm)?;
-            }
-            let lr = schedule.lr_at(step);
-            optimizer.set_lr(lr);
-            optimizer.step()?;
-            optimizer.zero_grad();
-            // The logged loss is the mean over replicas, and Ctrl-C stops
-            // every replica after the same step.
-            let stop_requested = world > 1 && INTERRUPTED.load(Ordering::SeqCst);
-            let shared = match step_loss {
-                Some(loss) if world > 1 => Some(replica_mean_and_flag(&loss, stop_requested)?),
-                other => other,
-            };
-            self.device.mark_step()?;
-            let (loss_value, interrupt_seen) = match shared {
-                Some(t) if world > 1 => {
-                    let v = t.to_vec::<f32>()?;
-                    (v[0], v[1] > 0.0)
-                }
-                Some(t) => (t.item::<f32>()?, false),
-                None => (f32::NAN, false),
-            };
-            if !loss_value.is_finite() {
-                bar.abandon();
-                let kept = latest_checkpoint(&output_dir).map_or("no checkpoint was saved".to_string(), |p| {
-                    format!("the last good checkpoint is {}", p.display())
-                });
-                return Err(Error::Input(format!(
-                    "the loss became {loss_value} at step {}; training stopped ({kept}); lower the learning rate or check the data",
-                    step + 1
-                )));
-            }
-            let last = window.last().expect("a full window");
-            let next_sample = last.first_sample + batch_size;
-            (self.state.data_epoch, self.state.data_sample) =
-                if next_sample + batch_size > (batches_per_epoch as usize) * batch_size {
-                    (last.epoch + 1, 0)
-                } else {
-                    (last.epoch, next_sample)
-                };
-            self.state.global_step += 1;
-            self.state.epoch = (self.state.data_epoch as f64)
-                + self.state.data_sample as f64 / (batches_per_epoch as usize * batch_size) as f64;
-            losses.push(loss_value);
-            logged_loss += loss_value as f64;
-            logged_steps += 1;
-            tokens +=
-                (world * window.iter().map(|b| b.input_ids.dims().iter().product::<usize>()).sum::<usize>()) as u64;
-            let gs = self.state.global_step;
-            let mut control = Control::default();
-            for cb in &mut self.callbacks {
-                control.should_stop |= cb.on_step_end(&self.state).should_stop;
-            }
-            let elapsed = start.elapsed().as_secs_f64().max(1e-9);
-            bar.set_position(gs);
-            bar.set_message(format!("loss {loss_value:.4} lr {lr:.2e} {:.0} tok/s", tokens as f64 / elapsed));
-            if gs.is_multiple_of(self.args.logging_steps) || (self.args.logging_first_step && gs == 1) || gs == total {
-                let entry = json!({
-                    "loss": logged_loss / logged_steps as f64, "learning_rate": lr, "epoch": self.state.epoch,
-                    "step": gs, "tokens_per_second": tokens as f64 / elapsed,
-                });
-                (logged_loss, logged_steps) = (0.0, 0);
-                self.log(entry, &mut sinks)?;
-            }
-            let epoch_ended = self.state.data_sample == 0;
-            let due = |strategy: IntervalStrategy, every: u64| match strategy {
-                IntervalStrategy::No => false,
-                IntervalStrategy::Steps => gs.is_multiple_of(every.max(1)),
-                IntervalStrategy::Epoch => epoch_ended,
-            };
-            if due(self.args.eval_strategy, self.state.eval_steps) {
-                let metrics = self.evaluate_and_log(&mut sinks)?;
-                for cb in &mut self.callbacks {
-                    control.should_stop |= cb.on_evaluate(&self.state, &metrics).should_stop;
-                }
-            }
-            interrupted = if world > 1 { interrupt_seen } else { INTERRUPTED.swap(false, Ordering::SeqCst) };
-            if interrupted || due(self.args.save_strategy, self.args.save_steps) {
-                self.checkpoint(&optimizer, &schedule, &output_dir)?;
-            }
-            if interrupted || control.should_stop {
-                break;
-            }
-        }
-        bar.finish_and_clear();
-        drop(loader);
-        for cb in &mut self.callbacks {
-            cb.on_train_end(&self.state);
-        }
-        let seconds = start.elapsed().as_secs_f64();
-        if world > 1 {
-            INTERRUPTED.store(false, Ordering::SeqCst);
-            // The master may still be writing the last checkpoint.
-            replica_barrier(&self.device)?;
-        }
-        if !interrupted && self.args.load_best_model_at_end {
-            self.load_best_model()?;
-        }
-        if !interrupted && master {
-            crate::folder::save_folder(&output_dir, &self.model, self.model.config(), &self.tokenizer)?;
-            let text = serde_json::to_string_pretty(&self.state).map_err(|e| Error::Input(e.to_string()))?;
-            lazytrain_nn::state::write_atomically(&output_dir.join("trainer_state.json"), text.as_bytes())?;
-        }
-        let training_loss = losses.iter().map(|&l| l as f64).sum::<f64>() / losses.len().max(1) as f64;
-        Ok(TrainOutput {
-            global_step: self.state.global_step,
-            training_loss,
-            losses,
-            interrupted,
-            seconds,
-            tokens_per_second: tokens as f64 / seconds.max(1e-9),
-        })
     }
 
     fn log(&mut self, entry: Value, sinks: &mut LogSinks) -> Result<()> {

@@ -1,0 +1,297 @@
+//! `Trainer::train`: a loop over [`lazytrain_dist::train_step`] with the
+//! bookkeeping around it (data position, logging, evaluation, checkpoints),
+//! each a named step of its own.
+
+use super::callbacks::Control;
+use super::checkpoint::latest_checkpoint;
+use super::logs::LogSinks;
+use super::{IntervalStrategy, TrainOutput, Trainer, TrainerState, INTERRUPTED, REPLICA_SEED_STRIDE};
+use crate::{Error, Result};
+use lazytrain_core::{DType, Tensor};
+use lazytrain_data::dataset::EpochSampler;
+use lazytrain_data::loader::{DeviceBatch, DeviceLoader, LoaderPlan};
+use lazytrain_data::prepare::progress_bar;
+use lazytrain_dist::{train_step, StepConfig};
+use lazytrain_models::TaskModel;
+use lazytrain_nn::optim::{AdamW, LrSchedule};
+use lazytrain_nn::{named_parameters, Context};
+use serde_json::json;
+use std::path::PathBuf;
+use std::sync::atomic::Ordering;
+use std::time::Instant;
+
+/// What a training run carries from step to step.
+struct Run {
+    total: u64,
+    schedule: LrSchedule,
+    optimizer: AdamW,
+    output_dir: PathBuf,
+    sinks: LogSinks,
+    loader: DeviceLoader,
+    /// The parameters in the model's order (the order of the clip norm's sum).
+    params: Vec<Tensor>,
+    /// Samples per epoch that whole batches cover.
+    epoch_samples: usize,
+    bar: indicatif::ProgressBar,
+    start: Instant,
+    losses: Vec<f32>,
+    /// Loss summed over the steps since the last log entry, and their count.
+    logged: (f64, u64),
+    tokens: u64,
+    interrupted: bool,
+}
+
+/// One finished optimizer step, as the bookkeeping sees it.
+struct StepResult {
+    loss: f32,
+    lr: f64,
+    /// A replica saw Ctrl-C (every replica learns it in the step).
+    interrupt_seen: bool,
+}
+
+impl<M: TaskModel> Trainer<M> {
+    /// Train for `max_steps` (or `num_train_epochs`) optimizer steps,
+    /// resuming from a checkpoint when asked, with logging, evaluation and
+    /// checkpoints at their intervals. Returns when the steps are done, a
+    /// callback stops it, or Ctrl-C (after a checkpoint). A NaN/Inf loss
+    /// stops with an error naming the step; the last good checkpoint stays
+    /// as it was.
+    pub fn train(&mut self) -> Result<TrainOutput> {
+        let mut run = self.begin_run()?;
+        while self.state.global_step < run.total {
+            let Some(window) = self.next_window(&mut run)? else { break };
+            let step = self.run_step(&mut run, &window)?;
+            self.advance(&mut run, &window, &step);
+            let mut control = Control::default();
+            for cb in &mut self.callbacks {
+                control.should_stop |= cb.on_step_end(&self.state).should_stop;
+            }
+            self.report_progress(&mut run, &step)?;
+            control.should_stop |= self.evaluate_if_due(&mut run)?;
+            self.save_if_due(&mut run, &step)?;
+            if run.interrupted || control.should_stop {
+                break;
+            }
+        }
+        self.finish_run(run)
+    }
+
+    /// Check the output folder, build the schedule, optimizer and loader,
+    /// restore a checkpoint when resuming, and open the log sinks.
+    fn begin_run(&mut self) -> Result<Run> {
+        self.check_output_dir()?;
+        let total = self.total_steps()?;
+        let schedule = self.schedule(total)?;
+        let mut optimizer = self.optimizer()?;
+        let output_dir = PathBuf::from(&self.args.output_dir);
+        self.state = TrainerState {
+            max_steps: total,
+            logging_steps: self.args.logging_steps,
+            eval_steps: self.args.eval_steps.unwrap_or(self.args.logging_steps),
+            save_steps: self.args.save_steps,
+            train_batch_size: self.args.per_device_train_batch_size,
+            num_train_epochs: self.args.num_train_epochs,
+            ..TrainerState::default()
+        };
+        if let Some(dir) = self.resume_dir()? {
+            self.restore(&dir, &mut optimizer)?;
+        }
+        let (rank, world) = self.replica_position();
+        let report_to = if rank == 0 { self.args.report_to.clone() } else { Vec::new() };
+        let sinks = LogSinks::open(&output_dir, &report_to)?;
+        let remaining = total.saturating_sub(self.state.global_step);
+        let sampler = EpochSampler::new(self.train.len(), self.args.seed, true, rank, world)?;
+        let plan = LoaderPlan {
+            batch_size: self.args.per_device_train_batch_size,
+            prefetch: self.args.dataloader_prefetch,
+            start_epoch: self.state.data_epoch,
+            start_sample: self.state.data_sample,
+            max_batches: Some(remaining.saturating_mul(self.args.gradient_accumulation_steps as u64)),
+            epochs: u64::MAX,
+        };
+        let loader = DeviceLoader::new(self.train.clone(), sampler, self.collator(self.args.seed), plan, &self.device)?;
+        let epoch_samples = self.batches_per_epoch()? as usize * self.args.per_device_train_batch_size;
+        let params: Vec<Tensor> = named_parameters(&self.model).into_iter().map(|(_, t)| t).collect();
+        let bar = progress_bar(total, self.show_progress && rank == 0, "step {pos}/{len} [{bar:30}] {msg} eta {eta}");
+        bar.set_position(self.state.global_step);
+        for cb in &mut self.callbacks {
+            cb.on_train_begin(&self.state);
+        }
+        Ok(Run {
+            total,
+            schedule,
+            optimizer,
+            output_dir,
+            sinks,
+            loader,
+            params,
+            epoch_samples,
+            bar,
+            start: Instant::now(),
+            losses: Vec::new(),
+            logged: (0.0, 0),
+            tokens: 0,
+            interrupted: false,
+        })
+    }
+
+    /// The micro-batches of the next optimizer step (`None`: the data ran out).
+    fn next_window(&self, run: &mut Run) -> Result<Option<Vec<DeviceBatch>>> {
+        let accumulation = self.args.gradient_accumulation_steps;
+        let mut window = Vec::with_capacity(accumulation);
+        for _ in 0..accumulation {
+            match run.loader.next() {
+                Some(batch) => window.push(batch?),
+                None => return Ok(None),
+            }
+        }
+        Ok(Some(window))
+    }
+
+    /// Trace and run one optimizer step over `window`; a loss that is not
+    /// finite stops training with an error naming the last good checkpoint.
+    fn run_step(&mut self, run: &mut Run, window: &[DeviceBatch]) -> Result<StepResult> {
+        let step = self.state.global_step;
+        let (rank, world) = self.replica_position();
+        let labelled: usize = window.iter().map(|b| b.label_count).sum();
+        let scale = Tensor::scalar(1.0f32 / labelled.max(1) as f32, &self.device);
+        // Each replica draws its own dropout masks.
+        let dropout_seed = (self.args.seed as i64).wrapping_add((rank as i64).wrapping_mul(REPLICA_SEED_STRIDE));
+        let ctx = Context::train(&self.device, dropout_seed, step as i64)?;
+        let lr = run.schedule.lr_at(step);
+        let config = StepConfig {
+            autocast: self.args.bf16.then_some(DType::BF16),
+            saved_activations: self.args.bf16_saved_activations.then_some(DType::BF16),
+            clip: (self.args.max_grad_norm > 0.0).then_some((run.params.as_slice(), self.args.max_grad_norm)),
+            learning_rate: Some(lr),
+        };
+        // Ctrl-C on any replica stops every replica after the same step.
+        let stop_flag: Vec<f32> = match world > 1 {
+            true => vec![if INTERRUPTED.load(Ordering::SeqCst) { 1.0 } else { 0.0 }],
+            false => Vec::new(),
+        };
+        let model = &self.model;
+        let output = train_step(&self.device, &mut run.optimizer, window, &config, &stop_flag, |batch| -> Result<_> {
+            let types = batch.token_type_ids.as_ref();
+            let logits = model.forward(&batch.input_ids, Some(&batch.attention_mask), types, &ctx)?;
+            Ok(logits.cross_entropy_sum(&batch.labels, -100)?.mul(&scale)?)
+        })?;
+        let (loss, shared) = output.values()?;
+        if !loss.is_finite() {
+            run.bar.abandon();
+            let kept = latest_checkpoint(&run.output_dir).map_or("no checkpoint was saved".to_string(), |p| {
+                format!("the last good checkpoint is {}", p.display())
+            });
+            return Err(Error::Input(format!(
+                "the loss became {loss} at step {}; training stopped ({kept}); lower the learning rate or check the data",
+                step + 1
+            )));
+        }
+        Ok(StepResult { loss, lr, interrupt_seen: shared.first().is_some_and(|&flag| flag > 0.0) })
+    }
+
+    /// Move the data position, step counter and epoch past `window`.
+    fn advance(&mut self, run: &mut Run, window: &[DeviceBatch], step: &StepResult) {
+        let batch_size = self.args.per_device_train_batch_size;
+        let epoch_samples = run.epoch_samples;
+        let last = window.last().expect("a full window");
+        let next_sample = last.first_sample + batch_size;
+        (self.state.data_epoch, self.state.data_sample) =
+            if next_sample + batch_size > epoch_samples { (last.epoch + 1, 0) } else { (last.epoch, next_sample) };
+        self.state.global_step += 1;
+        self.state.epoch = self.state.data_epoch as f64 + self.state.data_sample as f64 / epoch_samples as f64;
+        run.losses.push(step.loss);
+        run.logged.0 += step.loss as f64;
+        run.logged.1 += 1;
+        let world = self.replica_position().1;
+        run.tokens +=
+            (world * window.iter().map(|b| b.input_ids.dims().iter().product::<usize>()).sum::<usize>()) as u64;
+    }
+
+    /// Update the progress bar and write a log entry when one is due.
+    fn report_progress(&mut self, run: &mut Run, step: &StepResult) -> Result<()> {
+        let gs = self.state.global_step;
+        let elapsed = run.start.elapsed().as_secs_f64().max(1e-9);
+        let tokens_per_second = run.tokens as f64 / elapsed;
+        run.bar.set_position(gs);
+        run.bar.set_message(format!("loss {:.4} lr {:.2e} {tokens_per_second:.0} tok/s", step.loss, step.lr));
+        let due =
+            gs.is_multiple_of(self.args.logging_steps) || (self.args.logging_first_step && gs == 1) || gs == run.total;
+        if due {
+            let entry = json!({
+                "loss": run.logged.0 / run.logged.1 as f64, "learning_rate": step.lr, "epoch": self.state.epoch,
+                "step": gs, "tokens_per_second": tokens_per_second,
+            });
+            run.logged = (0.0, 0);
+            self.log(entry, &mut run.sinks)?;
+        }
+        Ok(())
+    }
+
+    /// True when `strategy` with interval `every` calls for an action now.
+    fn due(&self, strategy: IntervalStrategy, every: u64) -> bool {
+        match strategy {
+            IntervalStrategy::No => false,
+            IntervalStrategy::Steps => self.state.global_step.is_multiple_of(every.max(1)),
+            IntervalStrategy::Epoch => self.state.data_sample == 0,
+        }
+    }
+
+    /// Evaluate when due; returns whether a callback asked to stop.
+    fn evaluate_if_due(&mut self, run: &mut Run) -> Result<bool> {
+        if !self.due(self.args.eval_strategy, self.state.eval_steps) {
+            return Ok(false);
+        }
+        let metrics = self.evaluate_and_log(&mut run.sinks)?;
+        let mut stop = false;
+        for cb in &mut self.callbacks {
+            stop |= cb.on_evaluate(&self.state, &metrics).should_stop;
+        }
+        Ok(stop)
+    }
+
+    /// Save a checkpoint when due or when Ctrl-C was pressed (then the run stops).
+    fn save_if_due(&mut self, run: &mut Run, step: &StepResult) -> Result<()> {
+        run.interrupted = match self.replica_position().1 > 1 {
+            true => step.interrupt_seen,
+            false => INTERRUPTED.swap(false, Ordering::SeqCst),
+        };
+        if run.interrupted || self.due(self.args.save_strategy, self.args.save_steps) {
+            self.checkpoint(&run.optimizer, &run.schedule, &run.output_dir)?;
+        }
+        Ok(())
+    }
+
+    /// Close the run: meet the other replicas, load the best model when
+    /// asked, write the final folder (master only) and sum up.
+    fn finish_run(&mut self, run: Run) -> Result<TrainOutput> {
+        run.bar.finish_and_clear();
+        drop(run.loader);
+        for cb in &mut self.callbacks {
+            cb.on_train_end(&self.state);
+        }
+        let seconds = run.start.elapsed().as_secs_f64();
+        if self.replica_position().1 > 1 {
+            INTERRUPTED.store(false, Ordering::SeqCst);
+            // The master may still be writing the last checkpoint.
+            self.device.rendezvous()?;
+        }
+        if !run.interrupted && self.args.load_best_model_at_end {
+            self.load_best_model()?;
+        }
+        if !run.interrupted && self.is_master() {
+            crate::folder::save_folder(&run.output_dir, &self.model, self.model.config(), &self.tokenizer)?;
+            let text = serde_json::to_string_pretty(&self.state).map_err(|e| Error::Input(e.to_string()))?;
+            lazytrain_nn::state::write_atomically(&run.output_dir.join("trainer_state.json"), text.as_bytes())?;
+        }
+        let training_loss = run.losses.iter().map(|&l| l as f64).sum::<f64>() / run.losses.len().max(1) as f64;
+        Ok(TrainOutput {
+            global_step: self.state.global_step,
+            training_loss,
+            losses: run.losses,
+            interrupted: run.interrupted,
+            seconds,
+            tokens_per_second: run.tokens as f64 / seconds.max(1e-9),
+        })
+    }
+}
