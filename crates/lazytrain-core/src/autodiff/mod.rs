@@ -9,11 +9,12 @@
 pub mod gradcheck;
 mod vjp;
 
+use crate::device::trace::TensorState;
 use crate::device::{Device, SAVED_ACTIVATION_MIN_ELEMENTS};
 use crate::dtype::DType;
 use crate::error::{Error, Result};
 use crate::ir::{BinaryOp, Node, NodeId, Op, ReduceOp, UnaryOp};
-use crate::tensor::{Tensor, TensorState};
+use crate::tensor::{Tensor, TensorCell};
 use rustc_hash::FxHashMap;
 use std::panic::Location;
 
@@ -59,8 +60,10 @@ impl Tensor {
         let leaves = self.device().lock_live().leaves();
         let ids: Vec<NodeId> = leaves.iter().map(|(id, _)| *id).collect();
         let cotangents = backpropagate(self, &ids, location)?;
-        for (id, cell) in leaves {
+        for (id, traced) in leaves {
             let Some(g) = cotangents.get(&id) else { continue };
+            let cell =
+                traced.as_any().downcast::<TensorCell>().unwrap_or_else(|_| unreachable!("only tensors are traced"));
             let leaf = Tensor::from_cell(cell);
             let total = match leaf.grad() {
                 Some(previous) => previous.add(g)?,

@@ -11,7 +11,7 @@ mod rewrite;
 
 pub(crate) use casts::narrow_copies;
 pub use casts::{reorder_casts, schedule_narrow_copies};
-pub use passes::{dead_code_elimination, fold_constants, simplify_algebra};
+pub use passes::{dead_code_elimination, fold_constants, live_nodes, simplify_algebra};
 
 use crate::error::{Error, Result};
 use crate::ir::{verify::verify, Graph};

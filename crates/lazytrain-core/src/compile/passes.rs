@@ -7,8 +7,9 @@ use crate::ir::{BinaryOp, Graph, GraphBuilder, Node, NodeId, Op, ReduceOp, Unary
 use crate::kernels::{self, MatmulKernel};
 use crate::storage::HostData;
 
-/// Drop nodes no output depends on (parameters keep their numbers).
-pub fn dead_code_elimination(graph: &Graph) -> Graph {
+/// Which nodes an output depends on (the liveness sweep of dead-code
+/// elimination, shared with the cut at `sync`).
+pub fn live_nodes(graph: &Graph) -> Vec<bool> {
     let mut live = vec![false; graph.nodes.len()];
     for out in &graph.outputs {
         live[out.index()] = true;
@@ -20,6 +21,12 @@ pub fn dead_code_elimination(graph: &Graph) -> Graph {
             }
         }
     }
+    live
+}
+
+/// Drop nodes no output depends on (parameters keep their numbers).
+pub fn dead_code_elimination(graph: &Graph) -> Graph {
+    let live = live_nodes(graph);
     let mut builder = GraphBuilder::new();
     let mut map = vec![NodeId(u32::MAX); graph.nodes.len()];
     for (i, node) in graph.nodes.iter().enumerate() {

@@ -1,5 +1,6 @@
 //! Batched matmul kernels: a naive reference loop and the `gemm` crate.
 
+use super::gemm::{gemm_into, gemm_parallelism, matmul_parallelism, GemmOperand};
 use super::numeric::{FloatLike, Real};
 use crate::storage::HostData;
 use half::bf16;
@@ -138,51 +139,6 @@ fn gemm_native<T: Real + Send + Sync + 'static>(
     gemm_batches(d, a, b, o, 0..d.batch, parallelism);
 }
 
-/// A matrix operand for [`gemm_into`]: its first element and its
-/// `(row stride, column stride)` in elements.
-pub(super) struct GemmOperand<T> {
-    pub ptr: *const T,
-    pub rs: usize,
-    pub cs: usize,
-}
-
-/// `out = a x b` for an `m x k` and a `k x n` matrix through `gemm`, `out`
-/// row-major `m x n` (overwritten, not read).
-///
-/// # Safety
-/// `a` and `b` address every element of their matrices inside live
-/// buffers, `out` holds `m * n` elements, and `out` aliases neither.
-pub(super) unsafe fn gemm_into<T: Real + 'static>(
-    (m, k, n): (usize, usize, usize),
-    a: GemmOperand<T>,
-    b: GemmOperand<T>,
-    out: &mut [T],
-    parallelism: gemm::Parallelism,
-) {
-    debug_assert!(out.len() >= m * n);
-    gemm::gemm(
-        m,
-        n,
-        k,
-        out.as_mut_ptr(),
-        1,
-        n as isize,
-        false,
-        a.ptr,
-        a.cs as isize,
-        a.rs as isize,
-        b.ptr,
-        b.cs as isize,
-        b.rs as isize,
-        T::ZERO,
-        T::ONE,
-        false,
-        false,
-        false,
-        parallelism,
-    );
-}
-
 /// Batches `range` of the product into `o` (which holds exactly them).
 fn gemm_batches<T: Real + 'static>(
     d: DotDims,
@@ -201,22 +157,6 @@ fn gemm_batches<T: Real + 'static>(
             let b = GemmOperand { ptr: b.as_ptr().add(lb.offsets[bi]), rs: lb.rs, cs: lb.cs };
             gemm_into((d.m, d.k, d.n), a, b, o, parallelism);
         }
-    }
-}
-
-/// Threads for one matmul: every thread of the current pool (all cores, or a
-/// replica's share) for large products, one for small ones (where starting
-/// threads costs more than it saves).
-fn matmul_parallelism(flops: usize) -> gemm::Parallelism {
-    gemm_parallelism(flops, rayon::current_num_threads())
-}
-
-/// [`matmul_parallelism`] with at most `threads` threads.
-pub(super) fn gemm_parallelism(flops: usize, threads: usize) -> gemm::Parallelism {
-    if threads > 1 && flops >= 1 << 21 {
-        gemm::Parallelism::Rayon(threads)
-    } else {
-        gemm::Parallelism::None
     }
 }
 

@@ -8,7 +8,7 @@
 //! Products of bf16 values are exact in f32 and the sums are f32 sums, so a
 //! result is the f32 matmul of the same inputs, rounded once.
 
-use super::dot::{gemm_into, gemm_parallelism, GemmOperand};
+use super::gemm::{gemm_into, gemm_parallelism, GemmOperand};
 use super::numeric::FloatLike;
 use std::cell::RefCell;
 use std::thread::LocalKey;

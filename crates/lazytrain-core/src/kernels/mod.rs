@@ -6,6 +6,7 @@ mod dot_bf16;
 mod dot_widened;
 mod elementwise;
 pub(crate) mod fused;
+mod gemm;
 mod index;
 mod movement;
 pub(crate) mod numeric;

@@ -14,6 +14,7 @@ mod reduce;
 
 pub use elementwise::broadcast_shapes;
 
+use crate::device::trace::{TensorState, Traced};
 use crate::device::Device;
 use crate::dtype::DType;
 use crate::error::{Error, Result, RuleError, RuleKind};
@@ -24,26 +25,6 @@ use crate::storage::Buffer;
 use std::panic::Location;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
-
-/// Where a tensor's value is.
-pub(crate) enum TensorState {
-    /// A node of the device's live graph.
-    Pending(NodeId),
-    /// Computed, in a device buffer.
-    Ready(Arc<Buffer>),
-    /// The graph that should have computed it failed.
-    Failed(Arc<str>),
-}
-
-impl TensorState {
-    pub(crate) fn duplicate(&self) -> TensorState {
-        match self {
-            TensorState::Pending(id) => TensorState::Pending(*id),
-            TensorState::Ready(buffer) => TensorState::Ready(buffer.clone()),
-            TensorState::Failed(message) => TensorState::Failed(message.clone()),
-        }
-    }
-}
 
 /// The shared part of a tensor handle.
 pub(crate) struct TensorCell {
@@ -67,16 +48,32 @@ impl TensorCell {
         }
     }
 
-    pub(crate) fn dtype(&self) -> DType {
-        self.dtype
-    }
-
     pub(crate) fn lock_state(&self) -> MutexGuard<'_, TensorState> {
         self.state.lock().unwrap_or_else(|p| p.into_inner())
     }
 
     fn lock_grad(&self) -> MutexGuard<'_, Option<Tensor>> {
         self.grad.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// A weak handle the device's live graph keeps.
+    pub(crate) fn traced(cell: &Arc<TensorCell>) -> std::sync::Weak<dyn Traced> {
+        let weak: std::sync::Weak<TensorCell> = Arc::downgrade(cell);
+        weak
+    }
+}
+
+impl Traced for TensorCell {
+    fn dtype(&self) -> DType {
+        self.dtype
+    }
+
+    fn lock_state(&self) -> MutexGuard<'_, TensorState> {
+        TensorCell::lock_state(self)
+    }
+
+    fn as_any(self: Arc<Self>) -> Arc<dyn std::any::Any + Send + Sync> {
+        self
     }
 }
 
@@ -149,7 +146,7 @@ impl Tensor {
         let mut live = device.lock_live();
         let node = live.builder.node(id);
         let cell = Arc::new(TensorCell::new(device, node.shape.clone(), node.dtype, TensorState::Pending(id)));
-        live.register(&cell);
+        live.register(TensorCell::traced(&cell));
         Tensor { cell }
     }
 
@@ -203,7 +200,7 @@ impl Tensor {
         let pending = matches!(new_state, TensorState::Pending(_));
         *self.cell.lock_state() = new_state;
         if pending {
-            live.register(&self.cell);
+            live.register(TensorCell::traced(&self.cell));
         }
         Ok(())
     }
@@ -218,7 +215,7 @@ impl Tensor {
         let state = self.cell.lock_state().duplicate();
         let cell = Arc::new(TensorCell::new(self.device(), self.shape().clone(), self.dtype(), state));
         if let TensorState::Pending(_) = *cell.lock_state() {
-            self.device().lock_live().register(&cell);
+            self.device().lock_live().register(TensorCell::traced(&cell));
         }
         Tensor { cell }
     }
@@ -261,7 +258,7 @@ pub(crate) fn trace(
                     dtype: t.cell.dtype,
                 });
                 if t.requires_grad() {
-                    live.record_leaf(id, &t.cell);
+                    live.record_leaf(id, TensorCell::traced(&t.cell));
                 }
                 id
             }
@@ -277,6 +274,6 @@ pub(crate) fn trace(
     }
     let id = live.builder.push(Node { op, inputs: ids, shape: shape.clone(), dtype });
     let cell = Arc::new(TensorCell::new(device, shape, dtype, TensorState::Pending(id)));
-    live.register(&cell);
+    live.register(TensorCell::traced(&cell));
     Ok(Tensor { cell })
 }

@@ -1,0 +1,96 @@
+//! The cut: `sync` turns the live graph into a canonical graph, gets its
+//! executable and runs (or enqueues) it; the pending tensors then hold
+//! their buffers.
+
+use super::execution::Job;
+use super::trace::{canonicalize, fail_cells, TensorState};
+use super::Device;
+use crate::error::{Error, Result};
+use crate::storage::Buffer;
+use std::panic::Location;
+use std::sync::Arc;
+use std::time::Instant;
+
+impl Device {
+    /// Cut the live graph here and run it: every live pending tensor gets its
+    /// value. Returns once the values are computed.
+    #[track_caller]
+    pub fn sync(&self) -> Result<()> {
+        self.sync_at(Location::caller())
+    }
+
+    /// PyTorch/XLA's name for [`Device::sync`]: the end of a training step.
+    #[track_caller]
+    pub fn mark_step(&self) -> Result<()> {
+        self.sync_at(Location::caller())
+    }
+
+    /// A sync caused by reading a pending value at `location`.
+    pub(crate) fn forced_sync(&self, location: &'static Location<'static>) -> Result<()> {
+        self.inner.metrics.record_forced_sync(&location.to_string());
+        self.sync_at(location)
+    }
+
+    fn sync_at(&self, location: &'static Location<'static>) -> Result<()> {
+        let mut live = self.lock_live();
+        let taken = std::mem::take(&mut *live);
+        let mut cells = Vec::new();
+        let mut outputs = Vec::new();
+        for weak in &taken.pending {
+            if let Some(cell) = weak.upgrade() {
+                if let TensorState::Pending(id) = *cell.lock_state() {
+                    outputs.push(id);
+                    cells.push(cell.clone());
+                }
+            }
+        }
+        if outputs.is_empty() {
+            return Ok(());
+        }
+        self.inner.metrics.update(|m| m.syncs += 1);
+        let cut_start = Instant::now();
+        let traced_nodes = taken.builder.len() as u64;
+        self.inner.metrics.update(|m| m.traced_nodes += traced_nodes);
+        let num_params = taken.params.len();
+        let traced = taken.builder.finish(outputs, num_params);
+        let (mut graph, param_order) = canonicalize(traced);
+        let mut params: Vec<Option<Arc<Buffer>>> = taken.params.into_iter().map(Some).collect();
+        let inputs: Vec<Arc<Buffer>> = param_order.iter().filter_map(|&k| params[k].take()).collect();
+        // A buffer only this sync still holds is donated: the executable may
+        // write the step's new values into it.
+        graph.donated = inputs.iter().map(|b| Arc::strong_count(b) == 1).collect();
+        let executable = match self.executable_for(graph, location, cut_start) {
+            Ok(exe) => exe,
+            Err(e) => return Err(fail_cells(&cells, e)),
+        };
+        if let Some(worker) = &self.inner.worker {
+            // Asynchronous: the outputs become in-flight buffers now and the
+            // worker fills them; the host goes on tracing.
+            let buffers: Vec<Arc<Buffer>> =
+                cells.iter().map(|cell| Arc::new(Buffer::in_flight(cell.dtype()))).collect();
+            let outputs = buffers.iter().map(Arc::downgrade).collect();
+            for (cell, buffer) in cells.iter().zip(buffers) {
+                *cell.lock_state() = TensorState::Ready(buffer);
+            }
+            self.inner.queue.state.lock().unwrap_or_else(|p| p.into_inner()).0 += 1;
+            let job = Job { executable, inputs, outputs };
+            let sent = worker.lock().unwrap_or_else(|p| p.into_inner()).sender.as_ref().map(|s| s.send(job));
+            if !matches!(sent, Some(Ok(()))) {
+                self.inner.queue.state.lock().unwrap_or_else(|p| p.into_inner()).0 -= 1;
+                let e =
+                    Error::Execution { node: 0, op: "device", detail: "the device's worker thread has stopped".into() };
+                return Err(fail_cells(&cells, e));
+            }
+            return Ok(());
+        }
+        let results = match self.inner.runner.run(&*executable, inputs) {
+            Ok(results) => results,
+            Err(e) => return Err(fail_cells(&cells, e)),
+        };
+        for (cell, buffer) in cells.iter().zip(results) {
+            *cell.lock_state() = TensorState::Ready(buffer);
+        }
+        drop(live);
+        Ok(())
+    }
+}

@@ -1,0 +1,160 @@
+//! Running a device's steps: synchronously on the host, or on the device's
+//! worker thread (asynchronous devices) while the host traces the next
+//! step; reading a value, `wait` and `rendezvous` wait for the queue.
+
+use super::Device;
+use crate::backend::Executable;
+use crate::collective::{ReplicaLink, RunContext};
+use crate::error::{Error, Result};
+use crate::metrics::Metrics;
+use crate::storage::Buffer;
+use std::sync::mpsc;
+use std::sync::{Arc, Condvar, Mutex, Weak};
+use std::thread::JoinHandle;
+use std::time::Instant;
+
+/// What running an executable needs, shared by the host (synchronous
+/// devices) and the worker thread (asynchronous ones).
+pub(super) struct Runner {
+    pub(super) metrics: Arc<Metrics>,
+    pub(super) replica: Option<ReplicaLink>,
+    pub(super) pool: Option<Arc<rayon::ThreadPool>>,
+}
+
+impl Runner {
+    /// Run `exe` on `inputs` (in the device's own thread pool) and count it.
+    pub(super) fn run(&self, exe: &dyn Executable, inputs: Vec<Arc<Buffer>>) -> Result<Vec<Arc<Buffer>>> {
+        let context = RunContext { replica: self.replica.as_ref() };
+        let start = Instant::now();
+        let results = match &self.pool {
+            Some(pool) => pool.install(|| exe.run(inputs, &context)),
+            None => exe.run(inputs, &context),
+        }?;
+        let ms = start.elapsed().as_secs_f64() * 1e3;
+        let peak = exe.stats().peak_bytes as u64;
+        self.metrics.update(|m| {
+            m.executions += 1;
+            m.execute_ms += ms;
+            m.peak_execution_bytes = m.peak_execution_bytes.max(peak);
+        });
+        Ok(results)
+    }
+}
+
+/// A step enqueued on an asynchronous device: its outputs are in-flight
+/// buffers, held weakly so a value nobody reads any more is simply dropped.
+pub(super) struct Job {
+    pub(super) executable: Arc<dyn Executable>,
+    pub(super) inputs: Vec<Arc<Buffer>>,
+    pub(super) outputs: Vec<Weak<Buffer>>,
+}
+
+/// Steps enqueued but not finished, and the first failure since the last wait.
+#[derive(Default)]
+pub(super) struct Queue {
+    pub(super) state: Mutex<(usize, Option<String>)>,
+    pub(super) drained: Condvar,
+}
+
+/// The worker thread of an asynchronous device.
+pub(super) struct Worker {
+    pub(super) sender: Option<mpsc::Sender<Job>>,
+    handle: Option<JoinHandle<()>>,
+}
+
+impl Worker {
+    /// Start the worker thread `name`, which runs the jobs it is sent.
+    pub(super) fn start(runner: Arc<Runner>, queue: Arc<Queue>, name: String) -> std::io::Result<Worker> {
+        let (sender, receiver) = mpsc::channel::<Job>();
+        let handle = std::thread::Builder::new().name(name).spawn(move || {
+            let mut idle_since: Option<Instant> = None;
+            while let Ok(job) = receiver.recv() {
+                if let Some(t) = idle_since {
+                    let idle = t.elapsed().as_secs_f64() * 1e3;
+                    runner.metrics.update(|m| m.device_idle_ms += idle);
+                }
+                let outcome = runner.run(&*job.executable, job.inputs);
+                let failure = fulfil(&job.outputs, outcome);
+                let mut state = queue.state.lock().unwrap_or_else(|p| p.into_inner());
+                state.0 -= 1;
+                if state.1.is_none() {
+                    state.1 = failure;
+                }
+                if state.0 == 0 {
+                    idle_since = Some(Instant::now());
+                    queue.drained.notify_all();
+                } else {
+                    idle_since = None;
+                }
+            }
+        })?;
+        Ok(Worker { sender: Some(sender), handle: Some(handle) })
+    }
+}
+
+impl Drop for Worker {
+    fn drop(&mut self) {
+        self.sender.take();
+        if let Some(handle) = self.handle.take() {
+            let _ = handle.join();
+        }
+    }
+}
+
+/// Move a finished step's results into its in-flight output buffers (or the
+/// failure); returns the failure's message.
+fn fulfil(outputs: &[Weak<Buffer>], outcome: Result<Vec<Arc<Buffer>>>) -> Option<String> {
+    match outcome {
+        Ok(results) => {
+            for (slot, result) in outputs.iter().zip(results) {
+                if let Some(buffer) = slot.upgrade() {
+                    let data = match Arc::try_unwrap(result) {
+                        Ok(owned) => owned.into_host(),
+                        Err(shared) => shared.wait().cloned(),
+                    };
+                    buffer.fulfil(data);
+                }
+            }
+            None
+        }
+        Err(e) => {
+            let message: Arc<str> = e.to_string().into();
+            for buffer in outputs.iter().filter_map(Weak::upgrade) {
+                buffer.fulfil(Err(message.clone()));
+            }
+            Some(e.to_string())
+        }
+    }
+}
+
+impl Device {
+    /// True when `sync` enqueues steps instead of running them.
+    pub fn is_asynchronous(&self) -> bool {
+        self.inner.worker.is_some()
+    }
+    /// Wait until every enqueued step has finished. Returns the first
+    /// failure of a step since the last wait (its outputs hold the error too).
+    pub fn wait(&self) -> Result<()> {
+        let start = Instant::now();
+        let mut state = self.inner.queue.state.lock().unwrap_or_else(|p| p.into_inner());
+        let waited = state.0 > 0;
+        while state.0 > 0 {
+            state = self.inner.queue.drained.wait(state).unwrap_or_else(|p| p.into_inner());
+        }
+        let failure = state.1.take();
+        drop(state);
+        if waited {
+            self.record_host_wait(start);
+        }
+        match failure {
+            Some(detail) => Err(Error::Execution { node: 0, op: "step", detail }),
+            None => Ok(()),
+        }
+    }
+
+    /// Count the time since `start` as the host waiting on the device.
+    pub(crate) fn record_host_wait(&self, start: Instant) {
+        let ms = start.elapsed().as_secs_f64() * 1e3;
+        self.inner.metrics.update(|m| m.host_wait_ms += ms);
+    }
+}
