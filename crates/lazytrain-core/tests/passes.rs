@@ -65,7 +65,7 @@ fn run_on(backend: &dyn Backend, graph: &Graph, params: &[HostData]) -> Vec<Host
 }
 
 fn kernels_after_optimize(graph: &Graph, fuse: bool) -> usize {
-    CpuBackend { fuse }.compile(&optimize(graph, None).unwrap()).unwrap().stats().kernels
+    CpuBackend::with_fusion(fuse).compile(&optimize(graph, None).unwrap()).unwrap().stats().kernels
 }
 
 #[test]
@@ -158,7 +158,7 @@ fn steady_state_steps_allocate_nothing() {
         let p_new = node(&mut b, Op::Binary(BinaryOp::Sub), vec![p, m_new]);
         let mut graph = b.finish(vec![m_new, p_new], 3);
         graph.donated = vec![true, true, false];
-        let exe = CpuBackend { fuse }.compile(&graph).unwrap();
+        let exe = CpuBackend::with_fusion(fuse).compile(&graph).unwrap();
         let x = Arc::new(Buffer::new(HostData::F32((0..64 * 64).map(|i| (i % 7) as f32 * 0.01).collect())));
         let mut state = vec![HostData::F32(vec![1.0; 64 * 64]), HostData::F32(vec![0.0; 64 * 64])];
         let mut allocated = Vec::new();
@@ -199,7 +199,7 @@ fn reductions_fused_into_their_producers_match_the_unfused_bits() {
         lazytrain_core::random::uniform_f32(11, 0, &mut u);
         let input = HostData::F32(u.iter().map(|v| 6.0 * v - 3.0).collect());
         let run = |fuse: bool| {
-            let exe = CpuBackend { fuse }.compile(&graph).unwrap();
+            let exe = CpuBackend::with_fusion(fuse).compile(&graph).unwrap();
             let out = exe.run(vec![Arc::new(Buffer::new(input.clone()))], &Default::default()).unwrap();
             (exe.stats().kernels, out.iter().map(|b| b.wait().unwrap().clone()).collect::<Vec<_>>())
         };
@@ -248,7 +248,7 @@ fn reductions_over_an_empty_axis_write_the_identity() {
     let plain_max = node(&mut b, Op::Reduce { op: ReduceOp::Max, axes: vec![1] }, vec![x]);
     let graph = b.finish(vec![sum, max, plain_max], 1);
     for fuse in [true, false] {
-        let exe = CpuBackend { fuse }.compile(&graph).unwrap();
+        let exe = CpuBackend::with_fusion(fuse).compile(&graph).unwrap();
         let out = exe.run(vec![Arc::new(Buffer::new(HostData::F32(Vec::new())))], &Default::default()).unwrap();
         let values: Vec<HostData> = out.iter().map(|b| b.wait().unwrap().clone()).collect();
         let minus_inf = HostData::F32(vec![f32::NEG_INFINITY; 5]);
@@ -258,9 +258,13 @@ fn reductions_over_an_empty_axis_write_the_identity() {
 
 /// A graph that has run once (like the first training step, which creates
 /// the optimizer state) does not keep its intermediate buffers once another
-/// graph runs; graphs that recur keep theirs for their next run.
+/// graph runs on the same device; graphs that recur keep theirs for their
+/// next run; and what runs on another device (another backend instance)
+/// frees nothing here.
 #[test]
 fn one_off_graphs_release_their_buffers_when_another_graph_runs() {
+    let device = CpuBackend::default();
+    let other_device = CpuBackend::default();
     let exp_chain = |op: UnaryOp| {
         let mut b = GraphBuilder::new();
         let x = param(&mut b, 0, &[256, 256]);
@@ -268,17 +272,18 @@ fn one_off_graphs_release_their_buffers_when_another_graph_runs() {
         let y = node(&mut b, Op::Unary(op), vec![m]);
         let s = node(&mut b, Op::Reduce { op: ReduceOp::Sum, axes: vec![0, 1] }, vec![y]);
         let graph = b.finish(vec![s], 1);
-        CpuBackend::default().compile(&graph).unwrap()
+        device.compile(&graph).unwrap()
     };
-    let (once, recurring) = (exp_chain(UnaryOp::Tanh), exp_chain(UnaryOp::Exp));
+    let (once, recurring, elsewhere) = (exp_chain(UnaryOp::Tanh), exp_chain(UnaryOp::Exp), exp_chain(UnaryOp::Neg));
     let input = || vec![Arc::new(Buffer::new(HostData::F32(vec![0.01; 256 * 256])))];
-    // (Tests in this binary run in parallel, and any other graph's run
-    // counts as "another graph", so only outcomes robust to that are checked.)
-    once.run(input(), &Default::default()).unwrap();
-    recurring.run(input(), &Default::default()).unwrap();
+    let context = Default::default();
+    device.execute(&*once, input(), &context).unwrap();
+    other_device.execute(&*elsewhere, input(), &context).unwrap();
+    assert!(once.stats().kept_bytes >= 256 * 256 * 4, "another device's run frees nothing here");
+    device.execute(&*recurring, input(), &context).unwrap();
     assert_eq!(once.stats().kept_bytes, 0, "a graph that ran once lets go when another runs");
-    recurring.run(input(), &Default::default()).unwrap();
-    once.run(input(), &Default::default()).unwrap();
+    device.execute(&*recurring, input(), &context).unwrap();
+    device.execute(&*once, input(), &context).unwrap();
     assert!(recurring.stats().kept_bytes >= 256 * 256 * 4, "a recurring graph keeps its buffers");
 }
 
@@ -299,7 +304,7 @@ fn reductions_read_reshapes_of_contiguous_data_in_place() {
     let run = |exe: &std::sync::Arc<dyn lazytrain_core::backend::Executable>| {
         exe.run(vec![Arc::new(Buffer::new(input.clone()))], &Default::default()).unwrap()[0].wait().unwrap().clone()
     };
-    let unfused = CpuBackend { fuse: false }.compile(&graph).unwrap();
+    let unfused = CpuBackend::with_fusion(false).compile(&graph).unwrap();
     assert_eq!(run(&fused), run(&unfused));
     let HostData::F32(sums) = run(&fused) else { panic!("f32") };
     let HostData::F32(x) = &input else { unreachable!() };
@@ -317,7 +322,7 @@ fn memory_plan_reuses_dead_buffers() {
         y = node(&mut b, Op::Unary(op), vec![y]);
     }
     let g = b.finish(vec![y], 1);
-    let unfused = CpuBackend { fuse: false };
+    let unfused = CpuBackend::with_fusion(false);
     let stats = unfused.compile(&g).unwrap().stats();
     assert_eq!(stats.kernels, 10);
     assert_eq!(stats.in_place, 9, "every op after the first overwrites its dying input");

@@ -35,11 +35,14 @@ pub trait Launcher: Sync {
 }
 
 /// `config.replicas` threads of this process, reducing in shared memory
-/// ([`InProcessCollective`]), all on one backend (`LAZYTRAIN_BACKEND`, the
-/// CPU by default, unless one is given).
+/// ([`InProcessCollective`]). Each replica gets a backend of its own of the
+/// kind `LAZYTRAIN_BACKEND` names (the CPU by default) with
+/// [`SpawnConfig::threads`] kernel threads, unless one backend is given for
+/// all of them.
 #[derive(Clone, Default)]
 pub struct ThreadLauncher {
-    /// The backend of every replica (default: [`backend::from_env`]).
+    /// One backend every replica shares (default: one per replica, from
+    /// [`backend::from_env`]).
     pub backend: Option<Arc<dyn Backend>>,
 }
 
@@ -48,13 +51,15 @@ impl Launcher for ThreadLauncher {
         if config.replicas == 0 {
             return Err("the number of replicas must be at least 1".into());
         }
-        let backend = match &self.backend {
-            Some(backend) => backend.clone(),
-            None => backend::from_env().map_err(|e| e.to_string())?,
-        };
         let collective: Arc<dyn Collective> = Arc::new(InProcessCollective::new(config.replicas));
-        Ok((0..config.replicas)
-            .map(|rank| ReplicaSetup { rank, backend: backend.clone(), collective: collective.clone() })
-            .collect())
+        (0..config.replicas)
+            .map(|rank| {
+                let backend = match &self.backend {
+                    Some(backend) => backend.clone(),
+                    None => backend::from_env(Some(config.threads())).map_err(|e| e.to_string())?,
+                };
+                Ok(ReplicaSetup { rank, backend, collective: collective.clone() })
+            })
+            .collect()
     }
 }

@@ -129,7 +129,6 @@ where
         let options = DeviceOptions {
             ordinal: setup.rank,
             replica: Some(ReplicaLink { rank: setup.rank, collective: setup.collective.clone() }),
-            threads: Some(config.threads()),
             asynchronous: config.asynchronous,
         };
         let device =

@@ -21,7 +21,7 @@ fn last_compile(device: &Device) -> (usize, usize) {
 }
 
 fn device(fuse: bool) -> Device {
-    Device::with_backend(Arc::new(CpuBackend { fuse }), Arc::new(CompileCache::new()), 0)
+    Device::with_backend(Arc::new(CpuBackend::with_fusion(fuse)), Arc::new(CompileCache::new()), 0)
 }
 
 fn input(shape: &[usize], device: &Device) -> Result<Tensor> {

@@ -12,7 +12,7 @@ use std::sync::Arc;
 type Result<T> = std::result::Result<T, Box<dyn std::error::Error>>;
 
 fn device(fuse: bool) -> Device {
-    Device::with_backend(Arc::new(CpuBackend { fuse }), Arc::new(CompileCache::new()), 0)
+    Device::with_backend(Arc::new(CpuBackend::with_fusion(fuse)), Arc::new(CompileCache::new()), 0)
 }
 
 /// Feed-forward blocks (Linear, GELU, Linear, residual, LayerNorm) stacked

@@ -31,6 +31,16 @@ pub trait Backend: Send + Sync {
     fn capabilities(&self) -> Capabilities;
     /// Emit an executable for `schedule` (made for [`Backend::capabilities`]).
     fn lower(&self, schedule: &Schedule) -> Result<Arc<dyn Executable>>;
+    /// Run `executable` (lowered by a backend of this kind) with this
+    /// backend's resources: its threads, its memory between runs.
+    fn execute(
+        &self,
+        executable: &dyn Executable,
+        inputs: Vec<Arc<Buffer>>,
+        context: &RunContext,
+    ) -> Result<Vec<Arc<Buffer>>> {
+        executable.run(inputs, context)
+    }
     /// Schedule an optimised `graph` for this backend and lower it.
     fn compile(&self, graph: &Graph) -> Result<Arc<dyn Executable>> {
         self.lower(&Schedule::new(graph, &self.capabilities()))
@@ -40,10 +50,15 @@ pub trait Backend: Send + Sync {
 /// The backends [`from_env`] knows, by name.
 pub const BACKEND_NAMES: [&str; 2] = ["cpu", "reference"];
 
-/// The backend named `name` (`cpu` or `reference`).
-pub fn by_name(name: &str) -> Result<Arc<dyn Backend>> {
+/// A new backend named `name` (`cpu` or `reference`) for one device; the
+/// CPU backend gets a pool of `threads` kernel threads (`None`: rayon's
+/// global pool).
+pub fn by_name(name: &str, threads: Option<usize>) -> Result<Arc<dyn Backend>> {
     match name {
-        "cpu" => Ok(Arc::new(CpuBackend::default())),
+        "cpu" => Ok(match threads {
+            Some(n) => Arc::new(CpuBackend::with_threads(n)?),
+            None => Arc::new(CpuBackend::default()),
+        }),
         "reference" => Ok(Arc::new(ReferenceBackend)),
         other => Err(Error::Execution {
             node: 0,
@@ -53,21 +68,22 @@ pub fn by_name(name: &str) -> Result<Arc<dyn Backend>> {
     }
 }
 
-/// The backend `LAZYTRAIN_BACKEND` names (`cpu` when unset or empty).
-pub fn from_env() -> Result<Arc<dyn Backend>> {
+/// A new backend of the kind `LAZYTRAIN_BACKEND` names (`cpu` when unset or
+/// empty), as [`by_name`].
+pub fn from_env(threads: Option<usize>) -> Result<Arc<dyn Backend>> {
     match std::env::var("LAZYTRAIN_BACKEND") {
-        Ok(name) if !name.is_empty() => by_name(&name).map_err(|e| match e {
+        Ok(name) if !name.is_empty() => by_name(&name, threads).map_err(|e| match e {
             Error::Execution { detail, .. } => {
                 Error::Execution { node: 0, op: "backend", detail: format!("LAZYTRAIN_BACKEND: {detail}") }
             }
             other => other,
         }),
-        _ => Ok(Arc::new(CpuBackend::default())),
+        _ => by_name("cpu", threads),
     }
 }
 
 /// A compiled graph, runnable many times on new input buffers.
-pub trait Executable: Send + Sync {
+pub trait Executable: std::any::Any + Send + Sync {
     /// Run on `inputs` (indexed like `Op::Parameter`); returns one buffer per
     /// graph output. Inputs are passed by value so a future donation pass can
     /// reuse a buffer nobody else holds. `context` carries the replica group

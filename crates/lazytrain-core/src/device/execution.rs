@@ -3,7 +3,7 @@
 //! step; reading a value, `wait` and `rendezvous` wait for the queue.
 
 use super::Device;
-use crate::backend::Executable;
+use crate::backend::{Backend, Executable};
 use crate::collective::{ReplicaLink, RunContext};
 use crate::error::{Error, Result};
 use crate::metrics::Metrics;
@@ -18,18 +18,16 @@ use std::time::Instant;
 pub(super) struct Runner {
     pub(super) metrics: Arc<Metrics>,
     pub(super) replica: Option<ReplicaLink>,
-    pub(super) pool: Option<Arc<rayon::ThreadPool>>,
+    /// The device's backend, which runs executables with its resources.
+    pub(super) backend: Arc<dyn Backend>,
 }
 
 impl Runner {
-    /// Run `exe` on `inputs` (in the device's own thread pool) and count it.
+    /// Run `exe` on `inputs` through the device's backend and count it.
     pub(super) fn run(&self, exe: &dyn Executable, inputs: Vec<Arc<Buffer>>) -> Result<Vec<Arc<Buffer>>> {
         let context = RunContext { replica: self.replica.as_ref() };
         let start = Instant::now();
-        let results = match &self.pool {
-            Some(pool) => pool.install(|| exe.run(inputs, &context)),
-            None => exe.run(inputs, &context),
-        }?;
+        let results = self.backend.execute(exe, inputs, &context)?;
         let ms = start.elapsed().as_secs_f64() * 1e3;
         let peak = exe.stats().peak_bytes as u64;
         self.metrics.update(|m| {

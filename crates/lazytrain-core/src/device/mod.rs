@@ -32,16 +32,19 @@ use trace::LiveGraph;
 
 static NEXT_DEVICE_ID: AtomicUsize = AtomicUsize::new(0);
 
-/// How a device is set up: its place in a replica group, its threads and
-/// whether `sync` waits for the step.
+/// The cores of this machine (at least one).
+fn cores() -> usize {
+    std::thread::available_parallelism().map_or(1, |n| n.get())
+}
+
+/// How a device is set up: its place in a replica group and whether `sync`
+/// waits for the step (its kernel threads belong to its backend).
 #[derive(Clone, Debug, Default)]
 pub struct DeviceOptions {
     /// The replica ordinal (0 for a lone device).
     pub ordinal: usize,
     /// The replica group `all_reduce` nodes reduce over (none: a lone device).
     pub replica: Option<ReplicaLink>,
-    /// Threads for this device's kernels (none: the process-wide pool, all cores).
-    pub threads: Option<usize>,
     /// `sync` enqueues the step on the device's worker thread and returns;
     /// reading a value waits for it.
     pub asynchronous: bool,
@@ -86,33 +89,27 @@ impl fmt::Debug for Device {
 }
 
 impl Device {
-    /// A new CPU device with its own compile cache and metrics. Its kernels
-    /// run in a thread pool of its own, one thread per core: a step runs on
-    /// a pool thread, so splitting a kernel wakes one other thread instead of
-    /// handing both halves to a shared pool while the caller sleeps (5–8 %
-    /// faster steps on 2 cores). Without threads it uses the shared pool.
+    /// A new CPU device with its own compile cache and metrics, whose
+    /// backend has a kernel thread per core
+    /// ([`CpuBackend::with_threads`]; rayon's global pool if the threads
+    /// cannot start).
     ///
     /// `LAZYTRAIN_BACKEND=reference` makes it a device on the reference
     /// backend instead (naive kernels, no fusion; for checking results); an
     /// unknown name is reported once and the CPU backend is used.
     pub fn cpu() -> Device {
-        let backend = crate::backend::from_env().unwrap_or_else(|e| {
+        let backend = crate::backend::from_env(Some(cores())).unwrap_or_else(|e| {
             static WARNED: std::sync::Once = std::sync::Once::new();
             WARNED.call_once(|| eprintln!("[lazytrain] {e}; using the cpu backend"));
             Arc::new(CpuBackend::default())
         });
-        let threads = std::thread::available_parallelism().map_or(1, |n| n.get());
-        let options = DeviceOptions { threads: Some(threads), ..DeviceOptions::default() };
-        Device::new(backend.clone(), Arc::new(CompileCache::new()), options)
-            .unwrap_or_else(|_| Device::with_backend(backend, Arc::new(CompileCache::new()), 0))
+        Device::with_backend(backend, Arc::new(CompileCache::new()), 0)
     }
 
     /// A lone device on the backend named `name` (`cpu` or `reference`,
     /// see [`crate::backend::by_name`]) with its own compile cache.
     pub fn on_backend(name: &str) -> Result<Device> {
-        let threads = std::thread::available_parallelism().map_or(1, |n| n.get());
-        let options = DeviceOptions { threads: Some(threads), ..DeviceOptions::default() };
-        Device::new(crate::backend::by_name(name)?, Arc::new(CompileCache::new()), options)
+        Ok(Device::with_backend(crate::backend::by_name(name, Some(cores()))?, Arc::new(CompileCache::new()), 0))
     }
 
     /// The name of this device's backend (`cpu`, `reference`).
@@ -123,7 +120,7 @@ impl Device {
     /// A synchronous device on `backend` sharing `cache`, with replica `ordinal`.
     pub fn with_backend(backend: Arc<dyn Backend>, cache: Arc<CompileCache>, ordinal: usize) -> Device {
         let options = DeviceOptions { ordinal, ..DeviceOptions::default() };
-        Device::new(backend, cache, options).expect("a synchronous device without its own pool starts no thread")
+        Device::new(backend, cache, options).expect("a synchronous device starts no thread")
     }
 
     /// A device on `backend` sharing `cache` (replicas share one), set up by
@@ -136,18 +133,9 @@ impl Device {
             op: "device",
             detail: format!("could not start the device's threads: {e}"),
         };
-        let pool = match options.threads {
-            Some(n) => Some(Arc::new(
-                rayon::ThreadPoolBuilder::new()
-                    .num_threads(n.max(1))
-                    .thread_name(move |i| format!("lazytrain-{id}-kernel-{i}"))
-                    .build()
-                    .map_err(|e| thread_error(&e))?,
-            )),
-            None => None,
-        };
         let metrics = Arc::new(Metrics::default());
-        let runner = Arc::new(Runner { metrics: metrics.clone(), replica: options.replica.clone(), pool });
+        let runner =
+            Arc::new(Runner { metrics: metrics.clone(), replica: options.replica.clone(), backend: backend.clone() });
         let queue = Arc::new(Queue::default());
         let worker = match options.asynchronous {
             true => Some(Mutex::new(

@@ -11,7 +11,7 @@ use crate::kernels::{self, MatmulKernel};
 use crate::schedule::Operand;
 use crate::storage::{Buffer, HostData};
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex, Weak};
 
 impl CpuExecutable {
     /// A slot's buffer, at its planned capacity: every value the slot holds
@@ -33,6 +33,24 @@ impl CpuExecutable {
 
 impl Executable for CpuExecutable {
     fn run(&self, inputs: Vec<Arc<Buffer>>, context: &RunContext) -> Result<Vec<Arc<Buffer>>> {
+        self.run_on(inputs, context, None)
+    }
+
+    fn stats(&self) -> ExecutableStats {
+        self.stats_now()
+    }
+}
+
+impl CpuExecutable {
+    /// Run on `inputs`. `last_run` is the device's record of the executable
+    /// that ran before (see [`release_one_off_pool`]); without it this
+    /// executable keeps its buffers whatever ran before.
+    pub(super) fn run_on(
+        &self,
+        inputs: Vec<Arc<Buffer>>,
+        context: &RunContext,
+        last_run: Option<&LastRun>,
+    ) -> Result<Vec<Arc<Buffer>>> {
         if inputs.len() != self.num_params {
             return Err(Error::Execution {
                 node: 0,
@@ -49,7 +67,9 @@ impl Executable for CpuExecutable {
         }
         // Reuse the previous run's intermediate buffers: no allocation and no
         // page faults in steady state.
-        release_one_off_pool(&self.pool);
+        if let Some(last_run) = last_run {
+            release_one_off_pool(&self.pool, last_run);
+        }
         let mut slots: Vec<Option<HostData>> = self.pool.sets.lock().ok().and_then(|mut p| p.pop()).unwrap_or_default();
         slots.resize(self.plan.slots.len(), None);
         let mut inputs: Vec<Option<Arc<Buffer>>> = inputs.into_iter().map(Some).collect();
@@ -137,7 +157,7 @@ impl Executable for CpuExecutable {
                 Operand::Fused => unreachable!("graph outputs have buffers"),
             })
             .collect();
-        if !overtaken_one_off(&self.pool) {
+        if !last_run.is_some_and(|last| overtaken_one_off(&self.pool, last)) {
             if let Ok(mut pool) = self.pool.sets.lock() {
                 pool.push(slots);
             }
@@ -145,7 +165,7 @@ impl Executable for CpuExecutable {
         Ok(outputs)
     }
 
-    fn stats(&self) -> ExecutableStats {
+    fn stats_now(&self) -> ExecutableStats {
         ExecutableStats {
             kernels: self.steps.len(),
             fused_kernels: self.steps.iter().filter(|s| matches!(s.kernel, Kernel::Fused { .. })).count(),
@@ -173,22 +193,23 @@ impl Executable for CpuExecutable {
 /// concurrent run), and how many runs it has started.
 #[derive(Default)]
 pub(super) struct SlotPool {
-    sets: std::sync::Mutex<Vec<Vec<Option<HostData>>>>,
+    sets: Mutex<Vec<Vec<Option<HostData>>>>,
     runs: AtomicU64,
 }
 
-/// The pool of the executable that started a run last (in any thread).
-static LAST_POOL: std::sync::Mutex<Option<std::sync::Weak<SlotPool>>> = std::sync::Mutex::new(None);
+/// The slot pool of the executable that started a run last on one device.
+pub(super) type LastRun = Mutex<Option<Weak<SlotPool>>>;
 
 /// Count a run of `current`'s executable, and free the buffers kept by the
-/// executable that ran before it if that was another graph that has run
-/// only once (the first training step, which creates the optimizer state):
-/// its intermediates are not kept alive beside the next graph's. Graphs
-/// that recur (steady steps, gradient-accumulation micro-steps, evaluation)
-/// keep theirs, so alternating between them allocates nothing.
-fn release_one_off_pool(current: &Arc<SlotPool>) {
+/// executable that ran before it on the same device if that was another
+/// graph that has run only once (the first training step, which creates
+/// the optimizer state): its intermediates are not kept alive beside the
+/// next graph's. Graphs that recur (steady steps, gradient-accumulation
+/// micro-steps, evaluation) keep theirs, so alternating between them
+/// allocates nothing.
+fn release_one_off_pool(current: &Arc<SlotPool>, last_run: &LastRun) {
     current.runs.fetch_add(1, Ordering::Relaxed);
-    let mut last = LAST_POOL.lock().unwrap_or_else(|p| p.into_inner());
+    let mut last = last_run.lock().unwrap_or_else(|p| p.into_inner());
     let previous = last.replace(Arc::downgrade(current));
     if let Some(previous) = previous.and_then(|weak| weak.upgrade()) {
         if !Arc::ptr_eq(&previous, current) && previous.runs.load(Ordering::Relaxed) <= 1 {
@@ -201,8 +222,8 @@ fn release_one_off_pool(current: &Arc<SlotPool>) {
 
 /// True when `pool`'s graph has run only once and another graph started a
 /// run meanwhile: its buffers are not kept (see [`release_one_off_pool`]).
-fn overtaken_one_off(pool: &Arc<SlotPool>) -> bool {
-    let last = LAST_POOL.lock().unwrap_or_else(|p| p.into_inner());
+fn overtaken_one_off(pool: &Arc<SlotPool>, last_run: &LastRun) -> bool {
+    let last = last_run.lock().unwrap_or_else(|p| p.into_inner());
     pool.runs.load(Ordering::Relaxed) <= 1
         && !last.as_ref().is_some_and(|l| std::ptr::eq(l.as_ptr(), Arc::as_ptr(pool)))
 }
