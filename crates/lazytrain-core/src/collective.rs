@@ -6,7 +6,7 @@
 //! (threads in one process today; MPI or NCCL implement the same trait).
 
 use crate::ir::AllReduceOp;
-use crate::storage::HostData;
+use crate::storage::{DeviceMemory, HostData};
 use std::sync::Arc;
 
 /// A group of replicas that reduce values together.
@@ -15,11 +15,12 @@ pub trait Collective: Send + Sync {
     fn world_size(&self) -> usize;
 
     /// Replace `data` on replica `rank` by the elementwise reduction of every
-    /// replica's `data`. All replicas call this with the same dtype and
-    /// length, in the same order (they run the same executable). Returns an
-    /// error when the group was aborted (another replica failed) or the
-    /// replicas disagree.
-    fn all_reduce(&self, rank: usize, data: &mut HostData, op: AllReduceOp) -> Result<(), String>;
+    /// replica's `data`, in place. All replicas call this with the same
+    /// dtype and length, in the same order (they run the same executable).
+    /// Returns an error when the group was aborted (another replica failed),
+    /// the replicas disagree, or the collective cannot reach `data`'s memory
+    /// (host collectives reduce host memory).
+    fn all_reduce(&self, rank: usize, data: &mut DeviceMemory, op: AllReduceOp) -> Result<(), String>;
 
     /// Wait until every replica of the group calls `barrier` (a host-side
     /// meeting, e.g. PyTorch/XLA's `rendezvous`). It never pairs with the
@@ -62,10 +63,21 @@ pub struct RunContext<'a> {
 impl RunContext<'_> {
     /// Reduce `data` over the replica group (a no-op for a lone device,
     /// where sum and mean over one replica are the identity).
-    pub fn all_reduce(&self, data: &mut HostData, op: AllReduceOp) -> Result<(), String> {
+    pub fn all_reduce(&self, data: &mut DeviceMemory, op: AllReduceOp) -> Result<(), String> {
         match self.replica {
             Some(link) if link.collective.world_size() > 1 => link.collective.all_reduce(link.rank, data, op),
             _ => Ok(()),
         }
+    }
+
+    /// [`RunContext::all_reduce`] of host data (what host backends compute in).
+    pub fn all_reduce_host(&self, data: &mut HostData, op: AllReduceOp) -> Result<(), String> {
+        let mut memory = DeviceMemory::Host(std::mem::replace(data, HostData::F32(Vec::new())));
+        let result = self.all_reduce(&mut memory, op);
+        match memory {
+            DeviceMemory::Host(reduced) => *data = reduced,
+            DeviceMemory::Backend(_) => unreachable!("a collective reduces in place"),
+        }
+        result
     }
 }

@@ -57,5 +57,5 @@ pub use dtype::{DType, Literal};
 pub use error::{Error, Result, RuleError, RuleKind};
 pub use kernels::MatmulKernel;
 pub use shape::Shape;
-pub use storage::{live_buffer_bytes, peak_buffer_bytes, Buffer, Element, HostData};
+pub use storage::{live_buffer_bytes, peak_buffer_bytes, BackendMemory, Buffer, DeviceMemory, Element, HostData};
 pub use tensor::{broadcast_shapes, Tensor};

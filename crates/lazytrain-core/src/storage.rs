@@ -193,15 +193,93 @@ pub fn peak_buffer_bytes() -> u64 {
     PEAK_BUFFER_BYTES.load(Ordering::Relaxed).max(0) as u64
 }
 
-/// Memory owned by a device. The CPU backend keeps it on the host; a CUDA
-/// backend would add a device-memory variant behind the same type.
+/// Memory a backend keeps where the host cannot read it directly (an
+/// accelerator's). The backend that made it reads and writes it; the host
+/// sees its contents through that backend's `copy_out`.
+pub trait BackendMemory: std::any::Any + Send + Sync + std::fmt::Debug {
+    /// The element type.
+    fn dtype(&self) -> DType;
+    /// The number of elements.
+    fn len(&self) -> usize;
+    /// True when there are no elements.
+    fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+    /// A copy in new memory of the same backend (a device-to-device copy).
+    fn duplicate(&self) -> std::result::Result<Box<dyn BackendMemory>, String>;
+}
+
+/// The memory behind a [`Buffer`]: host memory (where the CPU and reference
+/// backends compute) or a backend's own.
+#[derive(Debug)]
+pub enum DeviceMemory {
+    /// Elements in host memory.
+    Host(HostData),
+    /// Memory only its backend can read (see [`BackendMemory`]).
+    Backend(Box<dyn BackendMemory>),
+}
+
+impl DeviceMemory {
+    /// The element type.
+    pub fn dtype(&self) -> DType {
+        match self {
+            DeviceMemory::Host(data) => data.dtype(),
+            DeviceMemory::Backend(memory) => memory.dtype(),
+        }
+    }
+
+    /// Size in bytes.
+    pub fn size_in_bytes(&self) -> usize {
+        match self {
+            DeviceMemory::Host(data) => data.size_in_bytes(),
+            DeviceMemory::Backend(memory) => memory.len() * memory.dtype().size_in_bytes(),
+        }
+    }
+
+    /// A copy in new memory of the same kind.
+    pub fn duplicate(&self) -> std::result::Result<DeviceMemory, Arc<str>> {
+        match self {
+            DeviceMemory::Host(data) => Ok(DeviceMemory::Host(data.clone())),
+            DeviceMemory::Backend(memory) => memory.duplicate().map(DeviceMemory::Backend).map_err(Arc::from),
+        }
+    }
+
+    /// The host data, when the memory is on the host.
+    pub fn host(&self) -> Option<&HostData> {
+        match self {
+            DeviceMemory::Host(data) => Some(data),
+            DeviceMemory::Backend(_) => None,
+        }
+    }
+
+    /// The host data, writable, when the memory is on the host.
+    pub fn host_mut(&mut self) -> Option<&mut HostData> {
+        match self {
+            DeviceMemory::Host(data) => Some(data),
+            DeviceMemory::Backend(_) => None,
+        }
+    }
+}
+
+/// What a host-memory backend says about memory it cannot read.
+fn not_on_the_host(memory: &dyn BackendMemory) -> Arc<str> {
+    format!(
+        "the buffer ({} {} elements) is in a backend's device memory, not on the host; read it through that backend's copy_out",
+        memory.len(),
+        memory.dtype()
+    )
+    .into()
+}
+
+/// Memory owned by a device: host memory for the CPU and reference
+/// backends, or a backend's own ([`DeviceMemory`]).
 ///
 /// A buffer may be *in flight*: created when its step was enqueued on an
 /// asynchronous device and filled when the step finishes. Reading it waits.
 #[derive(Debug)]
 pub struct Buffer {
     dtype: DType,
-    value: OnceLock<std::result::Result<HostData, Arc<str>>>,
+    value: OnceLock<std::result::Result<DeviceMemory, Arc<str>>>,
     filled: (Mutex<bool>, Condvar),
     bytes: AtomicI64,
 }
@@ -209,8 +287,13 @@ pub struct Buffer {
 impl Buffer {
     /// Take ownership of host data as a device buffer.
     pub fn new(data: HostData) -> Buffer {
-        let buffer = Buffer::in_flight(data.dtype());
-        buffer.fulfil(Ok(data));
+        Buffer::from_memory(DeviceMemory::Host(data))
+    }
+
+    /// Take ownership of a backend's memory as a device buffer.
+    pub fn from_memory(memory: DeviceMemory) -> Buffer {
+        let buffer = Buffer::in_flight(memory.dtype());
+        buffer.fulfil(Ok(memory));
         buffer
     }
 
@@ -221,7 +304,7 @@ impl Buffer {
 
     /// Provide the value (or the failure) of an in-flight buffer and wake
     /// its readers. A second call is ignored.
-    pub(crate) fn fulfil(&self, value: std::result::Result<HostData, Arc<str>>) {
+    pub(crate) fn fulfil(&self, value: std::result::Result<DeviceMemory, Arc<str>>) {
         let bytes = value.as_ref().map_or(0, |d| d.size_in_bytes() as i64);
         if self.value.set(value).is_ok() {
             self.bytes.store(bytes, Ordering::Relaxed);
@@ -238,10 +321,9 @@ impl Buffer {
         self.value.get().is_some()
     }
 
-    /// The elements, readable on the host; waits while the buffer is in
-    /// flight. The error is the failure of the step that should have
-    /// computed it.
-    pub fn wait(&self) -> std::result::Result<&HostData, Arc<str>> {
+    /// The memory; waits while the buffer is in flight. The error is the
+    /// failure of the step that should have computed it.
+    pub fn wait_memory(&self) -> std::result::Result<&DeviceMemory, Arc<str>> {
         if self.value.get().is_none() {
             let mut done = self.filled.0.lock().unwrap_or_else(|p| p.into_inner());
             while !*done {
@@ -249,9 +331,19 @@ impl Buffer {
             }
         }
         match self.value.get() {
-            Some(Ok(data)) => Ok(data),
+            Some(Ok(memory)) => Ok(memory),
             Some(Err(message)) => Err(message.clone()),
             None => Err("the buffer was never filled".into()),
+        }
+    }
+
+    /// The elements in host memory (what host backends compute on); waits
+    /// while the buffer is in flight. Fails when the step that should have
+    /// computed it failed, or the memory is a backend's own.
+    pub fn wait(&self) -> std::result::Result<&HostData, Arc<str>> {
+        match self.wait_memory()? {
+            DeviceMemory::Host(data) => Ok(data),
+            DeviceMemory::Backend(memory) => Err(not_on_the_host(memory.as_ref())),
         }
     }
 
@@ -260,13 +352,22 @@ impl Buffer {
         self.dtype
     }
 
-    /// Give the memory back as host data (waiting while in flight).
-    pub fn into_host(mut self) -> std::result::Result<HostData, Arc<str>> {
-        self.wait()?;
+    /// Give the memory back (waiting while in flight).
+    pub fn into_memory(mut self) -> std::result::Result<DeviceMemory, Arc<str>> {
+        self.wait_memory()?;
         match self.value.take() {
-            Some(Ok(data)) => Ok(data),
+            Some(Ok(memory)) => Ok(memory),
             Some(Err(message)) => Err(message),
             None => Err("the buffer was never filled".into()),
+        }
+    }
+
+    /// Give the memory back as host data (waiting while in flight); fails
+    /// for a backend's own memory.
+    pub fn into_host(self) -> std::result::Result<HostData, Arc<str>> {
+        match self.into_memory()? {
+            DeviceMemory::Host(data) => Ok(data),
+            DeviceMemory::Backend(memory) => Err(not_on_the_host(memory.as_ref())),
         }
     }
 }

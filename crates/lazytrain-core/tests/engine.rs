@@ -227,3 +227,91 @@ fn an_unknown_backend_is_named_with_the_choices() {
     let e = Device::on_backend("tpu").unwrap_err().to_string();
     assert!(e.contains("unknown backend `tpu`") && e.contains("cpu, reference"), "{e}");
 }
+
+/// A backend that lowers like the CPU backend but counts the copies into
+/// and out of its memory.
+#[derive(Default)]
+struct CountingBackend {
+    cpu: lazytrain_core::backend::CpuBackend,
+    copies_in: std::sync::atomic::AtomicUsize,
+    copies_out: std::sync::atomic::AtomicUsize,
+}
+
+impl lazytrain_core::backend::Backend for CountingBackend {
+    fn name(&self) -> &'static str {
+        "counting"
+    }
+
+    fn capabilities(&self) -> lazytrain_core::schedule::Capabilities {
+        self.cpu.capabilities()
+    }
+
+    fn lower(
+        &self,
+        schedule: &lazytrain_core::schedule::Schedule,
+    ) -> Result<std::sync::Arc<dyn lazytrain_core::backend::Executable>> {
+        self.cpu.lower(schedule)
+    }
+
+    fn copy_in(&self, data: lazytrain_core::HostData) -> Result<lazytrain_core::Buffer> {
+        self.copies_in.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+        self.cpu.copy_in(data)
+    }
+
+    fn copy_out(&self, buffer: &lazytrain_core::Buffer) -> Result<lazytrain_core::HostData> {
+        self.copies_out.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+        self.cpu.copy_out(buffer)
+    }
+}
+
+/// Host values enter a device through its backend's `copy_in` and leave
+/// through its `copy_out`, so a backend with memory of its own sees them.
+#[test]
+fn tensors_enter_and_leave_through_the_backend() -> Result<()> {
+    use lazytrain_core::backend::Backend;
+    use std::sync::atomic::Ordering;
+    let backend = std::sync::Arc::new(CountingBackend::default());
+    let cache = std::sync::Arc::new(lazytrain_core::cache::CompileCache::new());
+    let dev = Device::with_backend(backend.clone(), cache, 0);
+    let a = Tensor::from_vec(vec![1.0f32, 2.0], [2], &dev)?;
+    let lr = Tensor::scalar(3.0f32, &dev);
+    let y = a.mul(&lr)?;
+    assert_eq!(y.to_vec::<f32>()?, vec![3.0, 6.0]);
+    assert_eq!(backend.copies_in.load(Ordering::SeqCst), 2, "from_vec and scalar copy in");
+    assert_eq!(backend.copies_out.load(Ordering::SeqCst), 1, "to_vec copies out");
+    let zeros = backend.alloc(DType::BF16, 3)?;
+    assert_eq!(zeros.wait().unwrap(), &lazytrain_core::HostData::BF16(vec![half::bf16::ZERO; 3]));
+    Ok(())
+}
+
+/// Memory only its backend can read (an accelerator's).
+#[derive(Debug)]
+struct AcceleratorMemory(usize);
+
+impl lazytrain_core::BackendMemory for AcceleratorMemory {
+    fn dtype(&self) -> DType {
+        DType::F32
+    }
+
+    fn len(&self) -> usize {
+        self.0
+    }
+
+    fn duplicate(&self) -> std::result::Result<Box<dyn lazytrain_core::BackendMemory>, String> {
+        Ok(Box::new(AcceleratorMemory(self.0)))
+    }
+}
+
+/// A buffer in a backend's own memory is one the host kernels refuse to
+/// read, with a message that says how to read it.
+#[test]
+fn backend_memory_is_not_read_as_host_memory() {
+    use lazytrain_core::{Buffer, DeviceMemory};
+    let buffer = Buffer::from_memory(DeviceMemory::Backend(Box::new(AcceleratorMemory(4))));
+    assert_eq!(buffer.dtype(), DType::F32);
+    let e = buffer.wait().unwrap_err();
+    assert!(e.contains("device memory") && e.contains("copy_out"), "{e}");
+    let copy = buffer.wait_memory().unwrap().duplicate().unwrap();
+    assert_eq!((copy.dtype(), copy.size_in_bytes(), copy.host().is_none()), (DType::F32, 16, true));
+    assert!(buffer.into_host().is_err());
+}

@@ -4,7 +4,7 @@
 use crate::barrier::{Abort, Barrier};
 use lazytrain_core::collective::Collective;
 use lazytrain_core::ir::AllReduceOp;
-use lazytrain_core::{DType, HostData};
+use lazytrain_core::{DType, DeviceMemory, HostData};
 use std::sync::{Mutex, MutexGuard};
 
 /// A replica's buffer, published for the others during one all-reduce.
@@ -132,10 +132,16 @@ impl Collective for InProcessCollective {
         self.barrier.aborted().map(|a| (a.rank, a.message.clone()))
     }
 
-    fn all_reduce(&self, rank: usize, data: &mut HostData, op: AllReduceOp) -> Result<(), String> {
+    fn all_reduce(&self, rank: usize, data: &mut DeviceMemory, op: AllReduceOp) -> Result<(), String> {
         if self.world_size == 1 {
             return Ok(());
         }
+        let Some(data) = data.host_mut() else {
+            let message = "the in-process collective reduces host memory; this buffer is in a backend's device memory"
+                .to_string();
+            self.abort(rank, &message);
+            return Err(message);
+        };
         let mine = match data {
             HostData::F32(v) => Published { address: v.as_mut_ptr() as usize, len: v.len(), dtype: DType::F32 },
             HostData::F64(v) => Published { address: v.as_mut_ptr() as usize, len: v.len(), dtype: DType::F64 },
@@ -191,9 +197,10 @@ mod tests {
                 .map(|(rank, v)| {
                     let group = &group;
                     s.spawn(move || {
-                        let mut data = HostData::F32(v);
+                        let mut data = DeviceMemory::Host(HostData::F32(v));
                         group.all_reduce(rank, &mut data, op)?;
-                        Ok(data.to_f64_vec().into_iter().map(|x| x as f32).collect())
+                        let reduced = data.host().expect("reduced in place").to_f64_vec();
+                        Ok(reduced.into_iter().map(|x| x as f32).collect())
                     })
                 })
                 .collect();

@@ -3,7 +3,9 @@
 //! The engine optimises a graph ([`crate::compile`]) and schedules it
 //! ([`crate::schedule`]: fusion, views, memory plan) for the backend's
 //! [`Capabilities`]; the backend only *lowers* that schedule into an
-//! [`Executable`]. Two backends implement it: [`CpuBackend`] (fused tile
+//! [`Executable`], runs it ([`Backend::execute`]) and owns the device
+//! memory buffers live in (`alloc`, `copy_in`, `copy_out`; host memory by
+//! default). Two backends implement it: [`CpuBackend`] (fused tile
 //! kernels, `gemm`, AVX-512 BF16) and [`ReferenceBackend`] (one naive kernel
 //! per node: the oracle). `LAZYTRAIN_BACKEND=cpu|reference` picks one for
 //! every device a process makes ([`from_env`]).
@@ -16,10 +18,11 @@ pub use cpu::CpuBackend;
 pub use reference::ReferenceBackend;
 
 use crate::collective::RunContext;
+use crate::dtype::DType;
 use crate::error::{Error, Result};
 use crate::ir::Graph;
 use crate::schedule::{Capabilities, Schedule};
-use crate::storage::Buffer;
+use crate::storage::{Buffer, HostData};
 use serde::Serialize;
 use std::sync::Arc;
 
@@ -40,6 +43,24 @@ pub trait Backend: Send + Sync {
         context: &RunContext,
     ) -> Result<Vec<Arc<Buffer>>> {
         executable.run(inputs, context)
+    }
+    /// New memory for `len` elements of `dtype` (contents unspecified; host
+    /// backends give zeros).
+    fn alloc(&self, dtype: DType, len: usize) -> Result<Buffer> {
+        Ok(Buffer::new(HostData::zeros(dtype, len)))
+    }
+    /// Copy host data into this backend's memory (host backends take it over).
+    fn copy_in(&self, data: HostData) -> Result<Buffer> {
+        Ok(Buffer::new(data))
+    }
+    /// Copy a buffer of this backend's memory to the host (waiting while it
+    /// is in flight).
+    fn copy_out(&self, buffer: &Buffer) -> Result<HostData> {
+        buffer.wait().cloned().map_err(|message| Error::Execution {
+            node: 0,
+            op: "copy_out",
+            detail: message.to_string(),
+        })
     }
     /// Schedule an optimised `graph` for this backend and lower it.
     fn compile(&self, graph: &Graph) -> Result<Arc<dyn Executable>> {

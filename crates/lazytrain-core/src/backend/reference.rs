@@ -115,7 +115,7 @@ impl Executable for ReferenceExecutable {
                     .map_err(|detail| Error::Execution { node: call.index, op: call.node.op.name(), detail })?;
             }
             if let Op::AllReduce(op) = call.node.op {
-                context.all_reduce(&mut out, op).map_err(|detail| Error::Execution {
+                context.all_reduce_host(&mut out, op).map_err(|detail| Error::Execution {
                     node: call.index,
                     op: "all_reduce",
                     detail,

@@ -7,7 +7,7 @@ use crate::backend::{Backend, Executable};
 use crate::collective::{ReplicaLink, RunContext};
 use crate::error::{Error, Result};
 use crate::metrics::Metrics;
-use crate::storage::Buffer;
+use crate::storage::{Buffer, DeviceMemory};
 use std::sync::mpsc;
 use std::sync::{Arc, Condvar, Mutex, Weak};
 use std::thread::JoinHandle;
@@ -107,8 +107,8 @@ fn fulfil(outputs: &[Weak<Buffer>], outcome: Result<Vec<Arc<Buffer>>>) -> Option
             for (slot, result) in outputs.iter().zip(results) {
                 if let Some(buffer) = slot.upgrade() {
                     let data = match Arc::try_unwrap(result) {
-                        Ok(owned) => owned.into_host(),
-                        Err(shared) => shared.wait().cloned(),
+                        Ok(owned) => owned.into_memory(),
+                        Err(shared) => shared.wait_memory().and_then(DeviceMemory::duplicate),
                     };
                     buffer.fulfil(data);
                 }

@@ -112,6 +112,11 @@ impl Device {
         Ok(Device::with_backend(crate::backend::by_name(name, Some(cores()))?, Arc::new(CompileCache::new()), 0))
     }
 
+    /// This device's backend.
+    pub(crate) fn backend(&self) -> &Arc<dyn Backend> {
+        &self.inner.backend
+    }
+
     /// The name of this device's backend (`cpu`, `reference`).
     pub fn backend_name(&self) -> &'static str {
         self.inner.backend.name()

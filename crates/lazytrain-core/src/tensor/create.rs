@@ -31,17 +31,25 @@ impl Tensor {
             });
         }
         let bytes = data.size_in_bytes() as u64;
+        let buffer = device.backend().copy_in(data)?;
         device.metrics_store().update(|m| m.host_to_device_bytes += bytes);
-        Ok(Tensor::ready(Arc::new(Buffer::new(data)), shape, device))
+        Ok(Tensor::ready(Arc::new(buffer), shape, device))
     }
 
     /// A rank-0 input tensor: the way to feed values that change every step
-    /// (learning rate, step counter, RNG seed) without recompiling.
+    /// (learning rate, step counter, RNG seed) without recompiling. When the
+    /// backend cannot take the value, the tensor holds that failure and
+    /// reports it where it is used.
     pub fn scalar<T: Element>(value: T, device: &Device) -> Tensor {
         let data = T::into_host(vec![value]);
         let bytes = data.size_in_bytes() as u64;
         device.metrics_store().update(|m| m.host_to_device_bytes += bytes);
-        Tensor::ready(Arc::new(Buffer::new(data)), Shape::scalar(), device)
+        let buffer = device.backend().copy_in(data).unwrap_or_else(|e| {
+            let failed = Buffer::in_flight(T::DTYPE);
+            failed.fulfil(Err(e.to_string().into()));
+            failed
+        });
+        Tensor::ready(Arc::new(buffer), Shape::scalar(), device)
     }
 
     /// A constant tensor with every element `value`. The value is part of

@@ -20,20 +20,18 @@ impl Tensor {
             TensorState::Ready(buffer) => {
                 let start = std::time::Instant::now();
                 let in_flight = !buffer.is_ready();
-                let value = buffer.wait();
+                let value = buffer.wait_memory().map(|_| ());
                 if in_flight {
                     self.device().record_host_wait(start);
                 }
-                match value {
-                    Ok(data) => data.clone(),
-                    Err(message) => {
-                        return Err(Error::Data {
-                            what: "to_vec",
-                            detail: format!("the value could not be computed: {message}"),
-                            location,
-                        })
-                    }
+                if let Err(message) = value {
+                    return Err(Error::Data {
+                        what: "to_vec",
+                        detail: format!("the value could not be computed: {message}"),
+                        location,
+                    });
                 }
+                self.device().backend().copy_out(&buffer)?
             }
             TensorState::Failed(message) => {
                 return Err(Error::Data {

@@ -107,7 +107,7 @@ impl CpuExecutable {
                         }
                     };
                     let result = match (result, &node.op) {
-                        (Ok(()), Op::AllReduce(op)) => context.all_reduce(&mut out, *op),
+                        (Ok(()), Op::AllReduce(op)) => context.all_reduce_host(&mut out, *op),
                         (result, _) => result,
                     };
                     slots[*slot] = Some(out);
