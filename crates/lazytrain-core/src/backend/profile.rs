@@ -44,7 +44,7 @@ pub(crate) fn kind_of(op: &crate::ir::Op) -> &'static str {
         | Op::Pad { .. }
         | Op::StopGradient => "copies",
         Op::AllReduce(_) => "collective",
-        _ => "other",
+        Op::Parameter(_) | Op::Constant(_) | Op::Iota { .. } | Op::RngUniform { .. } => "other",
     }
 }
 

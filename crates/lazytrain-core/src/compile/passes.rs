@@ -99,12 +99,28 @@ pub fn fold_constants(graph: &Graph) -> Graph {
                 Some(empty_reduction(*op, node.dtype))
             }
             (_, None) => None,
-            (op, Some(values)) if op.is_elementwise() => {
-                let dtypes: Vec<_> = node.inputs.iter().map(|&i| b.node(i).dtype).collect();
-                fold_elementwise(&node, &values, &dtypes)
-            }
-            (Op::Reshape | Op::Permute(_) | Op::Expand | Op::Slice { .. }, Some(values)) => Some(values[0]),
-            _ => None,
+            (op, Some(values)) => match op {
+                Op::Unary(_) | Op::Cast | Op::Binary(_) | Op::Compare(_) | Op::Select => {
+                    let dtypes: Vec<_> = node.inputs.iter().map(|&i| b.node(i).dtype).collect();
+                    fold_elementwise(&node, &values, &dtypes)
+                }
+                // Every element of a constant is the same value.
+                Op::Reshape | Op::Permute(_) | Op::Expand | Op::Slice { .. } => Some(values[0]),
+                // Not folded: leaves, values that differ per element or per
+                // replica, and ops whose result is not one repeated value.
+                Op::Parameter(_)
+                | Op::Constant(_)
+                | Op::Iota { .. }
+                | Op::RngUniform { .. }
+                | Op::Reduce { .. }
+                | Op::Concat { .. }
+                | Op::Pad { .. }
+                | Op::Gather { .. }
+                | Op::ScatterAdd { .. }
+                | Op::Dot { .. }
+                | Op::AllReduce(_)
+                | Op::StopGradient => None,
+            },
         };
         match folded {
             Some(v) => {

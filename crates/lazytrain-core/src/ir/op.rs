@@ -253,6 +253,24 @@ impl Op {
 
     /// True for ops computed independently per element from same-shape inputs.
     pub fn is_elementwise(&self) -> bool {
-        matches!(self, Op::Unary(_) | Op::Cast | Op::Binary(_) | Op::Compare(_) | Op::Select)
+        match self {
+            Op::Unary(_) | Op::Cast | Op::Binary(_) | Op::Compare(_) | Op::Select => true,
+            Op::Parameter(_)
+            | Op::Constant(_)
+            | Op::Iota { .. }
+            | Op::RngUniform { .. }
+            | Op::Reduce { .. }
+            | Op::Reshape
+            | Op::Permute(_)
+            | Op::Expand
+            | Op::Slice { .. }
+            | Op::Concat { .. }
+            | Op::Pad { .. }
+            | Op::Gather { .. }
+            | Op::ScatterAdd { .. }
+            | Op::Dot { .. }
+            | Op::AllReduce(_)
+            | Op::StopGradient => false,
+        }
     }
 }

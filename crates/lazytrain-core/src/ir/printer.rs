@@ -28,7 +28,15 @@ impl fmt::Display for Graph {
                 Op::Pad { low, high, value } => write!(f, "(low={low:?}, high={high:?}, value={value})")?,
                 Op::Dot { lhs_t, rhs_t } => write!(f, "(lhs_t={lhs_t}, rhs_t={rhs_t})")?,
                 Op::AllReduce(kind) => write!(f, "({kind:?})")?,
-                _ => {}
+                // The name says everything about these.
+                Op::Unary(_)
+                | Op::Cast
+                | Op::Binary(_)
+                | Op::Compare(_)
+                | Op::Select
+                | Op::Reshape
+                | Op::Expand
+                | Op::StopGradient => {}
             }
             for (j, input) in node.inputs.iter().enumerate() {
                 write!(f, "{}%{}", if j == 0 { " " } else { ", " }, input.0)?;

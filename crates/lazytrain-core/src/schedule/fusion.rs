@@ -161,7 +161,21 @@ fn fusible(graph: &Graph, i: usize, splat: &[bool]) -> bool {
         // Drawn tile by tile from its seed (never stored when only fused
         // kernels read it).
         Op::RngUniform { .. } => node.dtype == DType::F32,
-        _ => false,
+        Op::Parameter(_)
+        | Op::Constant(_)
+        | Op::Iota { .. }
+        | Op::Reduce { .. }
+        | Op::Reshape
+        | Op::Permute(_)
+        | Op::Expand
+        | Op::Slice { .. }
+        | Op::Concat { .. }
+        | Op::Pad { .. }
+        | Op::Gather { .. }
+        | Op::ScatterAdd { .. }
+        | Op::Dot { .. }
+        | Op::AllReduce(_)
+        | Op::StopGradient => false,
     }
 }
 
