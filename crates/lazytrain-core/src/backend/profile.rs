@@ -1,4 +1,6 @@
 //! Per-kernel-kind timing (`LAZYTRAIN_PROFILE=1`): where a step's time goes.
+//! A process-wide aggregate over every device, for the report: it only
+//! records, and no device reads it to decide anything.
 
 use rustc_hash::FxHashMap;
 use std::sync::atomic::{AtomicBool, Ordering};

@@ -1,7 +1,7 @@
 //! Running a CPU program: planned slots kept between runs, donated inputs
 //! taken over, kernels called in order.
 
-use super::{CpuExecutable, Kernel};
+use super::{CpuExecutable, Kernel, Step};
 use crate::backend::{profile, Executable, ExecutableStats};
 use crate::collective::RunContext;
 use crate::error::{Error, Result};
@@ -51,25 +51,41 @@ impl CpuExecutable {
         context: &RunContext,
         last_run: Option<&LastRun>,
     ) -> Result<Vec<Arc<Buffer>>> {
-        if inputs.len() != self.num_params {
-            return Err(Error::Execution {
-                node: 0,
-                op: "parameter",
-                detail: format!("the executable takes {} inputs, {} were given", self.num_params, inputs.len()),
-            });
-        }
-        for (k, input) in inputs.iter().enumerate() {
-            input.wait().map_err(|message| Error::Execution {
-                node: 0,
-                op: "parameter",
-                detail: format!("input {k} has no value because the step that computes it failed: {message}"),
-            })?;
-        }
+        check_inputs(&inputs, self.num_params)?;
         // Reuse the previous run's intermediate buffers: no allocation and no
         // page faults in steady state.
         if let Some(last_run) = last_run {
             release_one_off_pool(&self.pool, last_run);
         }
+        let mut run = self.begin(inputs);
+        for step in &self.steps {
+            let started = profile::enabled().then(std::time::Instant::now);
+            let (result, kind) = match &step.kernel {
+                Kernel::Primitive { node, .. } => {
+                    let result = self.run_primitive(step, &mut run, context);
+                    (result.map_err(|detail| (node.op.name(), detail)), profile::kind_of(&node.op))
+                }
+                Kernel::Fused { .. } => {
+                    (self.run_fused(step, &mut run).map_err(|detail| ("fused", detail)), "fused elementwise")
+                }
+            };
+            result.map_err(|(op, detail)| Error::Execution { node: step.node_index, op, detail })?;
+            if let Some(t) = started {
+                profile::record(kind, &step.label, t.elapsed().as_nanos() as u64);
+            }
+        }
+        let outputs = self.hand_out_outputs(&mut run);
+        if !last_run.is_some_and(|last| overtaken_one_off(&self.pool, last)) {
+            if let Ok(mut pool) = self.pool.sets.lock() {
+                pool.push(run.slots);
+            }
+        }
+        Ok(outputs)
+    }
+
+    /// A run's buffers: a kept slot set (or an empty one), with the donated
+    /// inputs' memory taken over into their slots.
+    fn begin(&self, inputs: Vec<Arc<Buffer>>) -> RunBuffers {
         let mut slots: Vec<Option<HostData>> = self.pool.sets.lock().ok().and_then(|mut p| p.pop()).unwrap_or_default();
         slots.resize(self.plan.slots.len(), None);
         let mut inputs: Vec<Option<Arc<Buffer>>> = inputs.into_iter().map(Some).collect();
@@ -85,84 +101,87 @@ impl CpuExecutable {
             });
             spare.extend(std::mem::replace(&mut slots[slot], donated));
         }
-        for step in &self.steps {
-            let started = profile::enabled().then(std::time::Instant::now);
-            let (result, kind) = match &step.kernel {
-                Kernel::Primitive { node, input_shapes, views, slot, in_place } => {
-                    let mut out = slots[*slot].take().unwrap_or_else(|| self.fresh_slot(*slot, &mut spare));
-                    let operands: Vec<&HostData> = step
-                        .inputs
-                        .iter()
-                        .enumerate()
-                        .filter(|(pos, _)| Some(*pos) != *in_place)
-                        .map(|(_, op)| operand(op, &inputs, &slots))
-                        .collect();
-                    let shapes: Vec<&[usize]> = input_shapes.iter().map(Vec::as_slice).collect();
-                    let result = match in_place {
-                        Some(position) => kernels::eval_in_place(node, *position, &operands, &shapes, &mut out),
-                        None => {
-                            out.reset(node.dtype, node.shape.numel());
-                            let views: Vec<Option<&[usize]>> = views.iter().map(|v| v.as_deref()).collect();
-                            kernels::eval_with_views(node, &operands, &shapes, &views, &mut out, MatmulKernel::Gemm)
-                        }
-                    };
-                    let result = match (result, &node.op) {
-                        (Ok(()), Op::AllReduce(op)) => context.all_reduce_host(&mut out, *op),
-                        (result, _) => result,
-                    };
-                    slots[*slot] = Some(out);
-                    (result.map_err(|detail| (node.op.name(), detail)), profile::kind_of(&node.op))
-                }
-                Kernel::Fused { program, outputs, alias } => {
-                    let mut outs: Vec<HostData> = outputs
-                        .iter()
-                        .map(|&s| slots[s].take().unwrap_or_else(|| self.fresh_slot(s, &mut spare)))
-                        .collect();
-                    for (k, out) in outs.iter_mut().enumerate() {
-                        if !alias.contains(&Some(k)) {
-                            out.reset(program.output_dtypes[k], program.output_len(k));
-                        }
-                    }
-                    let sources: Vec<Source> = step
-                        .inputs
-                        .iter()
-                        .zip(alias)
-                        .map(|(op, a)| match a {
-                            Some(k) => Source::Output(*k),
-                            None => Source::Data(operand(op, &inputs, &slots)),
-                        })
-                        .collect();
-                    let result = program.run(&sources, &mut outs);
-                    drop(sources);
-                    for (&s, out) in outputs.iter().zip(outs) {
-                        slots[s] = Some(out);
-                    }
-                    (result.map_err(|detail| ("fused", detail)), "fused elementwise")
-                }
-            };
-            result.map_err(|(op, detail)| Error::Execution { node: step.node_index, op, detail })?;
-            if let Some(t) = started {
-                profile::record(kind, &step.label, t.elapsed().as_nanos() as u64);
+        RunBuffers { slots, inputs, spare }
+    }
+
+    /// One primitive kernel (and the replicas' reduction of an all-reduce).
+    fn run_primitive(
+        &self,
+        step: &Step,
+        run: &mut RunBuffers,
+        context: &RunContext,
+    ) -> std::result::Result<(), String> {
+        let Kernel::Primitive { node, input_shapes, views, slot, in_place } = &step.kernel else {
+            unreachable!("called for primitive kernels")
+        };
+        let mut out = run.slots[*slot].take().unwrap_or_else(|| self.fresh_slot(*slot, &mut run.spare));
+        let operands: Vec<&HostData> = step
+            .inputs
+            .iter()
+            .enumerate()
+            .filter(|(pos, _)| Some(*pos) != *in_place)
+            .map(|(_, op)| operand(op, &run.inputs, &run.slots))
+            .collect();
+        let shapes: Vec<&[usize]> = input_shapes.iter().map(Vec::as_slice).collect();
+        let result = match in_place {
+            Some(position) => kernels::eval_in_place(node, *position, &operands, &shapes, &mut out),
+            None => {
+                out.reset(node.dtype, node.shape.numel());
+                let views: Vec<Option<&[usize]>> = views.iter().map(|v| v.as_deref()).collect();
+                kernels::eval_with_views(node, &operands, &shapes, &views, &mut out, MatmulKernel::Gemm)
+            }
+        };
+        let result = match (result, &node.op) {
+            (Ok(()), Op::AllReduce(op)) => context.all_reduce_host(&mut out, *op),
+            (result, _) => result,
+        };
+        run.slots[*slot] = Some(out);
+        result
+    }
+
+    /// One fused kernel; an input its output overwrites in place is read
+    /// from that output.
+    fn run_fused(&self, step: &Step, run: &mut RunBuffers) -> std::result::Result<(), String> {
+        let Kernel::Fused { program, outputs, alias } = &step.kernel else { unreachable!("called for fused kernels") };
+        let mut outs: Vec<HostData> = outputs
+            .iter()
+            .map(|&s| run.slots[s].take().unwrap_or_else(|| self.fresh_slot(s, &mut run.spare)))
+            .collect();
+        for (k, out) in outs.iter_mut().enumerate() {
+            if !alias.contains(&Some(k)) {
+                out.reset(program.output_dtypes[k], program.output_len(k));
             }
         }
-        let mut taken: Vec<Option<Arc<Buffer>>> = vec![None; slots.len()];
-        let outputs = self
-            .outputs
+        let sources: Vec<Source> = step
+            .inputs
+            .iter()
+            .zip(alias)
+            .map(|(op, a)| match a {
+                Some(k) => Source::Output(*k),
+                None => Source::Data(operand(op, &run.inputs, &run.slots)),
+            })
+            .collect();
+        let result = program.run(&sources, &mut outs);
+        drop(sources);
+        for (&s, out) in outputs.iter().zip(outs) {
+            run.slots[s] = Some(out);
+        }
+        result
+    }
+
+    /// The graph outputs as buffers (a slot read by two outputs is one buffer).
+    fn hand_out_outputs(&self, run: &mut RunBuffers) -> Vec<Arc<Buffer>> {
+        let mut taken: Vec<Option<Arc<Buffer>>> = vec![None; run.slots.len()];
+        self.outputs
             .iter()
             .map(|op| match *op {
-                Operand::Param(k) => inputs[k].clone().expect("only donated inputs are taken"),
+                Operand::Param(k) => run.inputs[k].clone().expect("only donated inputs are taken"),
                 Operand::Slot(s) => taken[s]
-                    .get_or_insert_with(|| Arc::new(Buffer::new(slots[s].take().expect("outputs are computed"))))
+                    .get_or_insert_with(|| Arc::new(Buffer::new(run.slots[s].take().expect("outputs are computed"))))
                     .clone(),
                 Operand::Fused => unreachable!("graph outputs have buffers"),
             })
-            .collect();
-        if !last_run.is_some_and(|last| overtaken_one_off(&self.pool, last)) {
-            if let Ok(mut pool) = self.pool.sets.lock() {
-                pool.push(slots);
-            }
-        }
-        Ok(outputs)
+            .collect()
     }
 
     fn stats_now(&self) -> ExecutableStats {
@@ -226,6 +245,33 @@ fn overtaken_one_off(pool: &Arc<SlotPool>, last_run: &LastRun) -> bool {
     let last = last_run.lock().unwrap_or_else(|p| p.into_inner());
     pool.runs.load(Ordering::Relaxed) <= 1
         && !last.as_ref().is_some_and(|l| std::ptr::eq(l.as_ptr(), Arc::as_ptr(pool)))
+}
+
+/// The buffers of one run: planned slots, the inputs not taken over, and
+/// spare buffers that refill slots the graph outputs took.
+struct RunBuffers {
+    slots: Vec<Option<HostData>>,
+    inputs: Vec<Option<Arc<Buffer>>>,
+    spare: Vec<HostData>,
+}
+
+/// Check the number of inputs and that every one has a value.
+fn check_inputs(inputs: &[Arc<Buffer>], expected: usize) -> Result<()> {
+    if inputs.len() != expected {
+        return Err(Error::Execution {
+            node: 0,
+            op: "parameter",
+            detail: format!("the executable takes {expected} inputs, {} were given", inputs.len()),
+        });
+    }
+    for (k, input) in inputs.iter().enumerate() {
+        input.wait().map_err(|message| Error::Execution {
+            node: 0,
+            op: "parameter",
+            detail: format!("input {k} has no value because the step that computes it failed: {message}"),
+        })?;
+    }
+    Ok(())
 }
 
 /// The data of an operand.
