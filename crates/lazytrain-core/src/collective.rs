@@ -22,6 +22,13 @@ pub trait Collective: Send + Sync {
     /// (host collectives reduce host memory).
     fn all_reduce(&self, rank: usize, data: &mut DeviceMemory, op: AllReduceOp) -> Result<(), String>;
 
+    /// Check that every replica is about to run the same graph (structural
+    /// `hash`) before its first collective, so replicas that traced
+    /// different steps fail with an error naming them instead of hanging or
+    /// reducing mismatched buffers. Called in the place of the graph's
+    /// first collective (serialised with the replica's other collectives).
+    fn agree_on_graph(&self, rank: usize, hash: u64) -> Result<(), String>;
+
     /// Wait until every replica of the group calls `barrier` (a host-side
     /// meeting, e.g. PyTorch/XLA's `rendezvous`). It never pairs with the
     /// synchronisation inside [`Collective::all_reduce`], which a replica's
@@ -33,6 +40,11 @@ pub trait Collective: Send + Sync {
     /// waiting in (or later entering) a collective or a barrier get an
     /// error naming `rank` and `message`. The first abort wins.
     fn abort(&self, rank: usize, message: &str);
+
+    /// Replica `rank` has returned for good: replicas that wait for it in a
+    /// collective (because they run more steps) must fail instead of
+    /// waiting forever. Not a failure of the group.
+    fn finished(&self, rank: usize);
 
     /// The replica and message of the first abort, if the group was aborted.
     fn abort_reason(&self) -> Option<(usize, String)>;
@@ -51,6 +63,17 @@ impl std::fmt::Debug for ReplicaLink {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         write!(f, "replica {} of {}", self.rank, self.collective.world_size())
     }
+}
+
+/// The error of replicas that run different graphs, from every replica's
+/// graph hash in rank order (`None` when they agree).
+pub fn graph_disagreement(hashes: &[u64]) -> Option<String> {
+    let first = hashes.first()?;
+    let (other, hash) = hashes.iter().enumerate().find(|(_, h)| *h != first)?;
+    Some(format!(
+        "replicas traced different step graphs: replica 0 runs graph {first:016x}, replica {other} runs graph \
+         {hash:016x}; every replica must trace the same step (same model, shapes, options and number of micro-batches)"
+    ))
 }
 
 /// What an executable needs from its device besides the inputs.

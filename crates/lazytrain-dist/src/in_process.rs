@@ -27,6 +27,8 @@ struct Published {
 pub struct InProcessCollective {
     world_size: usize,
     published: Mutex<Vec<Option<Published>>>,
+    /// Each replica's graph hash during an agreement.
+    hashes: Mutex<Vec<u64>>,
     /// The barrier inside collectives (run by the replicas' devices).
     barrier: Barrier,
     /// The barrier of `rendezvous` (run by the replicas' own threads): a
@@ -42,6 +44,7 @@ impl InProcessCollective {
         InProcessCollective {
             world_size,
             published: Mutex::new(vec![None; world_size]),
+            hashes: Mutex::new(vec![0; world_size]),
             barrier: Barrier::new(world_size),
             meeting: Barrier::new(world_size),
         }
@@ -119,6 +122,21 @@ impl Collective for InProcessCollective {
         self.world_size
     }
 
+    fn agree_on_graph(&self, rank: usize, hash: u64) -> Result<(), String> {
+        if self.world_size == 1 {
+            return Ok(());
+        }
+        self.hashes.lock().unwrap_or_else(|p| p.into_inner())[rank] = hash;
+        self.barrier.wait().map_err(describe)?;
+        let hashes = self.hashes.lock().unwrap_or_else(|p| p.into_inner()).clone();
+        // Nobody writes the next agreement's hash before all have read.
+        self.barrier.wait_all();
+        match lazytrain_core::collective::graph_disagreement(&hashes) {
+            Some(message) => Err(message),
+            None => Ok(()),
+        }
+    }
+
     fn barrier(&self, _rank: usize) -> Result<(), String> {
         self.meeting.wait().map_err(describe)
     }
@@ -126,6 +144,16 @@ impl Collective for InProcessCollective {
     fn abort(&self, rank: usize, message: &str) {
         self.barrier.abort(rank, message.to_string());
         self.meeting.abort(rank, message.to_string());
+    }
+
+    fn finished(&self, rank: usize) {
+        self.abort(
+            rank,
+            &format!(
+                "replica {rank} finished while another replica still waits for it in a collective; \
+                 every replica must run the same number of steps"
+            ),
+        );
     }
 
     fn abort_reason(&self) -> Option<(usize, String)> {

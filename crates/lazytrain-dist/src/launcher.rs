@@ -63,3 +63,64 @@ impl Launcher for ThreadLauncher {
             .collect()
     }
 }
+
+/// This process's rank and the job's size when an MPI launcher (`mpirun`,
+/// `mpiexec`, `srun` with PMI) started it with more than one process:
+/// OpenMPI's `OMPI_COMM_WORLD_RANK`/`_SIZE`, else PMI's `PMI_RANK`/`PMI_SIZE`.
+pub fn mpi_job_position() -> Option<(usize, usize)> {
+    let read = |name: &str| std::env::var(name).ok().and_then(|v| v.trim().parse::<usize>().ok());
+    let pairs = [("OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE"), ("PMI_RANK", "PMI_SIZE"), ("PMIX_RANK", "PMI_SIZE")];
+    pairs
+        .iter()
+        .find_map(|(rank, size)| Some((read(rank)?, read(size)?)))
+        .filter(|&(rank, size)| size > 1 && rank < size)
+}
+
+/// The processes of this job on this host (`OMPI_COMM_WORLD_LOCAL_SIZE`,
+/// `MPI_LOCALNRANKS`; 1 outside MPI): they share its cores.
+pub fn processes_on_this_host() -> usize {
+    ["OMPI_COMM_WORLD_LOCAL_SIZE", "MPI_LOCALNRANKS"]
+        .iter()
+        .find_map(|name| std::env::var(name).ok().and_then(|v| v.trim().parse::<usize>().ok()))
+        .unwrap_or(1)
+        .max(1)
+}
+
+/// True unless this is a process other than rank 0 of an MPI job (the
+/// process that prints reports and holds the master replica).
+pub fn is_master_process() -> bool {
+    mpi_job_position().is_none_or(|(rank, _)| rank == 0)
+}
+
+/// Finalise what the launcher set up for this process (MPI's
+/// `MPI_Finalize` with the `mpi` feature); call it before the process
+/// exits. A no-op otherwise.
+pub fn finish_process() {
+    #[cfg(feature = "mpi")]
+    crate::mpi::finalize();
+}
+
+/// The launcher for this process: MPI's when an MPI launcher started it
+/// with several processes (built with the `mpi` feature), threads otherwise.
+/// Started by `mpirun -n N` (N > 1) without the feature, it is an error:
+/// each process would train alone on the whole data.
+pub fn default_launcher() -> Result<Box<dyn Launcher>, String> {
+    match mpi_job_position() {
+        None => Ok(Box::new(ThreadLauncher::default())),
+        Some(_) if cfg!(feature = "mpi") => mpi_launcher(),
+        Some((rank, size)) => Err(format!(
+            "this is rank {rank} of an MPI job of {size} processes, but lazytrain was built without MPI; \
+             build it with `cargo build --release --features mpi` (needs openmpi-bin libopenmpi-dev libclang-dev pkgconf)"
+        )),
+    }
+}
+
+#[cfg(feature = "mpi")]
+fn mpi_launcher() -> Result<Box<dyn Launcher>, String> {
+    Ok(Box::new(crate::mpi::MpiLauncher))
+}
+
+#[cfg(not(feature = "mpi"))]
+fn mpi_launcher() -> Result<Box<dyn Launcher>, String> {
+    unreachable!("only called with the mpi feature")
+}

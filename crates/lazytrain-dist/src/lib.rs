@@ -26,13 +26,20 @@ mod barrier;
 mod error;
 mod in_process;
 mod launcher;
+#[cfg(feature = "mpi")]
+pub mod mpi;
 mod optimizer;
+mod process_group;
 mod replica;
 mod step;
 
 pub use error::SpawnError;
 pub use in_process::InProcessCollective;
-pub use launcher::{Launcher, ReplicaSetup, ThreadLauncher};
+pub use launcher::{
+    default_launcher, finish_process, is_master_process, mpi_job_position, processes_on_this_host, Launcher,
+    ReplicaSetup, ThreadLauncher,
+};
 pub use optimizer::{optimizer_step, reduce_gradients};
+pub use process_group::{HierarchicalCollective, ProcessGroup};
 pub use replica::{spawn, spawn_with, Replica, SpawnConfig};
 pub use step::{train_step, StepConfig, StepOutput};

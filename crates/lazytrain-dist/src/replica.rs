@@ -2,7 +2,9 @@
 //! each and one compile cache per process.
 
 use crate::error::SpawnError;
-use crate::launcher::{Launcher, ThreadLauncher};
+#[cfg(doc)]
+use crate::launcher::ThreadLauncher;
+use crate::launcher::{default_launcher, Launcher};
 use lazytrain_core::cache::CompileCache;
 use lazytrain_core::collective::{Collective, ReplicaLink};
 use lazytrain_core::{Device, DeviceOptions};
@@ -33,10 +35,13 @@ impl SpawnConfig {
         self
     }
 
-    /// Kernel threads each replica's device gets.
+    /// Kernel threads each replica's device gets: the cores divided among
+    /// this host's replicas (every process of an MPI job on this host runs
+    /// `replicas` of them).
     pub fn threads(&self) -> usize {
         let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
-        self.threads_per_replica.unwrap_or(cores / self.replicas.max(1)).max(1)
+        let replicas_here = self.replicas.max(1) * crate::launcher::processes_on_this_host();
+        self.threads_per_replica.unwrap_or(cores / replicas_here).max(1)
     }
 }
 
@@ -87,14 +92,16 @@ impl Replica {
 
 /// Run `f` on `config.replicas` replicas, each a thread with its own device,
 /// and return their results in rank order (`xmp.spawn`): [`spawn_with`] the
-/// [`ThreadLauncher`].
+/// [`default_launcher`] — the [`ThreadLauncher`], or under `mpirun -n N`
+/// (feature `mpi`) `config.replicas` threads in each of the N processes.
 pub fn spawn<T, E, F>(config: &SpawnConfig, f: F) -> std::result::Result<Vec<T>, SpawnError<E>>
 where
     F: Fn(&Replica) -> std::result::Result<T, E> + Sync,
     T: Send,
     E: Send + std::fmt::Display + From<lazytrain_core::Error>,
 {
-    spawn_with(&ThreadLauncher::default(), config, f)
+    let launcher = default_launcher().map_err(SpawnError::Setup)?;
+    spawn_with(&*launcher, config, f)
 }
 
 /// Run `f` on the replicas `launcher` yields for this process, each a
@@ -200,14 +207,7 @@ where
     let _ = replica.device.wait();
     let group = &replica.group;
     match &outcome {
-        Outcome::Done(_) => group.abort(
-            replica.rank,
-            &format!(
-                "replica {} finished while another replica still waits for it in a collective; \
-                 every replica must run the same number of steps",
-                replica.rank
-            ),
-        ),
+        Outcome::Done(_) => group.finished(replica.rank),
         Outcome::Failed(error) => group.abort(replica.rank, &error.to_string()),
         Outcome::Panicked(message) => group.abort(replica.rank, &format!("panicked: {message}")),
     }

@@ -221,3 +221,19 @@ fn a_launcher_that_cannot_form_the_group_is_a_setup_error() {
         other => panic!("expected a setup error, got {:?}", other.err().map(|e| e.to_string())),
     }
 }
+
+#[test]
+fn replicas_that_trace_different_graphs_fail_with_both_hashes() {
+    let started = Instant::now();
+    let result: Result<Vec<()>, SpawnError<NnError>> = spawn(&SpawnConfig::new(2), |replica| {
+        let x = Tensor::ones([4], DType::F32, replica.device())?;
+        // Same shapes and lengths, different computation on replica 1.
+        let y = if replica.rank() == 1 { x.exp()? } else { x.neg()? };
+        let _ = y.all_reduce(lazytrain_core::ir::AllReduceOp::Sum)?.to_vec::<f32>()?;
+        Ok(())
+    });
+    assert!(started.elapsed() < Duration::from_secs(5));
+    let error = result.unwrap_err().to_string();
+    assert!(error.contains("traced different step graphs"), "{error}");
+    assert!(error.contains("replica 0 runs graph") && error.contains("replica 1 runs graph"), "{error}");
+}

@@ -42,6 +42,8 @@ struct ReplicaRun {
     first_loss: f32,
     last_loss: f32,
     backend: &'static str,
+    /// Replicas in the whole group (every process's).
+    world: usize,
     params: usize,
     compiles: u64,
     cache_hits: u64,
@@ -153,6 +155,7 @@ fn bench_replica(
         first_loss,
         last_loss,
         backend: device.backend_name(),
+        world: replica.world_size(),
         params: n_params,
         compiles: m.compiles,
         cache_hits: m.cache_hits,
@@ -187,7 +190,11 @@ pub fn run(args: &BenchArgs) -> lazytrain::Result<()> {
     let mut timed = master.times[3..].to_vec();
     timed.sort_by(f64::total_cmp);
     let median = timed[timed.len() / 2];
-    let tokens = (args.replicas * batch * SEQ) as f64;
+    if !lazytrain_dist::is_master_process() {
+        // Under MPI, rank 0's process reports for the group.
+        return Ok(());
+    }
+    let tokens = (master.world * batch * SEQ) as f64;
     let gflops = flops_per_token(layers, hidden, vocab, SEQ) * tokens / median / 1e9;
     let compiles: u64 = runs.iter().map(|r| r.compiles).sum();
     let cache_hits: u64 = runs.iter().map(|r| r.cache_hits).sum();
@@ -195,11 +202,15 @@ pub fn run(args: &BenchArgs) -> lazytrain::Result<()> {
     let precision = if args.bf16 { DType::BF16 } else { DType::F32 };
     // The profile covers the training steps, not the GEMM-peak probe.
     let profile = lazytrain_core::backend::profile::enabled().then(lazytrain_core::backend::profile::report);
-    let peak = gemm_peak_gflops(&Device::on_backend(master.backend)?, precision)?;
+    // Under MPI every process has its own cores (mpirun binds them): the
+    // group's peak is this process's times the processes.
+    let processes = lazytrain_dist::mpi_job_position().map_or(1, |(_, n)| n);
+    let peak = gemm_peak_gflops(&Device::on_backend(master.backend)?, precision)? * processes as f64;
     let report = serde_json::json!({
         "framework": "lazytrain", "config": args.model, "precision": if args.bf16 { "bf16" } else { "fp32" },
         "bf16_saved_activations": args.bf16_saved_activations,
-        "replicas": args.replicas, "batch": batch, "seq": SEQ,
+        "replicas": master.world, "processes": processes,
+        "batch": batch, "seq": SEQ,
         "params": master.params,
         "backend": master.backend,
         "first_step_s": (first_step_s * 1000.0).round() / 1000.0, "first_loss": master.first_loss,

@@ -288,7 +288,9 @@ pub fn run(args: &TrainArgs) -> Result<()> {
             })?
         }
     };
-    report(&out, &output_dir);
+    if lazytrain_dist::is_master_process() {
+        report(&out, &output_dir);
+    }
     Ok(())
 }
 

@@ -83,6 +83,7 @@ fn main() -> ExitCode {
             .map(|()| println!("wrote {}", args.output.display()))
             .map_err(Into::into),
     };
+    lazytrain_dist::finish_process();
     match result {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {

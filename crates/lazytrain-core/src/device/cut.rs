@@ -59,7 +59,9 @@ impl Device {
         // A buffer only this sync still holds is donated: the executable may
         // write the step's new values into it.
         graph.donated = inputs.iter().map(|b| Arc::strong_count(b) == 1).collect();
-        let executable = match self.executable_for(graph, location, cut_start) {
+        let hash = graph.structural_hash();
+        let agreement = self.inner.runner.agreement_for(&graph, hash);
+        let executable = match self.executable_for(graph, hash, location, cut_start) {
             Ok(exe) => exe,
             Err(e) => return Err(fail_cells(&cells, e)),
         };
@@ -73,7 +75,7 @@ impl Device {
                 *cell.lock_state() = TensorState::Ready(buffer);
             }
             self.inner.queue.state.lock().unwrap_or_else(|p| p.into_inner()).0 += 1;
-            let job = Job { executable, inputs, outputs };
+            let job = Job { executable, inputs, outputs, agreement };
             let sent = worker.lock().unwrap_or_else(|p| p.into_inner()).sender.as_ref().map(|s| s.send(job));
             if !matches!(sent, Some(Ok(()))) {
                 self.inner.queue.state.lock().unwrap_or_else(|p| p.into_inner()).0 -= 1;
@@ -83,7 +85,7 @@ impl Device {
             }
             return Ok(());
         }
-        let results = match self.inner.runner.run(&*executable, inputs) {
+        let results = match self.inner.runner.run(&*executable, inputs, agreement) {
             Ok(results) => results,
             Err(e) => return Err(fail_cells(&cells, e)),
         };

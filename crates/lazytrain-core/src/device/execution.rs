@@ -6,8 +6,10 @@ use super::Device;
 use crate::backend::{Backend, Executable};
 use crate::collective::{ReplicaLink, RunContext};
 use crate::error::{Error, Result};
+use crate::ir::{Graph, Op};
 use crate::metrics::Metrics;
 use crate::storage::{Buffer, DeviceMemory};
+use rustc_hash::FxHashSet;
 use std::sync::mpsc;
 use std::sync::{Arc, Condvar, Mutex, Weak};
 use std::thread::JoinHandle;
@@ -20,11 +22,60 @@ pub(super) struct Runner {
     pub(super) replica: Option<ReplicaLink>,
     /// The device's backend, which runs executables with its resources.
     pub(super) backend: Arc<dyn Backend>,
+    /// Graphs (by structural hash) that need no agreement any more: they
+    /// have no collective, or the replicas agreed they all run them.
+    pub(super) settled: Mutex<FxHashSet<u64>>,
+}
+
+/// A graph the replicas of a group must agree they all run before its
+/// first collective.
+#[derive(Clone, Copy, Debug)]
+pub(super) struct Agreement {
+    /// Its structural hash (this device's cache key).
+    structural: u64,
+    /// What the replicas compare ([`Graph::computation_hash`]).
+    computation: u64,
 }
 
 impl Runner {
+    /// What the replicas must agree on before `graph` (structural hash
+    /// `hash`) runs: nothing when it has no collective, the device is alone
+    /// or they agreed already; else its [`Agreement`].
+    pub(super) fn agreement_for(&self, graph: &Graph, hash: u64) -> Option<Agreement> {
+        if self.replica.as_ref().is_none_or(|link| link.collective.world_size() <= 1) {
+            return None;
+        }
+        let mut settled = self.settled.lock().unwrap_or_else(|p| p.into_inner());
+        if settled.contains(&hash) {
+            return None;
+        }
+        if !graph.nodes.iter().any(|n| matches!(n.op, Op::AllReduce(_))) {
+            settled.insert(hash);
+            return None;
+        }
+        Some(Agreement { structural: hash, computation: graph.computation_hash() })
+    }
+
     /// Run `exe` on `inputs` through the device's backend and count it.
-    pub(super) fn run(&self, exe: &dyn Executable, inputs: Vec<Arc<Buffer>>) -> Result<Vec<Arc<Buffer>>> {
+    /// With `agreement`, the replicas first check that they all run the
+    /// graph of that hash (before its first collective).
+    pub(super) fn run(
+        &self,
+        exe: &dyn Executable,
+        inputs: Vec<Arc<Buffer>>,
+        agreement: Option<Agreement>,
+    ) -> Result<Vec<Arc<Buffer>>> {
+        if let (Some(agreement), Some(link)) = (agreement, &self.replica) {
+            // Checked when the step runs (steps run in order on a device), so
+            // only the first run of a graph agrees, on every replica alike.
+            let known = self.settled.lock().unwrap_or_else(|p| p.into_inner()).contains(&agreement.structural);
+            if !known {
+                link.collective.agree_on_graph(link.rank, agreement.computation).map_err(|detail| {
+                    Error::Execution { node: 0, op: "all_reduce", detail: format!("replica {}: {detail}", link.rank) }
+                })?;
+                self.settled.lock().unwrap_or_else(|p| p.into_inner()).insert(agreement.structural);
+            }
+        }
         let context = RunContext { replica: self.replica.as_ref() };
         let start = Instant::now();
         let results = self.backend.execute(exe, inputs, &context)?;
@@ -45,6 +96,8 @@ pub(super) struct Job {
     pub(super) executable: Arc<dyn Executable>,
     pub(super) inputs: Vec<Arc<Buffer>>,
     pub(super) outputs: Vec<Weak<Buffer>>,
+    /// What the replicas agree on before the graph runs, the first time.
+    pub(super) agreement: Option<Agreement>,
 }
 
 /// Steps enqueued but not finished, and the first failure since the last wait.
@@ -71,7 +124,7 @@ impl Worker {
                     let idle = t.elapsed().as_secs_f64() * 1e3;
                     runner.metrics.update(|m| m.device_idle_ms += idle);
                 }
-                let outcome = runner.run(&*job.executable, job.inputs);
+                let outcome = runner.run(&*job.executable, job.inputs, job.agreement);
                 let failure = fulfil(&job.outputs, outcome);
                 let mut state = queue.state.lock().unwrap_or_else(|p| p.into_inner());
                 state.0 -= 1;

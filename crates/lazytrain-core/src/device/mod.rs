@@ -139,8 +139,12 @@ impl Device {
             detail: format!("could not start the device's threads: {e}"),
         };
         let metrics = Arc::new(Metrics::default());
-        let runner =
-            Arc::new(Runner { metrics: metrics.clone(), replica: options.replica.clone(), backend: backend.clone() });
+        let runner = Arc::new(Runner {
+            metrics: metrics.clone(),
+            replica: options.replica.clone(),
+            backend: backend.clone(),
+            settled: Mutex::default(),
+        });
         let queue = Arc::new(Queue::default());
         let worker = match options.asynchronous {
             true => Some(Mutex::new(

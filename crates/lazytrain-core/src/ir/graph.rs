@@ -123,10 +123,19 @@ impl Graph {
     }
 
     /// The structural hash: ops, attributes, shapes, dtypes, wiring,
-    /// constants by value and the outputs. Never data.
+    /// constants by value, the outputs and which inputs are donated. Never data.
     pub fn structural_hash(&self) -> u64 {
         let mut hasher = FxHasher::default();
         self.hash(&mut hasher);
+        hasher.finish()
+    }
+
+    /// The hash of what the graph computes: [`Graph::structural_hash`]
+    /// without donation (which buffers a replica still holds elsewhere does
+    /// not change what its step computes). Replicas compare it.
+    pub fn computation_hash(&self) -> u64 {
+        let mut hasher = FxHasher::default();
+        (&self.nodes, &self.outputs, self.num_params).hash(&mut hasher);
         hasher.finish()
     }
 

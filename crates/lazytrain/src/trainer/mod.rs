@@ -172,7 +172,9 @@ impl<M: TaskModel> Trainer<M> {
         }
         crate::folder::check_tokenizer_fits(model.config(), &tokenizer)?;
         let (_, world) = device.replica_position();
-        if world != args.num_replicas {
+        // Under `mpirun -n N` every process runs num_replicas of them.
+        let processes = lazytrain_dist::mpi_job_position().map_or(1, |(_, size)| size);
+        if world != args.num_replicas * processes {
             return Err(Error::Input(format!(
                 "num_replicas = {} but the trainer's device is one of {world} replicas; build each replica's trainer inside `trainer::run_replicas`",
                 args.num_replicas

@@ -1,0 +1,256 @@
+//! Replicas across processes: a [`ProcessGroup`] connects the processes of
+//! a job (MPI), and a [`HierarchicalCollective`] reduces over every replica
+//! of every process — the threads of a process reduce in shared memory
+//! first, then one thread per process (the local leader) reduces over the
+//! processes, and the result comes back to the other threads.
+
+use crate::in_process::InProcessCollective;
+use lazytrain_core::collective::Collective;
+use lazytrain_core::ir::AllReduceOp;
+use lazytrain_core::{DeviceMemory, HostData};
+use std::sync::Arc;
+
+/// The processes of a job, one member per process. Only one thread of a
+/// process calls it at a time (the local leader), never two at once.
+pub trait ProcessGroup: Send + Sync {
+    /// The number of processes.
+    fn size(&self) -> usize;
+    /// This process's rank among them.
+    fn rank(&self) -> usize;
+    /// Replace `data` (f32 or f64) by its elementwise sum over the processes.
+    fn all_reduce_sum(&self, data: &mut HostData) -> Result<(), String>;
+    /// Every process's `value`, in process order.
+    fn all_gather(&self, value: u64) -> Result<Vec<u64>, String>;
+    /// Wait until every process gets here.
+    fn barrier(&self) -> Result<(), String>;
+    /// Stop the whole job because of `message` (MPI: `MPI_Abort`, which ends
+    /// every process with a non-zero status).
+    fn abort(&self, message: &str);
+}
+
+/// A collective over `processes × local` replicas: global rank
+/// `process * local + thread` (rank-major across processes, then threads).
+pub struct HierarchicalCollective {
+    local: InProcessCollective,
+    local_size: usize,
+    group: Arc<dyn ProcessGroup>,
+}
+
+impl HierarchicalCollective {
+    /// `local_size` replicas (threads) in this process, joined to the other
+    /// processes by `group`.
+    pub fn new(local_size: usize, group: Arc<dyn ProcessGroup>) -> HierarchicalCollective {
+        let local_size = local_size.max(1);
+        HierarchicalCollective { local: InProcessCollective::new(local_size), local_size, group }
+    }
+
+    /// The global rank of this process's thread `local`.
+    pub fn global_rank(&self, local: usize) -> usize {
+        self.group.rank() * self.local_size + local
+    }
+
+    /// This process's thread of global rank `rank`, checked.
+    fn local_rank(&self, rank: usize) -> Result<usize, String> {
+        let first = self.global_rank(0);
+        match rank.checked_sub(first).filter(|&l| l < self.local_size) {
+            Some(local) => Ok(local),
+            None => Err(format!(
+                "replica {rank} is not one of this process's replicas {first}..{}",
+                first + self.local_size
+            )),
+        }
+    }
+}
+
+/// Divide every element by `n` (a mean from a sum).
+fn divide(data: &mut HostData, n: usize) -> Result<(), String> {
+    match data {
+        HostData::F32(v) => v.iter_mut().for_each(|x| *x /= n as f32),
+        HostData::F64(v) => v.iter_mut().for_each(|x| *x /= n as f64),
+        other => return Err(format!("all_reduce supports f32 and f64 values, not {}", other.dtype())),
+    }
+    Ok(())
+}
+
+/// Set every element to zero.
+fn zero(data: &mut HostData) {
+    match data {
+        HostData::F32(v) => v.fill(0.0),
+        HostData::F64(v) => v.fill(0.0),
+        other => *other = HostData::zeros(other.dtype(), other.len()),
+    }
+}
+
+impl Collective for HierarchicalCollective {
+    fn world_size(&self) -> usize {
+        self.group.size() * self.local_size
+    }
+
+    fn all_reduce(&self, rank: usize, data: &mut DeviceMemory, op: AllReduceOp) -> Result<(), String> {
+        let local = self.local_rank(rank)?;
+        // The threads' sum, on every thread of this process.
+        self.local.all_reduce(local, data, AllReduceOp::Sum)?;
+        let Some(host) = data.host_mut() else {
+            return Err("the MPI collective reduces host memory; this buffer is in a backend's device memory".into());
+        };
+        if self.group.size() > 1 {
+            // The leader sums over the processes; the others contribute zeros
+            // to a second shared-memory pass, which hands every thread the
+            // leader's result exactly (x + 0 = x).
+            if local == 0 {
+                if let Err(message) = self.group.all_reduce_sum(host) {
+                    self.abort(rank, &message);
+                    return Err(message);
+                }
+            } else {
+                zero(host);
+            }
+            self.local.all_reduce(local, data, AllReduceOp::Sum)?;
+        }
+        match (op, data.host_mut()) {
+            (AllReduceOp::Sum, _) => Ok(()),
+            (AllReduceOp::Mean, Some(host)) => divide(host, self.world_size()),
+            (AllReduceOp::Mean, None) => unreachable!("checked above: host memory"),
+        }
+    }
+
+    fn agree_on_graph(&self, rank: usize, hash: u64) -> Result<(), String> {
+        let local = self.local_rank(rank)?;
+        self.local.agree_on_graph(local, hash)?;
+        if local == 0 && self.group.size() > 1 {
+            let per_process = self.group.all_gather(hash)?;
+            // Every thread of a process agreed on its hash above.
+            let hashes: Vec<u64> = per_process.iter().flat_map(|&h| std::iter::repeat_n(h, self.local_size)).collect();
+            if let Some(message) = lazytrain_core::collective::graph_disagreement(&hashes) {
+                return Err(message);
+            }
+        }
+        Ok(())
+    }
+
+    fn barrier(&self, rank: usize) -> Result<(), String> {
+        let local = self.local_rank(rank)?;
+        self.local.barrier(local)?;
+        if local == 0 {
+            self.group.barrier()?;
+        }
+        self.local.barrier(local)
+    }
+
+    fn abort(&self, rank: usize, message: &str) {
+        self.local.abort(rank, message);
+        if self.group.size() > 1 {
+            eprintln!("lazytrain: replica {rank} stopped the job: {message}");
+            self.group.abort(&format!("replica {rank}: {message}"));
+        }
+    }
+
+    fn finished(&self, rank: usize) {
+        self.local.finished(rank);
+    }
+
+    fn abort_reason(&self) -> Option<(usize, String)> {
+        self.local.abort_reason()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// "Processes" that are threads: the leaders meet in an in-process
+    /// collective of their own (what MPI's world is across processes).
+    struct ThreadProcesses {
+        rank: usize,
+        leaders: Arc<InProcessCollective>,
+        gathered: Arc<std::sync::Mutex<Vec<u64>>>,
+    }
+
+    impl ProcessGroup for ThreadProcesses {
+        fn size(&self) -> usize {
+            self.leaders.world_size()
+        }
+
+        fn rank(&self) -> usize {
+            self.rank
+        }
+
+        fn all_reduce_sum(&self, data: &mut HostData) -> Result<(), String> {
+            let mut memory = DeviceMemory::Host(std::mem::replace(data, HostData::F32(Vec::new())));
+            let result = self.leaders.all_reduce(self.rank, &mut memory, AllReduceOp::Sum);
+            *data = memory.host().expect("host memory").clone();
+            result
+        }
+
+        fn all_gather(&self, value: u64) -> Result<Vec<u64>, String> {
+            self.gathered.lock().unwrap()[self.rank] = value;
+            self.leaders.barrier(self.rank)?;
+            let all = self.gathered.lock().unwrap().clone();
+            self.leaders.barrier(self.rank)?;
+            Ok(all)
+        }
+
+        fn barrier(&self) -> Result<(), String> {
+            self.leaders.barrier(self.rank)
+        }
+
+        fn abort(&self, message: &str) {
+            self.leaders.abort(self.rank, message);
+        }
+    }
+
+    /// Run `f(global rank, collective)` on `processes × threads` replicas.
+    fn run<T: Send>(
+        processes: usize,
+        threads: usize,
+        f: impl Fn(usize, &HierarchicalCollective) -> T + Sync,
+    ) -> Vec<T> {
+        let leaders = Arc::new(InProcessCollective::new(processes));
+        let gathered = Arc::new(std::sync::Mutex::new(vec![0; processes]));
+        let groups: Vec<HierarchicalCollective> = (0..processes)
+            .map(|rank| {
+                let group = ThreadProcesses { rank, leaders: leaders.clone(), gathered: gathered.clone() };
+                HierarchicalCollective::new(threads, Arc::new(group))
+            })
+            .collect();
+        std::thread::scope(|s| {
+            let handles: Vec<_> = groups
+                .iter()
+                .flat_map(|g| (0..threads).map(move |t| (g, t)))
+                .map(|(g, t)| {
+                    let f = &f;
+                    s.spawn(move || f(g.global_rank(t), g))
+                })
+                .collect();
+            handles.into_iter().map(|h| h.join().unwrap()).collect()
+        })
+    }
+
+    #[test]
+    fn two_processes_of_two_threads_reduce_over_all_four_replicas() {
+        let results = run(2, 2, |rank, group| {
+            let mut data = DeviceMemory::Host(HostData::F32(vec![rank as f32, 1.0, 10.0 * rank as f32]));
+            group.all_reduce(rank, &mut data, AllReduceOp::Mean).unwrap();
+            let mean = data.host().unwrap().clone();
+            group.all_reduce(rank, &mut data, AllReduceOp::Sum).unwrap();
+            group.barrier(rank).unwrap();
+            (rank, mean, data.host().unwrap().clone())
+        });
+        let ranks: Vec<usize> = results.iter().map(|r| r.0).collect();
+        assert_eq!(ranks, vec![0, 1, 2, 3], "rank-major: process, then thread");
+        for (_, mean, sum) in results {
+            assert_eq!(mean, HostData::F32(vec![1.5, 1.0, 15.0]));
+            assert_eq!(sum, HostData::F32(vec![6.0, 4.0, 60.0]));
+        }
+    }
+
+    #[test]
+    fn a_process_with_another_graph_is_named() {
+        let results = run(2, 2, |rank, group| group.agree_on_graph(rank, if rank >= 2 { 7 } else { 5 }));
+        let errors: Vec<String> = results.into_iter().filter_map(Result::err).collect();
+        assert_eq!(errors.len(), 2, "the two leaders see the mismatch");
+        assert!(errors[0].contains("replica 0 runs graph 0000000000000005, replica 2 runs graph 0000000000000007"));
+        let agreed = run(2, 2, |rank, group| group.agree_on_graph(rank, 9));
+        assert!(agreed.iter().all(Result::is_ok));
+    }
+}
