@@ -141,7 +141,7 @@ impl Launcher for MpiLauncher {
             return Err("the number of replicas must be at least 1".into());
         }
         let group = initialize()?;
-        let collective = Arc::new(HierarchicalCollective::new(config.replicas, group));
+        let collective = Arc::new(HierarchicalCollective::new(config.replicas, group, config.collective_timeout));
         let shared: Arc<dyn Collective> = collective.clone();
         (0..config.replicas)
             .map(|local| {

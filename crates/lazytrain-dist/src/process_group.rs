@@ -8,7 +8,9 @@ use crate::in_process::InProcessCollective;
 use lazytrain_core::collective::Collective;
 use lazytrain_core::ir::AllReduceOp;
 use lazytrain_core::{DeviceMemory, HostData};
-use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, Weak};
+use std::time::{Duration, Instant};
 
 /// The processes of a job, one member per process. Only one thread of a
 /// process calls it at a time (the local leader), never two at once.
@@ -34,14 +36,70 @@ pub struct HierarchicalCollective {
     local: InProcessCollective,
     local_size: usize,
     group: Arc<dyn ProcessGroup>,
+    watchdog: Arc<Watchdog>,
+}
+
+/// Aborts the job when a call across processes has waited longer than the
+/// timeout: a rank that is stuck (or whose host vanished without its
+/// processes dying) would otherwise keep every other rank waiting forever.
+struct Watchdog {
+    timeout: Duration,
+    /// The call in progress: when it started, what it is, and which rank makes it.
+    armed: Mutex<Option<(Instant, String, usize)>>,
+    /// Calls across processes so far (names the one that hung).
+    calls: AtomicU64,
+}
+
+impl Watchdog {
+    /// A watchdog with its checking thread, which ends with the watchdog.
+    fn start(timeout: Duration, group: Weak<dyn ProcessGroup>) -> Arc<Watchdog> {
+        let watchdog = Arc::new(Watchdog { timeout, armed: Mutex::new(None), calls: AtomicU64::new(0) });
+        let weak = Arc::downgrade(&watchdog);
+        let tick = (timeout / 4).clamp(Duration::from_millis(10), Duration::from_millis(250));
+        let spawned = std::thread::Builder::new().name("lazytrain-collective-watchdog".into()).spawn(move || loop {
+            std::thread::sleep(tick);
+            let (Some(watchdog), Some(group)) = (weak.upgrade(), group.upgrade()) else { return };
+            let overdue = watchdog
+                .armed
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .as_ref()
+                .filter(|(since, _, _)| since.elapsed() > watchdog.timeout)
+                .map(|(_, what, rank)| (what.clone(), *rank));
+            if let Some((what, rank)) = overdue {
+                group.abort(&format!(
+                    "{what} on replica {rank} has not completed after {} s: another process has not arrived \
+                     (stuck, or its host is gone); raise --collective-timeout if its steps are that slow",
+                    watchdog.timeout.as_secs_f64()
+                ));
+                return;
+            }
+        });
+        if let Err(e) = spawned {
+            eprintln!("lazytrain: no collective watchdog ({e}): a stuck rank will not be detected");
+        }
+        watchdog
+    }
+
+    /// Run `call` (named `what`, made by replica `rank`) under the watchdog.
+    fn watch<T>(&self, what: &str, rank: usize, call: impl FnOnce() -> T) -> T {
+        let n = self.calls.fetch_add(1, Ordering::Relaxed) + 1;
+        *self.armed.lock().unwrap_or_else(|p| p.into_inner()) =
+            Some((Instant::now(), format!("collective #{n} ({what})"), rank));
+        let result = call();
+        *self.armed.lock().unwrap_or_else(|p| p.into_inner()) = None;
+        result
+    }
 }
 
 impl HierarchicalCollective {
     /// `local_size` replicas (threads) in this process, joined to the other
-    /// processes by `group`.
-    pub fn new(local_size: usize, group: Arc<dyn ProcessGroup>) -> HierarchicalCollective {
+    /// processes by `group`; a call across processes that waits longer than
+    /// `timeout` aborts the job.
+    pub fn new(local_size: usize, group: Arc<dyn ProcessGroup>, timeout: Duration) -> HierarchicalCollective {
         let local_size = local_size.max(1);
-        HierarchicalCollective { local: InProcessCollective::new(local_size), local_size, group }
+        let watchdog = Watchdog::start(timeout, Arc::downgrade(&group));
+        HierarchicalCollective { local: InProcessCollective::new(local_size), local_size, group, watchdog }
     }
 
     /// The global rank of this process's thread `local`.
@@ -98,7 +156,8 @@ impl Collective for HierarchicalCollective {
             // to a second shared-memory pass, which hands every thread the
             // leader's result exactly (x + 0 = x).
             if local == 0 {
-                if let Err(message) = self.group.all_reduce_sum(host) {
+                let what = format!("all_reduce of {} {} values", host.len(), host.dtype());
+                if let Err(message) = self.watchdog.watch(&what, rank, || self.group.all_reduce_sum(host)) {
                     self.abort(rank, &message);
                     return Err(message);
                 }
@@ -118,7 +177,7 @@ impl Collective for HierarchicalCollective {
         let local = self.local_rank(rank)?;
         self.local.agree_on_graph(local, hash)?;
         if local == 0 && self.group.size() > 1 {
-            let per_process = self.group.all_gather(hash)?;
+            let per_process = self.watchdog.watch("graph hash all-gather", rank, || self.group.all_gather(hash))?;
             // Every thread of a process agreed on its hash above.
             let hashes: Vec<u64> = per_process.iter().flat_map(|&h| std::iter::repeat_n(h, self.local_size)).collect();
             if let Some(message) = lazytrain_core::collective::graph_disagreement(&hashes) {
@@ -132,7 +191,7 @@ impl Collective for HierarchicalCollective {
         let local = self.local_rank(rank)?;
         self.local.barrier(local)?;
         if local == 0 {
-            self.group.barrier()?;
+            self.watchdog.watch("barrier", rank, || self.group.barrier())?;
         }
         self.local.barrier(local)
     }
@@ -210,7 +269,7 @@ mod tests {
         let groups: Vec<HierarchicalCollective> = (0..processes)
             .map(|rank| {
                 let group = ThreadProcesses { rank, leaders: leaders.clone(), gathered: gathered.clone() };
-                HierarchicalCollective::new(threads, Arc::new(group))
+                HierarchicalCollective::new(threads, Arc::new(group), Duration::from_secs(60))
             })
             .collect();
         std::thread::scope(|s| {

@@ -10,6 +10,7 @@ use lazytrain_core::collective::{Collective, ReplicaLink};
 use lazytrain_core::{Device, DeviceOptions};
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::sync::Arc;
+use std::time::Duration;
 
 /// How [`spawn`] sets the replicas up.
 #[derive(Clone, Debug)]
@@ -21,12 +22,29 @@ pub struct SpawnConfig {
     pub threads_per_replica: Option<usize>,
     /// Asynchronous devices: `sync` enqueues the step and returns.
     pub asynchronous: bool,
+    /// How long a collective across processes may wait for the other
+    /// processes before the job is aborted (a stuck or vanished rank).
+    pub collective_timeout: Duration,
 }
+
+/// The default [`SpawnConfig::collective_timeout`].
+pub const DEFAULT_COLLECTIVE_TIMEOUT: Duration = Duration::from_secs(300);
 
 impl SpawnConfig {
     /// `replicas` synchronous replicas sharing the cores.
     pub fn new(replicas: usize) -> SpawnConfig {
-        SpawnConfig { replicas, threads_per_replica: None, asynchronous: false }
+        SpawnConfig {
+            replicas,
+            threads_per_replica: None,
+            asynchronous: false,
+            collective_timeout: DEFAULT_COLLECTIVE_TIMEOUT,
+        }
+    }
+
+    /// The same, with another collective timeout.
+    pub fn with_collective_timeout(mut self, timeout: Duration) -> SpawnConfig {
+        self.collective_timeout = timeout;
+        self
     }
 
     /// The same, with asynchronous devices.

@@ -2,7 +2,7 @@
 
 use clap::Args;
 use lazytrain::trainer::{
-    install_interrupt_handler, run_replicas, EvalMetrics, TrainOutput, Trainer, TrainingArguments,
+    install_interrupt_handler, run_replicas_for, EvalMetrics, TrainOutput, Trainer, TrainingArguments,
 };
 use lazytrain::{Error, Result};
 use lazytrain_core::Device;
@@ -81,6 +81,9 @@ pub struct TrainingFlags {
     report_to: Option<String>,
     #[arg(long)]
     num_replicas: Option<usize>,
+    /// Seconds a collective across MPI processes may wait (default 300).
+    #[arg(long)]
+    collective_timeout: Option<f64>,
     #[arg(long)]
     mlm_probability: Option<f64>,
     #[arg(long)]
@@ -138,6 +141,7 @@ impl TrainingFlags {
         put("resume_from_checkpoint", self.resume_from_checkpoint.clone());
         put("report_to", self.report_to.clone());
         put("num_replicas", self.num_replicas.map(|v| v.to_string()));
+        put("collective_timeout", self.collective_timeout.map(|v| v.to_string()));
         put("mlm_probability", self.mlm_probability.map(|v| v.to_string()));
         put("dataloader_prefetch", self.dataloader_prefetch.map(|v| v.to_string()));
         put("skip_corrupt", self.skip_corrupt.map(|v| v.to_string()));
@@ -253,7 +257,7 @@ pub fn run(args: &TrainArgs) -> Result<()> {
                 return Err(Error::Input("--num-labels is for --task sequence-classification".into()));
             }
             let manifest = Manifest::read(&args.train_data)?;
-            run_replicas(training.num_replicas, |device| {
+            run_replicas_for(&training, |device| {
                 let model = build_model(&args.model, &tokenizer, training.seed, device)?;
                 let (train, eval) = (train.clone(), eval.clone());
                 let trainer =
@@ -272,7 +276,7 @@ pub fn run(args: &TrainArgs) -> Result<()> {
                     manifest.labels.len()
                 )));
             }
-            run_replicas(training.num_replicas, |device| {
+            run_replicas_for(&training, |device| {
                 let model = build_classifier(&args.model, &tokenizer, &manifest.labels, training.seed, device)?;
                 let (train, eval) = (train.clone(), eval.clone());
                 let trainer = Trainer::for_classification(

@@ -1,7 +1,7 @@
 //! Multi-process training under `mpirun` (built with `--features mpi`;
 //! `.ci/run` installs OpenMPI and runs these): processes train like
-//! threads, a rank that traced another graph or died ends the job fast,
-//! and only the master writes.
+//! threads, a rank that traced another graph, died or hangs ends the job
+//! fast, and only the master writes.
 
 #![cfg(feature = "mpi")]
 
@@ -36,6 +36,8 @@ const TCP_ONLY: [&str; 6] = ["--mca", "btl", "self,tcp", "--mca", "btl_tcp_if_in
 fn mpirun(n: usize, transport: &[&str]) -> Command {
     let mut cmd = Command::new("mpirun");
     cmd.args(["--allow-run-as-root", "--oversubscribe", "-n", &n.to_string()]).args(transport);
+    // The ranks see the fault-injection switch of the stall test.
+    cmd.args(["-x", "LAZYTRAIN_FAULT_INJECT"]);
     cmd.arg(env!("CARGO_BIN_EXE_lazytrain"));
     cmd
 }
@@ -185,4 +187,21 @@ fn a_killed_rank_ends_the_job_and_its_checkpoint_resumes() {
         .unwrap();
     succeed(resumed);
     assert!(out.join(format!("checkpoint-{}", step + 2)).is_dir());
+}
+
+#[test]
+fn a_stuck_rank_ends_the_job_after_the_collective_timeout() {
+    let dir = data("stall");
+    let out = dir.join("out");
+    let started = Instant::now();
+    let output = mpirun(2, &SHARED_MEMORY)
+        .args(train_args(&dir, &out, 8))
+        .args(["--collective-timeout", "2"])
+        .env("LAZYTRAIN_FAULT_INJECT", "stall-replica-1")
+        .output()
+        .unwrap();
+    assert!(started.elapsed() < Duration::from_secs(15), "took {:?}", started.elapsed());
+    assert!(!output.status.success());
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(stderr.contains("has not completed after 2 s") && stderr.contains("all_reduce"), "{stderr}");
 }

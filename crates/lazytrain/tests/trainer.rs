@@ -438,3 +438,38 @@ fn bf16_mixed_precision_follows_the_f32_loss_curve() {
     assert!((f32_eval - saved_eval).abs() <= 0.02 * f32_eval, "eval loss {f32_eval} vs {saved_eval}");
     assert!((f32_eval - bf16_eval).abs() <= 0.02 * f32_eval, "eval loss {f32_eval} vs {bf16_eval}");
 }
+
+/// A checkpoint saved by 2 replicas resumed by 1: the step counter goes on,
+/// the data epoch starts over from its first sample (each replica's share
+/// of the data changed), with a notice.
+#[test]
+fn resuming_with_another_number_of_replicas_restarts_the_data_epoch() {
+    let (dir, _) = data("rescale");
+    let out = dir.join("out");
+    let run = |steps: &str, replicas: &str, resume: bool| {
+        let mut cmd = train_command(&dir, &out);
+        cmd.args(["--max-steps", steps, "--save-steps", "2", "--per-device-train-batch-size", "2"])
+            .args(["--num-replicas", replicas]);
+        if resume {
+            cmd.args(["--resume-from-checkpoint", "true"]);
+        }
+        cmd.output().unwrap()
+    };
+    let rng = |step: usize| -> serde_json::Value {
+        let text = std::fs::read_to_string(out.join(format!("checkpoint-{step}/rng_state.json"))).unwrap();
+        serde_json::from_str(&text).unwrap()
+    };
+    let first = run("4", "2", false);
+    assert!(first.status.success(), "{}", String::from_utf8_lossy(&first.stderr));
+    let saved = rng(4);
+    assert_eq!(saved["replicas"], 2);
+    assert_eq!(saved["data_sample"], 8, "4 steps of 2 samples per replica");
+    let resumed = run("6", "1", true);
+    let stderr = String::from_utf8_lossy(&resumed.stderr);
+    assert!(resumed.status.success(), "{stderr}");
+    assert!(stderr.contains("saved by 2 replicas and this run has 1"), "{stderr}");
+    let after = rng(6);
+    assert_eq!((after["replicas"].clone(), after["data_epoch"].clone()), (1.into(), saved["data_epoch"].clone()));
+    assert_eq!(after["data_sample"], 4, "the epoch restarted: two steps of 2 samples from its start");
+    assert_eq!(after["dropout_step"], 6, "the step counter went on");
+}

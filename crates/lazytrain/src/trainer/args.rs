@@ -93,8 +93,11 @@ pub struct TrainingArguments {
     pub resume_from_checkpoint: Option<String>,
     /// Any of `jsonl`, `tensorboard`, or `none`.
     pub report_to: Vec<String>,
-    /// Data-parallel replicas.
+    /// Data-parallel replicas (in each process, under `mpirun`).
     pub num_replicas: usize,
+    /// Seconds a collective across processes (MPI) may wait for the other
+    /// processes before the job is aborted.
+    pub collective_timeout: f64,
     /// Fraction of tokens the MLM collator predicts.
     pub mlm_probability: f64,
     /// Batches the loader prepares ahead.
@@ -142,6 +145,7 @@ impl Default for TrainingArguments {
             resume_from_checkpoint: None,
             report_to: vec!["jsonl".into()],
             num_replicas: 1,
+            collective_timeout: lazytrain_dist::DEFAULT_COLLECTIVE_TIMEOUT.as_secs_f64(),
             mlm_probability: 0.15,
             dataloader_prefetch: 2,
             skip_corrupt: false,
@@ -221,6 +225,7 @@ impl TrainingArguments {
             ("max_grad_norm", self.max_grad_norm),
             ("warmup_steps", self.warmup_steps),
             ("mlm_probability", self.mlm_probability),
+            ("collective_timeout", self.collective_timeout),
         ];
         if let Some((name, value)) = floats.iter().find(|(_, v)| !v.is_finite()) {
             return Err(invalid(format!("{name} must be a finite number, got {value}")));
@@ -251,6 +256,12 @@ impl TrainingArguments {
         }
         if self.num_replicas == 0 {
             return Err(invalid("num_replicas must be at least 1".into()));
+        }
+        if self.collective_timeout <= 0.0 || self.collective_timeout > 1e9 {
+            return Err(invalid(format!(
+                "collective_timeout must be a positive number of seconds, got {}",
+                self.collective_timeout
+            )));
         }
         Ok(())
     }

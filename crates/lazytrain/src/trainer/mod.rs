@@ -18,7 +18,7 @@ mod train_loop;
 
 pub use args::{IntervalStrategy, TrainingArguments};
 pub use callbacks::{Control, EarlyStopping, TrainerCallback};
-pub use replicas::run_replicas;
+pub use replicas::{run_replicas, run_replicas_for};
 pub use state::{RngState, SchedulerState, TrainerState};
 pub use task::{EvalMetrics, TaskData};
 
@@ -406,6 +406,7 @@ impl<M: TaskModel> Trainer<M> {
             dropout_step: self.state.global_step,
             data_epoch: self.state.data_epoch,
             data_sample: self.state.data_sample,
+            replicas: Some(self.replica_position().1),
         };
         if self.new_best_at == Some(self.state.global_step) {
             let path = output_dir.join(format!("checkpoint-{}", self.state.global_step));
@@ -459,6 +460,22 @@ impl<M: TaskModel> Trainer<M> {
         // recomputes them from the arguments after loading the state).
         let TrainerState { max_steps, logging_steps, eval_steps, save_steps, .. } = self.state;
         self.state = TrainerState { max_steps, logging_steps, eval_steps, save_steps, ..saved };
+        // Each replica's share of the data depends on the number of
+        // replicas: with another number, the saved position within the
+        // epoch means other samples, so the epoch starts over (the same
+        // for every replica, whatever the layout).
+        let world = self.replica_position().1;
+        if let Some(saved_world) = rng.replicas.filter(|&w| w != world) {
+            if self.is_master() {
+                eprintln!(
+                    "{} was saved by {saved_world} replicas and this run has {world}: data epoch {} restarts from its \
+                     first sample (steps, schedule, optimizer and dropout continue)",
+                    dir.display(),
+                    self.state.data_epoch
+                );
+            }
+            self.state.data_sample = 0;
+        }
         self.device.sync()?;
         Ok(())
     }

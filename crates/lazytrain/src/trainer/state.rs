@@ -61,4 +61,9 @@ pub struct RngState {
     pub data_epoch: u64,
     /// Data sample of the next batch.
     pub data_sample: usize,
+    /// Replicas of the run that saved it, over every process (a resume
+    /// with another number restarts the data epoch; absent in checkpoints
+    /// of earlier versions).
+    #[serde(default)]
+    pub replicas: Option<usize>,
 }

@@ -170,6 +170,13 @@ impl<M: TaskModel> Trainer<M> {
             true => vec![if INTERRUPTED.load(Ordering::SeqCst) { 1.0 } else { 0.0 }],
             false => Vec::new(),
         };
+        if step == 2 && rank == 1 && std::env::var("LAZYTRAIN_FAULT_INJECT").is_ok_and(|v| v == "stall-replica-1") {
+            // Fault injection for the collective-timeout test: a replica
+            // that never reaches its next collective (a hung host).
+            loop {
+                std::thread::park();
+            }
+        }
         let model = &self.model;
         let output = train_step(&self.device, &mut run.optimizer, window, &config, &stop_flag, |batch| -> Result<_> {
             let types = batch.token_type_ids.as_ref();
