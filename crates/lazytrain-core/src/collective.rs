@@ -2,8 +2,9 @@
 //! inside a step and meet between steps. The executable calls
 //! [`Collective::all_reduce`] for `all_reduce` nodes; the host calls
 //! [`Collective::barrier`] and, when a replica fails,
-//! [`Collective::abort`]. The implementations live in `lazytrain-dist`
-//! (threads in one process today; MPI or NCCL implement the same trait).
+//! [`Collective::abort`]. The implementations live in `lazytrain-dist`:
+//! threads of one process, and threads then processes over MPI (feature
+//! `mpi`); NCCL would implement the same trait.
 
 use crate::ir::AllReduceOp;
 use crate::storage::{DeviceMemory, HostData};
@@ -22,6 +23,11 @@ pub trait Collective: Send + Sync {
     /// (host collectives reduce host memory).
     fn all_reduce(&self, rank: usize, data: &mut DeviceMemory, op: AllReduceOp) -> Result<(), String>;
 
+    /// Replace `data` on every replica by replica 0's `data` (initial
+    /// weights, a seed: so replicas cannot start apart). Every replica calls
+    /// it with the same dtype and length; others are an error.
+    fn broadcast(&self, rank: usize, data: &mut DeviceMemory) -> Result<(), String>;
+
     /// Check that every replica is about to run the same graph (structural
     /// `hash`) before its first collective, so replicas that traced
     /// different steps fail with an error naming them instead of hanging or
@@ -30,9 +36,11 @@ pub trait Collective: Send + Sync {
     fn agree_on_graph(&self, rank: usize, hash: u64) -> Result<(), String>;
 
     /// Wait until every replica of the group calls `barrier` (a host-side
-    /// meeting, e.g. PyTorch/XLA's `rendezvous`). It never pairs with the
-    /// synchronisation inside [`Collective::all_reduce`], which a replica's
-    /// asynchronous device may be running at the same time. Fails when the
+    /// meeting, e.g. PyTorch/XLA's `rendezvous`). Call it with the replica's
+    /// device drained (`Device::rendezvous` does): across processes it
+    /// shares MPI's communicator with the all-reduces, which must not run
+    /// at the same time. In one process it never pairs with the
+    /// synchronisation inside [`Collective::all_reduce`]. Fails when the
     /// group was aborted.
     fn barrier(&self, rank: usize) -> Result<(), String>;
 

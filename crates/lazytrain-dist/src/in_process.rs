@@ -29,6 +29,8 @@ pub struct InProcessCollective {
     published: Mutex<Vec<Option<Published>>>,
     /// Each replica's graph hash during an agreement.
     hashes: Mutex<Vec<u64>>,
+    /// Replica 0's data during a broadcast (its address), with its dtype and length.
+    broadcast_source: Mutex<Option<(usize, DType, usize)>>,
     /// The barrier inside collectives (run by the replicas' devices).
     barrier: Barrier,
     /// The barrier of `rendezvous` (run by the replicas' own threads): a
@@ -45,6 +47,7 @@ impl InProcessCollective {
             world_size,
             published: Mutex::new(vec![None; world_size]),
             hashes: Mutex::new(vec![0; world_size]),
+            broadcast_source: Mutex::new(None),
             barrier: Barrier::new(world_size),
             meeting: Barrier::new(world_size),
         }
@@ -120,6 +123,43 @@ unsafe fn gather_slices<T: Copy>(published: &[Published], rank: usize) {
 impl Collective for InProcessCollective {
     fn world_size(&self) -> usize {
         self.world_size
+    }
+
+    fn broadcast(&self, rank: usize, data: &mut DeviceMemory) -> Result<(), String> {
+        if self.world_size == 1 {
+            return Ok(());
+        }
+        let Some(host) = data.host_mut() else {
+            return Err(
+                "the in-process collective broadcasts host memory; this buffer is in a backend's device memory".into(),
+            );
+        };
+        if rank == 0 {
+            *self.broadcast_source.lock().unwrap_or_else(|p| p.into_inner()) =
+                Some((host as *const HostData as usize, host.dtype(), host.len()));
+        }
+        self.barrier.wait().map_err(describe)?;
+        let source = *self.broadcast_source.lock().unwrap_or_else(|p| p.into_inner());
+        let result = match source {
+            Some((_, dtype, len)) if (dtype, len) != (host.dtype(), host.len()) => Err(format!(
+                "replicas disagree on a broadcast: {} {} elements here, {len} {dtype} on replica 0",
+                host.len(),
+                host.dtype()
+            )),
+            Some((address, _, _)) if rank != 0 => {
+                // SAFETY: replica 0 keeps its data alive and unchanged until
+                // the barrier below, which every replica reaches.
+                *host = unsafe { (*(address as *const HostData)).clone() };
+                Ok(())
+            }
+            Some(_) => Ok(()),
+            None => Err("replica 0 published nothing to broadcast".into()),
+        };
+        self.barrier.wait_all();
+        if rank == 0 {
+            self.broadcast_source.lock().unwrap_or_else(|p| p.into_inner()).take();
+        }
+        result
     }
 
     fn agree_on_graph(&self, rank: usize, hash: u64) -> Result<(), String> {
@@ -207,6 +247,8 @@ impl Collective for InProcessCollective {
                 _ => gather_slices::<f32>(&published, rank),
             }
         }
+        // No later collective may read this buffer's address.
+        self.lock()[rank] = None;
         self.barrier.wait_all();
         Ok(())
     }

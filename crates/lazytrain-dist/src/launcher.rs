@@ -42,7 +42,9 @@ pub trait Launcher: Sync {
 #[derive(Clone, Default)]
 pub struct ThreadLauncher {
     /// One backend every replica shares (default: one per replica, from
-    /// [`backend::from_env`]).
+    /// [`backend::from_env`]). It must not have a kernel thread pool of its
+    /// own (`CpuBackend::with_threads`): replicas block in collectives on
+    /// their kernel threads, and a shared pool can run out of them.
     pub backend: Option<Arc<dyn Backend>>,
 }
 
@@ -66,10 +68,16 @@ impl Launcher for ThreadLauncher {
 
 /// This process's rank and the job's size when an MPI launcher (`mpirun`,
 /// `mpiexec`, `srun` with PMI) started it with more than one process:
-/// OpenMPI's `OMPI_COMM_WORLD_RANK`/`_SIZE`, else PMI's `PMI_RANK`/`PMI_SIZE`.
+/// OpenMPI's `OMPI_COMM_WORLD_RANK`/`_SIZE`, else PMI's `PMI_RANK`/`PMI_SIZE`
+/// (PMIx's `PMIX_RANK` with `PMI_SIZE` or, under `srun --mpi=pmix`, `SLURM_NTASKS`).
 pub fn mpi_job_position() -> Option<(usize, usize)> {
     let read = |name: &str| std::env::var(name).ok().and_then(|v| v.trim().parse::<usize>().ok());
-    let pairs = [("OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE"), ("PMI_RANK", "PMI_SIZE"), ("PMIX_RANK", "PMI_SIZE")];
+    let pairs = [
+        ("OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE"),
+        ("PMI_RANK", "PMI_SIZE"),
+        ("PMIX_RANK", "PMI_SIZE"),
+        ("PMIX_RANK", "SLURM_NTASKS"),
+    ];
     pairs
         .iter()
         .find_map(|(rank, size)| Some((read(rank)?, read(size)?)))

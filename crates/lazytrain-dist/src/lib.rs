@@ -23,6 +23,7 @@
 //! [`Collective`]: lazytrain_core::collective::Collective
 
 mod barrier;
+mod broadcast;
 mod error;
 mod in_process;
 mod launcher;
@@ -33,6 +34,7 @@ mod process_group;
 mod replica;
 mod step;
 
+pub use broadcast::{broadcast_from_master, check_same_as_master};
 pub use error::SpawnError;
 pub use in_process::InProcessCollective;
 pub use launcher::{

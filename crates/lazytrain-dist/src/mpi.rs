@@ -74,6 +74,34 @@ impl ProcessGroup for MpiProcessGroup {
         Ok(())
     }
 
+    fn broadcast(&self, data: &mut HostData) -> Result<(), String> {
+        let world = world();
+        let root = world.process_at_rank(0);
+        match data {
+            HostData::F32(v) => root.broadcast_into(&mut v[..]),
+            HostData::F64(v) => root.broadcast_into(&mut v[..]),
+            HostData::I64(v) => root.broadcast_into(&mut v[..]),
+            HostData::I32(v) => root.broadcast_into(&mut v[..]),
+            HostData::U8(v) => root.broadcast_into(&mut v[..]),
+            HostData::BF16(v) => {
+                let mut bits: Vec<u16> = v.iter().map(|x| x.to_bits()).collect();
+                root.broadcast_into(&mut bits[..]);
+                v.iter_mut().zip(bits).for_each(|(x, b)| *x = half::bf16::from_bits(b));
+            }
+            HostData::F16(v) => {
+                let mut bits: Vec<u16> = v.iter().map(|x| x.to_bits()).collect();
+                root.broadcast_into(&mut bits[..]);
+                v.iter_mut().zip(bits).for_each(|(x, b)| *x = half::f16::from_bits(b));
+            }
+            HostData::Bool(v) => {
+                let mut bytes: Vec<u8> = v.iter().map(|&x| u8::from(x)).collect();
+                root.broadcast_into(&mut bytes[..]);
+                v.iter_mut().zip(bytes).for_each(|(x, b)| *x = b != 0);
+            }
+        }
+        Ok(())
+    }
+
     fn all_gather(&self, value: u64) -> Result<Vec<u64>, String> {
         let mut all = vec![0u64; self.size];
         world().all_gather_into(&value, &mut all[..]);
@@ -141,6 +169,16 @@ impl Launcher for MpiLauncher {
             return Err("the number of replicas must be at least 1".into());
         }
         let group = initialize()?;
+        let sizes = group.all_gather(config.replicas as u64)?;
+        if let Some(other) = sizes.iter().position(|&n| n != config.replicas as u64) {
+            return Err(format!(
+                "process {} runs {} replicas but process {other} runs {}; every process of an MPI job must run \
+                 the same --num-replicas",
+                group.rank(),
+                config.replicas,
+                sizes[other]
+            ));
+        }
         let collective = Arc::new(HierarchicalCollective::new(config.replicas, group, config.collective_timeout));
         let shared: Arc<dyn Collective> = collective.clone();
         (0..config.replicas)

@@ -8,6 +8,7 @@ use crate::in_process::InProcessCollective;
 use lazytrain_core::collective::Collective;
 use lazytrain_core::ir::AllReduceOp;
 use lazytrain_core::{DeviceMemory, HostData};
+use std::hash::{Hash, Hasher};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, Weak};
 use std::time::{Duration, Instant};
@@ -21,6 +22,8 @@ pub trait ProcessGroup: Send + Sync {
     fn rank(&self) -> usize;
     /// Replace `data` (f32 or f64) by its elementwise sum over the processes.
     fn all_reduce_sum(&self, data: &mut HostData) -> Result<(), String>;
+    /// Replace `data` by process 0's (same dtype and length everywhere).
+    fn broadcast(&self, data: &mut HostData) -> Result<(), String>;
     /// Every process's `value`, in process order.
     fn all_gather(&self, value: u64) -> Result<Vec<u64>, String>;
     /// Wait until every process gets here.
@@ -173,6 +176,35 @@ impl Collective for HierarchicalCollective {
         }
     }
 
+    fn broadcast(&self, rank: usize, data: &mut DeviceMemory) -> Result<(), String> {
+        let local = self.local_rank(rank)?;
+        if local == 0 && self.group.size() > 1 {
+            // Process 0's leader is replica 0: the leaders take its data first.
+            let Some(host) = data.host_mut() else {
+                return Err(
+                    "the MPI collective broadcasts host memory; this buffer is in a backend's device memory".into()
+                );
+            };
+            // Mismatched lengths would be undefined behaviour in MPI: compare first.
+            let signature = {
+                let mut hasher = std::collections::hash_map::DefaultHasher::new();
+                (host.dtype().to_string(), host.len()).hash(&mut hasher);
+                hasher.finish()
+            };
+            let signatures = self.watchdog.watch("broadcast check", rank, || self.group.all_gather(signature))?;
+            if signatures.iter().any(|&s| s != signatures[0]) {
+                return Err(format!(
+                    "processes disagree on a broadcast: {} {} elements here, other lengths or dtypes elsewhere",
+                    host.len(),
+                    host.dtype()
+                ));
+            }
+            let what = format!("broadcast of {} {} values", host.len(), host.dtype());
+            self.watchdog.watch(&what, rank, || self.group.broadcast(host))?;
+        }
+        self.local.broadcast(local, data)
+    }
+
     fn agree_on_graph(&self, rank: usize, hash: u64) -> Result<(), String> {
         let local = self.local_rank(rank)?;
         self.local.agree_on_graph(local, hash)?;
@@ -241,6 +273,13 @@ mod tests {
             result
         }
 
+        fn broadcast(&self, data: &mut HostData) -> Result<(), String> {
+            let mut memory = DeviceMemory::Host(std::mem::replace(data, HostData::F32(Vec::new())));
+            let result = self.leaders.broadcast(self.rank, &mut memory);
+            *data = memory.host().expect("host memory").clone();
+            result
+        }
+
         fn all_gather(&self, value: u64) -> Result<Vec<u64>, String> {
             self.gathered.lock().unwrap()[self.rank] = value;
             self.leaders.barrier(self.rank)?;
@@ -301,6 +340,16 @@ mod tests {
             assert_eq!(mean, HostData::F32(vec![1.5, 1.0, 15.0]));
             assert_eq!(sum, HostData::F32(vec![6.0, 4.0, 60.0]));
         }
+    }
+
+    #[test]
+    fn replica_0s_data_reaches_every_thread_of_every_process() {
+        let results = run(2, 2, |rank, group| {
+            let mut data = DeviceMemory::Host(HostData::I64(vec![rank as i64 + 10; 3]));
+            group.broadcast(rank, &mut data).unwrap();
+            data.host().unwrap().clone()
+        });
+        assert!(results.iter().all(|d| *d == HostData::I64(vec![10; 3])), "{results:?}");
     }
 
     #[test]

@@ -57,10 +57,24 @@ impl SpawnConfig {
     /// this host's replicas (every process of an MPI job on this host runs
     /// `replicas` of them).
     pub fn threads(&self) -> usize {
-        let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
-        let replicas_here = self.replicas.max(1) * crate::launcher::processes_on_this_host();
-        self.threads_per_replica.unwrap_or(cores / replicas_here).max(1)
+        let usable = std::thread::available_parallelism().map_or(1, |n| n.get());
+        // A process bound to fewer cores than the machine has (mpirun binds
+        // ranks) has them to itself; an unbound one shares the machine's.
+        let bound = online_cores().is_some_and(|all| usable < all);
+        let processes = if bound { 1 } else { crate::launcher::processes_on_this_host() };
+        self.threads_per_replica.unwrap_or(usable / (self.replicas.max(1) * processes)).max(1)
     }
+}
+
+/// The machine's online cores (`/sys/devices/system/cpu/online`, e.g.
+/// `0-3,8-11`), when Linux says.
+fn online_cores() -> Option<usize> {
+    let text = std::fs::read_to_string("/sys/devices/system/cpu/online").ok()?;
+    text.trim().split(',').try_fold(0usize, |count, range| {
+        let (first, last) = range.split_once('-').unwrap_or((range, range));
+        let (first, last) = (first.parse::<usize>().ok()?, last.parse::<usize>().ok()?);
+        Some(count + last.checked_sub(first)? + 1)
+    })
 }
 
 /// One replica of a data-parallel group, as its function sees it.

@@ -56,7 +56,8 @@ impl StepOutput {
 ///
 /// `shared` host values (e.g. a stop flag) are averaged over the replicas
 /// inside the same graph, so every replica learns them without another
-/// round trip. With no micro-batches nothing is traced and the loss is NaN.
+/// round trip. With no micro-batches nothing is traced, the optimizer does
+/// not step, and the loss is NaN (the shared values are not reduced).
 ///
 /// `loss_of` may fail with the caller's own error type `E` (a model error,
 /// say); the step's own failures convert into it.
@@ -72,6 +73,9 @@ pub fn train_step<B, E>(
 where
     E: From<NnError> + From<lazytrain_core::Error>,
 {
+    if micro_batches.is_empty() {
+        return Ok(StepOutput { loss: Tensor::scalar(f32::NAN, device), shared: None });
+    }
     let mut step_loss: Option<Tensor> = None;
     for batch in micro_batches {
         let autocast = config.autocast.map(|dtype| device.autocast(dtype)).transpose()?;
@@ -96,10 +100,7 @@ where
     }
     optimizer.step()?;
     optimizer.zero_grad();
-    let loss = match step_loss {
-        Some(loss) => loss,
-        None => Tensor::scalar(f32::NAN, device),
-    };
+    let loss = step_loss.expect("at least one micro-batch");
     let (loss, shared) = replica_means(device, loss, shared)?;
     device.mark_step()?;
     Ok(StepOutput { loss, shared })

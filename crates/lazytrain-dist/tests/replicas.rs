@@ -237,3 +237,24 @@ fn replicas_that_trace_different_graphs_fail_with_both_hashes() {
     assert!(error.contains("traced different step graphs"), "{error}");
     assert!(error.contains("replica 0 runs graph") && error.contains("replica 1 runs graph"), "{error}");
 }
+
+#[test]
+fn replicas_start_from_replica_0s_weights_and_seed() {
+    use lazytrain_dist::{broadcast_from_master, check_same_as_master};
+    let results = spawn(&SpawnConfig::new(3), |replica| -> Result<_, NnError> {
+        let device = replica.device();
+        let w = Tensor::from_vec(vec![replica.rank() as f32 + 0.5; 4], [2, 2], device)?;
+        let b = Tensor::from_vec(vec![replica.rank() as i64], [1], device)?;
+        broadcast_from_master(device, &[w.clone(), b.clone()])?;
+        check_same_as_master(device, "seed", 42)?;
+        Ok((w.to_vec::<f32>()?, b.to_vec::<i64>()?))
+    })
+    .unwrap();
+    assert!(results.iter().all(|r| *r == (vec![0.5; 4], vec![0])), "{results:?}");
+    let mismatch: Result<Vec<()>, SpawnError<NnError>> = spawn(&SpawnConfig::new(2), |replica| {
+        check_same_as_master(replica.device(), "seed", 7 + replica.rank() as u64)?;
+        Ok(())
+    });
+    let error = mismatch.unwrap_err().to_string();
+    assert!(error.contains("replica 1 has seed 8 but replica 0 has 7"), "{error}");
+}

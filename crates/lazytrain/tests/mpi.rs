@@ -32,12 +32,13 @@ const SHARED_MEMORY: [&str; 6] = ["--mca", "btl", "self,vader,tcp", "--mca", "bt
 /// TCP over loopback only: the multi-host path.
 const TCP_ONLY: [&str; 6] = ["--mca", "btl", "self,tcp", "--mca", "btl_tcp_if_include", "lo"];
 
-/// `mpirun -n n` of the lazytrain binary.
-fn mpirun(n: usize, transport: &[&str]) -> Command {
+/// `mpirun -n n` of the lazytrain binary, with `env` set in every rank.
+fn mpirun(n: usize, transport: &[&str], env: &[(&str, &str)]) -> Command {
     let mut cmd = Command::new("mpirun");
     cmd.args(["--allow-run-as-root", "--oversubscribe", "-n", &n.to_string()]).args(transport);
-    // The ranks see the fault-injection switch of the stall test.
-    cmd.args(["-x", "LAZYTRAIN_FAULT_INJECT"]);
+    for (name, value) in env {
+        cmd.args(["-x", &format!("{name}={value}")]);
+    }
     cmd.arg(env!("CARGO_BIN_EXE_lazytrain"));
     cmd
 }
@@ -112,7 +113,7 @@ fn assert_same_training(a: &Path, b: &Path, tolerance: f64) {
 fn two_processes_train_like_two_threads_over_tcp() {
     let dir = data("tcp");
     let (mpi, threads) = (dir.join("mpi"), dir.join("threads"));
-    succeed(mpirun(2, &TCP_ONLY).args(train_args(&dir, &mpi, 6)).output().unwrap());
+    succeed(mpirun(2, &TCP_ONLY, &[]).args(train_args(&dir, &mpi, 6)).output().unwrap());
     let mut threaded = Command::new(env!("CARGO_BIN_EXE_lazytrain"));
     succeed(threaded.args(train_args(&dir, &threads, 6)).args(["--num-replicas", "2"]).output().unwrap());
     assert_same_training(&mpi, &threads, 1e-5);
@@ -125,7 +126,9 @@ fn two_processes_train_like_two_threads_over_tcp() {
 fn two_processes_of_two_threads_train_like_four_threads() {
     let dir = data("hybrid");
     let (mpi, threads) = (dir.join("mpi"), dir.join("threads"));
-    succeed(mpirun(2, &SHARED_MEMORY).args(train_args(&dir, &mpi, 4)).args(["--num-replicas", "2"]).output().unwrap());
+    succeed(
+        mpirun(2, &SHARED_MEMORY, &[]).args(train_args(&dir, &mpi, 4)).args(["--num-replicas", "2"]).output().unwrap(),
+    );
     let mut threaded = Command::new(env!("CARGO_BIN_EXE_lazytrain"));
     succeed(threaded.args(train_args(&dir, &threads, 4)).args(["--num-replicas", "4"]).output().unwrap());
     assert_same_training(&mpi, &threads, 1e-5);
@@ -135,10 +138,12 @@ fn two_processes_of_two_threads_train_like_four_threads() {
 fn a_rank_that_traced_another_graph_fails_fast_on_every_rank() {
     let dir = data("mismatch");
     let out = dir.join("out");
+    // The same model and weights, another batch size: another step graph.
     let mut other = train_args(&dir, &out, 4);
-    other[2] = "bert-mini".into();
+    let batch = other.iter().position(|a| a == "--per-device-train-batch-size").unwrap() + 1;
+    other[batch] = "4".into();
     let started = Instant::now();
-    let output = mpirun(1, &SHARED_MEMORY)
+    let output = mpirun(1, &SHARED_MEMORY, &[])
         .args(train_args(&dir, &out, 4))
         .args([":", "-n", "1", env!("CARGO_BIN_EXE_lazytrain")])
         .args(other)
@@ -155,7 +160,7 @@ fn a_rank_that_traced_another_graph_fails_fast_on_every_rank() {
 fn a_killed_rank_ends_the_job_and_its_checkpoint_resumes() {
     let dir = data("kill");
     let out = dir.join("out");
-    let mut job = mpirun(2, &SHARED_MEMORY)
+    let mut job = mpirun(2, &SHARED_MEMORY, &[])
         .args(train_args(&dir, &out, 100_000))
         .stdout(Stdio::null())
         .stderr(Stdio::piped())
@@ -180,7 +185,7 @@ fn a_killed_rank_ends_the_job_and_its_checkpoint_resumes() {
     assert!(!status.success());
     let latest = lazytrain::trainer::checkpoint::latest_checkpoint(&out).expect("a complete checkpoint");
     let step: usize = latest.file_name().unwrap().to_str().unwrap()["checkpoint-".len()..].parse().unwrap();
-    let resumed = mpirun(2, &SHARED_MEMORY)
+    let resumed = mpirun(2, &SHARED_MEMORY, &[])
         .args(train_args(&dir, &out, step + 2))
         .args(["--resume-from-checkpoint", "true"])
         .output()
@@ -194,10 +199,9 @@ fn a_stuck_rank_ends_the_job_after_the_collective_timeout() {
     let dir = data("stall");
     let out = dir.join("out");
     let started = Instant::now();
-    let output = mpirun(2, &SHARED_MEMORY)
+    let output = mpirun(2, &SHARED_MEMORY, &[("LAZYTRAIN_FAULT_INJECT", "stall-replica-1")])
         .args(train_args(&dir, &out, 8))
         .args(["--collective-timeout", "2"])
-        .env("LAZYTRAIN_FAULT_INJECT", "stall-replica-1")
         .output()
         .unwrap();
     assert!(started.elapsed() < Duration::from_secs(15), "took {:?}", started.elapsed());

@@ -9,7 +9,7 @@ use crate::error::{Error, Result};
 use crate::ir::{Graph, Op};
 use crate::metrics::Metrics;
 use crate::storage::{Buffer, DeviceMemory};
-use rustc_hash::FxHashSet;
+use rustc_hash::{FxHashMap, FxHashSet};
 use std::sync::mpsc;
 use std::sync::{Arc, Condvar, Mutex, Weak};
 use std::thread::JoinHandle;
@@ -22,8 +22,13 @@ pub(super) struct Runner {
     pub(super) replica: Option<ReplicaLink>,
     /// The device's backend, which runs executables with its resources.
     pub(super) backend: Arc<dyn Backend>,
-    /// Graphs (by structural hash) that need no agreement any more: they
-    /// have no collective, or the replicas agreed they all run them.
+    /// What the replicas compare for each graph seen (by structural hash):
+    /// its computation hash, or `None` when it has no collective.
+    pub(super) compared: Mutex<FxHashMap<u64, Option<u64>>>,
+    /// Computation hashes the replicas agreed they all run. Keyed by what
+    /// they compare (not by the structural hash, which includes donation
+    /// and may differ between replicas), so every replica agrees on a
+    /// computation exactly once.
     pub(super) settled: Mutex<FxHashSet<u64>>,
 }
 
@@ -31,8 +36,6 @@ pub(super) struct Runner {
 /// first collective.
 #[derive(Clone, Copy, Debug)]
 pub(super) struct Agreement {
-    /// Its structural hash (this device's cache key).
-    structural: u64,
     /// What the replicas compare ([`Graph::computation_hash`]).
     computation: u64,
 }
@@ -45,15 +48,12 @@ impl Runner {
         if self.replica.as_ref().is_none_or(|link| link.collective.world_size() <= 1) {
             return None;
         }
-        let mut settled = self.settled.lock().unwrap_or_else(|p| p.into_inner());
-        if settled.contains(&hash) {
-            return None;
-        }
-        if !graph.nodes.iter().any(|n| matches!(n.op, Op::AllReduce(_))) {
-            settled.insert(hash);
-            return None;
-        }
-        Some(Agreement { structural: hash, computation: graph.computation_hash() })
+        let computation = *self.compared.lock().unwrap_or_else(|p| p.into_inner()).entry(hash).or_insert_with(|| {
+            graph.nodes.iter().any(|n| matches!(n.op, Op::AllReduce(_))).then(|| graph.computation_hash())
+        });
+        let computation = computation?;
+        let settled = self.settled.lock().unwrap_or_else(|p| p.into_inner()).contains(&computation);
+        (!settled).then_some(Agreement { computation })
     }
 
     /// Run `exe` on `inputs` through the device's backend and count it.
@@ -68,12 +68,12 @@ impl Runner {
         if let (Some(agreement), Some(link)) = (agreement, &self.replica) {
             // Checked when the step runs (steps run in order on a device), so
             // only the first run of a graph agrees, on every replica alike.
-            let known = self.settled.lock().unwrap_or_else(|p| p.into_inner()).contains(&agreement.structural);
+            let known = self.settled.lock().unwrap_or_else(|p| p.into_inner()).contains(&agreement.computation);
             if !known {
                 link.collective.agree_on_graph(link.rank, agreement.computation).map_err(|detail| {
                     Error::Execution { node: 0, op: "all_reduce", detail: format!("replica {}: {detail}", link.rank) }
                 })?;
-                self.settled.lock().unwrap_or_else(|p| p.into_inner()).insert(agreement.structural);
+                self.settled.lock().unwrap_or_else(|p| p.into_inner()).insert(agreement.computation);
             }
         }
         let context = RunContext { replica: self.replica.as_ref() };

@@ -143,6 +143,7 @@ impl Device {
             metrics: metrics.clone(),
             replica: options.replica.clone(),
             backend: backend.clone(),
+            compared: Mutex::default(),
             settled: Mutex::default(),
         });
         let queue = Arc::new(Queue::default());

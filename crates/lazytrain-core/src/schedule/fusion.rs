@@ -314,7 +314,21 @@ fn recomputable(
     let cheap = match node.op {
         Op::Unary(op) => !matches!(op, UnaryOp::Exp | UnaryOp::Log | UnaryOp::Erf | UnaryOp::Tanh),
         Op::Cast | Op::Binary(_) | Op::Compare(_) => true,
-        _ => false,
+        Op::Select | Op::RngUniform { .. } | Op::Reduce { .. } => false,
+        Op::Parameter(_)
+        | Op::Constant(_)
+        | Op::Iota { .. }
+        | Op::Reshape
+        | Op::Permute(_)
+        | Op::Expand
+        | Op::Slice { .. }
+        | Op::Concat { .. }
+        | Op::Pad { .. }
+        | Op::Gather { .. }
+        | Op::ScatterAdd { .. }
+        | Op::Dot { .. }
+        | Op::AllReduce(_)
+        | Op::StopGradient => false,
     };
     let sources: Vec<usize> =
         node.inputs.iter().map(|id| id.index()).filter(|&x| immediate(graph, fusion.resolve(x)).is_none()).collect();

@@ -108,7 +108,7 @@ impl MemoryPlan {
                         let donated_first = |x: &&usize| is_donated(graph, **x) != is_output;
                         let mut candidates: Vec<&usize> = group.contiguous_inputs.iter().collect();
                         candidates.sort_by_key(donated_first);
-                        let reusable = candidates.into_iter().find_map(|&x| fits(x));
+                        let reusable = candidates.into_iter().find_map(|&x| fits(x)).filter(|_| capabilities.in_place);
                         let slot = match reusable {
                             Some(s) => {
                                 dying[i].retain(|&d| d != s);

@@ -97,6 +97,11 @@ impl<M: TaskModel> Trainer<M> {
             self.restore(&dir, &mut optimizer)?;
         }
         let (rank, world) = self.replica_position();
+        // Replicas start from replica 0's weights and must share its seed
+        // (the data order and dropout derive from it).
+        let params: Vec<Tensor> = named_parameters(&self.model).into_iter().map(|(_, t)| t).collect();
+        lazytrain_dist::check_same_as_master(&self.device, "seed", self.args.seed)?;
+        lazytrain_dist::broadcast_from_master(&self.device, &params)?;
         let report_to = if rank == 0 { self.args.report_to.clone() } else { Vec::new() };
         let sinks = LogSinks::open(&output_dir, &report_to)?;
         let remaining = total.saturating_sub(self.state.global_step);
@@ -111,7 +116,6 @@ impl<M: TaskModel> Trainer<M> {
         };
         let loader = DeviceLoader::new(self.train.clone(), sampler, self.collator(self.args.seed), plan, &self.device)?;
         let epoch_samples = self.batches_per_epoch()? as usize * self.args.per_device_train_batch_size;
-        let params: Vec<Tensor> = named_parameters(&self.model).into_iter().map(|(_, t)| t).collect();
         let bar = progress_bar(total, self.show_progress && rank == 0, "step {pos}/{len} [{bar:30}] {msg} eta {eta}");
         bar.set_position(self.state.global_step);
         for cb in &mut self.callbacks {

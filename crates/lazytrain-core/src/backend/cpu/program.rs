@@ -100,7 +100,21 @@ pub(super) fn build_program(graph: &Graph, group: &Group) -> FusedProgram {
                 let input = seed.expect("the schedule names a random draw's seed");
                 Value::Reg(program.emit(|dst| Instr::Random { input, stream: *stream, dst }))
             }
-            other => unreachable!("{} is not fusible", other.name()),
+            // `fusible` (schedule/fusion.rs) admits none of these.
+            other @ (Op::Parameter(_)
+            | Op::Constant(_)
+            | Op::Iota { .. }
+            | Op::Reshape
+            | Op::Permute(_)
+            | Op::Expand
+            | Op::Slice { .. }
+            | Op::Concat { .. }
+            | Op::Pad { .. }
+            | Op::Gather { .. }
+            | Op::ScatterAdd { .. }
+            | Op::Dot { .. }
+            | Op::AllReduce(_)
+            | Op::StopGradient) => unreachable!("{} is not fusible", other.name()),
         };
         value_of[m] = Some(result);
     }
