@@ -2,6 +2,7 @@
 //! `../shared/anchors/bench_torch_mlm.py`, run by lazytrain.
 
 use clap::Args;
+use lazytrain_core::ir::AllReduceOp;
 use lazytrain_core::{DType, Device, Tensor};
 use lazytrain_dist::{spawn, train_step, Replica, SpawnConfig, StepConfig};
 use lazytrain_models::{ForMaskedLM, ModelConfig, ModelType};
@@ -45,6 +46,7 @@ struct ReplicaRun {
     /// Replicas in the whole group (every process's).
     world: usize,
     params: usize,
+    /// Compiles, cache hits and compile time of the whole group.
     compiles: u64,
     cache_hits: u64,
     compile_ms: f64,
@@ -150,6 +152,13 @@ fn bench_replica(
         last_loss = value;
     }
     let m = device.metrics();
+    // The group's totals (every replica of every process), read before this
+    // sum's own compile counts.
+    let local = vec![m.compiles as f64, m.cache_hits as f64, m.compile_ms];
+    let totals = match replica.world_size() {
+        1 => local,
+        _ => Tensor::from_vec(local, [3], device)?.all_reduce(AllReduceOp::Sum)?.to_vec::<f64>()?,
+    };
     Ok(ReplicaRun {
         times,
         first_loss,
@@ -157,9 +166,9 @@ fn bench_replica(
         backend: device.backend_name(),
         world: replica.world_size(),
         params: n_params,
-        compiles: m.compiles,
-        cache_hits: m.cache_hits,
-        compile_ms: m.compile_ms,
+        compiles: totals[0] as u64,
+        cache_hits: totals[1] as u64,
+        compile_ms: totals[2],
     })
 }
 
@@ -196,9 +205,7 @@ pub fn run(args: &BenchArgs) -> lazytrain::Result<()> {
     }
     let tokens = (master.world * batch * SEQ) as f64;
     let gflops = flops_per_token(layers, hidden, vocab, SEQ) * tokens / median / 1e9;
-    let compiles: u64 = runs.iter().map(|r| r.compiles).sum();
-    let cache_hits: u64 = runs.iter().map(|r| r.cache_hits).sum();
-    let compile_ms: f64 = runs.iter().map(|r| r.compile_ms).sum();
+    let (compiles, cache_hits, compile_ms) = (master.compiles, master.cache_hits, master.compile_ms);
     let precision = if args.bf16 { DType::BF16 } else { DType::F32 };
     // The profile covers the training steps, not the GEMM-peak probe.
     let profile = lazytrain_core::backend::profile::enabled().then(lazytrain_core::backend::profile::report);
