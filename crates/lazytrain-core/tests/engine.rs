@@ -315,3 +315,60 @@ fn backend_memory_is_not_read_as_host_memory() {
     assert_eq!((copy.dtype(), copy.size_in_bytes(), copy.host().is_none()), (DType::F32, 16, true));
     assert!(buffer.into_host().is_err());
 }
+
+/// A backend whose executables panic when they run.
+struct PanickingBackend;
+
+struct PanickingExecutable;
+
+impl lazytrain_core::backend::Executable for PanickingExecutable {
+    fn run(
+        &self,
+        _: Vec<std::sync::Arc<lazytrain_core::Buffer>>,
+        _: &lazytrain_core::collective::RunContext,
+    ) -> Result<Vec<std::sync::Arc<lazytrain_core::Buffer>>> {
+        panic!("a kernel bug")
+    }
+
+    fn stats(&self) -> lazytrain_core::backend::ExecutableStats {
+        Default::default()
+    }
+}
+
+impl lazytrain_core::backend::Backend for PanickingBackend {
+    fn name(&self) -> &'static str {
+        "panicking"
+    }
+
+    fn capabilities(&self) -> lazytrain_core::schedule::Capabilities {
+        lazytrain_core::schedule::Capabilities::UNFUSED
+    }
+
+    fn lower(
+        &self,
+        _: &lazytrain_core::schedule::Schedule,
+    ) -> Result<std::sync::Arc<dyn lazytrain_core::backend::Executable>> {
+        Ok(std::sync::Arc::new(PanickingExecutable))
+    }
+}
+
+/// A step that panics on an asynchronous device's worker fails its outputs
+/// and the next `wait` with the panic's message; nothing waits forever and
+/// the device keeps working.
+#[test]
+fn a_panicking_step_on_an_asynchronous_device_is_an_error_not_a_hang() -> Result<()> {
+    let options = lazytrain_core::DeviceOptions { asynchronous: true, ..Default::default() };
+    let cache = std::sync::Arc::new(lazytrain_core::cache::CompileCache::new());
+    let dev = Device::new(std::sync::Arc::new(PanickingBackend), cache, options)?;
+    let x = Tensor::from_vec(vec![1.0f32, 2.0], [2], &dev)?;
+    let y = x.exp()?;
+    dev.sync()?;
+    let e = y.to_vec::<f32>().unwrap_err().to_string();
+    assert!(e.contains("the step panicked: a kernel bug"), "{e}");
+    let e = dev.wait().unwrap_err().to_string();
+    assert!(e.contains("a kernel bug"), "{e}");
+    let z = x.neg()?;
+    dev.sync()?;
+    assert!(z.to_vec::<f32>().is_err(), "the worker still runs (and fails) the next step");
+    Ok(())
+}

@@ -207,5 +207,7 @@ fn a_stuck_rank_ends_the_job_after_the_collective_timeout() {
     assert!(started.elapsed() < Duration::from_secs(15), "took {:?}", started.elapsed());
     assert!(!output.status.success());
     let stderr = String::from_utf8_lossy(&output.stderr);
-    assert!(stderr.contains("has not completed after 2 s") && stderr.contains("all_reduce"), "{stderr}");
+    // Usually the gradient all-reduce of step 2; under a loaded machine an
+    // earlier collective may already wait longer than 2 s for rank 1.
+    assert!(stderr.contains("has not completed after 2 s"), "{stderr}");
 }

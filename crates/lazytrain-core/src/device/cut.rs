@@ -60,7 +60,7 @@ impl Device {
         // write the step's new values into it.
         graph.donated = inputs.iter().map(|b| Arc::strong_count(b) == 1).collect();
         let hash = graph.structural_hash();
-        let agreement = self.inner.runner.agreement_for(&graph, hash);
+        let agreement = self.inner.runner.agreement_for(&graph, hash, location);
         let executable = match self.executable_for(graph, hash, location, cut_start) {
             Ok(exe) => exe,
             Err(e) => return Err(fail_cells(&cells, e)),

@@ -38,13 +38,20 @@ pub(super) struct Runner {
 pub(super) struct Agreement {
     /// What the replicas compare ([`Graph::computation_hash`]).
     computation: u64,
+    /// Where this replica cut the graph (named when they disagree).
+    site: &'static std::panic::Location<'static>,
 }
 
 impl Runner {
     /// What the replicas must agree on before `graph` (structural hash
     /// `hash`) runs: nothing when it has no collective, the device is alone
     /// or they agreed already; else its [`Agreement`].
-    pub(super) fn agreement_for(&self, graph: &Graph, hash: u64) -> Option<Agreement> {
+    pub(super) fn agreement_for(
+        &self,
+        graph: &Graph,
+        hash: u64,
+        site: &'static std::panic::Location<'static>,
+    ) -> Option<Agreement> {
         if self.replica.as_ref().is_none_or(|link| link.collective.world_size() <= 1) {
             return None;
         }
@@ -53,7 +60,7 @@ impl Runner {
         });
         let computation = computation?;
         let settled = self.settled.lock().unwrap_or_else(|p| p.into_inner()).contains(&computation);
-        (!settled).then_some(Agreement { computation })
+        (!settled).then_some(Agreement { computation, site })
     }
 
     /// Run `exe` on `inputs` through the device's backend and count it.
@@ -71,7 +78,11 @@ impl Runner {
             let known = self.settled.lock().unwrap_or_else(|p| p.into_inner()).contains(&agreement.computation);
             if !known {
                 link.collective.agree_on_graph(link.rank, agreement.computation).map_err(|detail| {
-                    Error::Execution { node: 0, op: "all_reduce", detail: format!("replica {}: {detail}", link.rank) }
+                    Error::Execution {
+                        node: 0,
+                        op: "all_reduce",
+                        detail: format!("{detail} (replica {} cut its step at {})", link.rank, agreement.site),
+                    }
                 })?;
                 self.settled.lock().unwrap_or_else(|p| p.into_inner()).insert(agreement.computation);
             }
@@ -124,7 +135,17 @@ impl Worker {
                     let idle = t.elapsed().as_secs_f64() * 1e3;
                     runner.metrics.update(|m| m.device_idle_ms += idle);
                 }
-                let outcome = runner.run(&*job.executable, job.inputs, job.agreement);
+                // A step that panics fails like one that errs: its outputs and
+                // the next `wait` report it (the worker lives on, so nobody
+                // waits forever for a step that will never finish).
+                let run = std::panic::AssertUnwindSafe(|| runner.run(&*job.executable, job.inputs, job.agreement));
+                let outcome = std::panic::catch_unwind(run).unwrap_or_else(|panic| {
+                    Err(Error::Execution {
+                        node: 0,
+                        op: "step",
+                        detail: format!("the step panicked: {}", panic_text(&*panic)),
+                    })
+                });
                 let failure = fulfil(&job.outputs, outcome);
                 let mut state = queue.state.lock().unwrap_or_else(|p| p.into_inner());
                 state.0 -= 1;
@@ -150,6 +171,15 @@ impl Drop for Worker {
             let _ = handle.join();
         }
     }
+}
+
+/// The message of a caught panic.
+fn panic_text(panic: &(dyn std::any::Any + Send)) -> String {
+    panic
+        .downcast_ref::<&str>()
+        .map(|s| s.to_string())
+        .or_else(|| panic.downcast_ref::<String>().cloned())
+        .unwrap_or_else(|| "a panic without a message".into())
 }
 
 /// Move a finished step's results into its in-flight output buffers (or the
