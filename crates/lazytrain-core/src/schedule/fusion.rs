@@ -138,6 +138,30 @@ impl Fusion {
     }
 }
 
+/// The ops a fused group never has as a member, as a pattern: the one
+/// list `fusible`, `recomputable` and the backends' group lowering share.
+/// A new `Op` is a compile error in each of them until it is either here
+/// or handled by name.
+macro_rules! never_fused {
+    () => {
+        $crate::ir::Op::Parameter(_)
+            | $crate::ir::Op::Constant(_)
+            | $crate::ir::Op::Iota { .. }
+            | $crate::ir::Op::Reshape
+            | $crate::ir::Op::Permute(_)
+            | $crate::ir::Op::Expand
+            | $crate::ir::Op::Slice { .. }
+            | $crate::ir::Op::Concat { .. }
+            | $crate::ir::Op::Pad { .. }
+            | $crate::ir::Op::Gather { .. }
+            | $crate::ir::Op::ScatterAdd { .. }
+            | $crate::ir::Op::Dot { .. }
+            | $crate::ir::Op::AllReduce(_)
+            | $crate::ir::Op::StopGradient
+    };
+}
+pub(crate) use never_fused;
+
 /// True for the dtypes fused kernels compute in (f32 registers).
 fn fusible_dtype(dtype: DType) -> bool {
     matches!(dtype, DType::F32 | DType::BF16 | DType::Bool)
@@ -161,21 +185,10 @@ fn fusible(graph: &Graph, i: usize, splat: &[bool]) -> bool {
         // Drawn tile by tile from its seed (never stored when only fused
         // kernels read it).
         Op::RngUniform { .. } => node.dtype == DType::F32,
-        Op::Parameter(_)
-        | Op::Constant(_)
-        | Op::Iota { .. }
-        | Op::Reduce { .. }
-        | Op::Reshape
-        | Op::Permute(_)
-        | Op::Expand
-        | Op::Slice { .. }
-        | Op::Concat { .. }
-        | Op::Pad { .. }
-        | Op::Gather { .. }
-        | Op::ScatterAdd { .. }
-        | Op::Dot { .. }
-        | Op::AllReduce(_)
-        | Op::StopGradient => false,
+        // Reductions join groups as their rows' accumulators
+        // (`absorb_reductions`), never as elementwise members.
+        Op::Reduce { .. } => false,
+        never_fused!() => false,
     }
 }
 
@@ -315,20 +328,7 @@ fn recomputable(
         Op::Unary(op) => !matches!(op, UnaryOp::Exp | UnaryOp::Log | UnaryOp::Erf | UnaryOp::Tanh),
         Op::Cast | Op::Binary(_) | Op::Compare(_) => true,
         Op::Select | Op::RngUniform { .. } | Op::Reduce { .. } => false,
-        Op::Parameter(_)
-        | Op::Constant(_)
-        | Op::Iota { .. }
-        | Op::Reshape
-        | Op::Permute(_)
-        | Op::Expand
-        | Op::Slice { .. }
-        | Op::Concat { .. }
-        | Op::Pad { .. }
-        | Op::Gather { .. }
-        | Op::ScatterAdd { .. }
-        | Op::Dot { .. }
-        | Op::AllReduce(_)
-        | Op::StopGradient => false,
+        never_fused!() => false,
     };
     let sources: Vec<usize> =
         node.inputs.iter().map(|id| id.index()).filter(|&x| immediate(graph, fusion.resolve(x)).is_none()).collect();

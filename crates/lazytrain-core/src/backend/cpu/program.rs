@@ -6,6 +6,7 @@
 use crate::dtype::DType;
 use crate::ir::{BinaryOp, Graph, Op};
 use crate::kernels::fused::{FusedProgram, Instr, Src};
+use crate::schedule::fusion::never_fused;
 use crate::schedule::{Group, MemberRead};
 
 /// A value inside a program under construction: a virtual register or a constant.
@@ -101,20 +102,7 @@ pub(super) fn build_program(graph: &Graph, group: &Group) -> FusedProgram {
                 Value::Reg(program.emit(|dst| Instr::Random { input, stream: *stream, dst }))
             }
             // `fusible` (schedule/fusion.rs) admits none of these.
-            other @ (Op::Parameter(_)
-            | Op::Constant(_)
-            | Op::Iota { .. }
-            | Op::Reshape
-            | Op::Permute(_)
-            | Op::Expand
-            | Op::Slice { .. }
-            | Op::Concat { .. }
-            | Op::Pad { .. }
-            | Op::Gather { .. }
-            | Op::ScatterAdd { .. }
-            | Op::Dot { .. }
-            | Op::AllReduce(_)
-            | Op::StopGradient) => unreachable!("{} is not fusible", other.name()),
+            other @ never_fused!() => unreachable!("{} is not fusible", other.name()),
         };
         value_of[m] = Some(result);
     }
