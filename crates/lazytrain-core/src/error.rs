@@ -119,3 +119,12 @@ impl Error {
         Error::Op { op, kind: rule.kind, detail: rule.detail, location }
     }
 }
+
+/// The message of a caught panic (its `&str` or `String` payload).
+pub fn panic_message(panic: &(dyn std::any::Any + Send)) -> String {
+    panic
+        .downcast_ref::<&str>()
+        .map(|s| s.to_string())
+        .or_else(|| panic.downcast_ref::<String>().cloned())
+        .unwrap_or_else(|| "a panic without a message".into())
+}

@@ -54,7 +54,7 @@ mod tensor;
 pub use autodiff::grad;
 pub use device::{Device, DeviceOptions, PrecisionGuard, SAVED_ACTIVATION_MIN_ELEMENTS};
 pub use dtype::{DType, Literal};
-pub use error::{Error, Result, RuleError, RuleKind};
+pub use error::{panic_message, Error, Result, RuleError, RuleKind};
 pub use kernels::MatmulKernel;
 pub use shape::Shape;
 pub use storage::{live_buffer_bytes, peak_buffer_bytes, BackendMemory, Buffer, DeviceMemory, Element, HostData};

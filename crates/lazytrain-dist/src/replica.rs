@@ -7,7 +7,7 @@ use crate::launcher::ThreadLauncher;
 use crate::launcher::{default_launcher, Launcher};
 use lazytrain_core::cache::CompileCache;
 use lazytrain_core::collective::{Collective, ReplicaLink};
-use lazytrain_core::{Device, DeviceOptions};
+use lazytrain_core::{panic_message, Device, DeviceOptions};
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::sync::Arc;
 use std::time::Duration;
@@ -244,12 +244,4 @@ where
         Outcome::Panicked(message) => group.abort(replica.rank, &format!("panicked: {message}")),
     }
     outcome
-}
-
-fn panic_message(panic: &(dyn std::any::Any + Send)) -> String {
-    panic
-        .downcast_ref::<&str>()
-        .map(|s| s.to_string())
-        .or_else(|| panic.downcast_ref::<String>().cloned())
-        .unwrap_or_else(|| "a panic without a message".into())
 }

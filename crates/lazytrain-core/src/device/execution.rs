@@ -5,7 +5,7 @@
 use super::Device;
 use crate::backend::{Backend, Executable};
 use crate::collective::{ReplicaLink, RunContext};
-use crate::error::{Error, Result};
+use crate::error::{panic_message, Error, Result};
 use crate::ir::{Graph, Op};
 use crate::metrics::Metrics;
 use crate::storage::{Buffer, DeviceMemory};
@@ -143,7 +143,7 @@ impl Worker {
                     Err(Error::Execution {
                         node: 0,
                         op: "step",
-                        detail: format!("the step panicked: {}", panic_text(&*panic)),
+                        detail: format!("the step panicked: {}", panic_message(&*panic)),
                     })
                 });
                 let failure = fulfil(&job.outputs, outcome);
@@ -171,15 +171,6 @@ impl Drop for Worker {
             let _ = handle.join();
         }
     }
-}
-
-/// The message of a caught panic.
-fn panic_text(panic: &(dyn std::any::Any + Send)) -> String {
-    panic
-        .downcast_ref::<&str>()
-        .map(|s| s.to_string())
-        .or_else(|| panic.downcast_ref::<String>().cloned())
-        .unwrap_or_else(|| "a panic without a message".into())
 }
 
 /// Move a finished step's results into its in-flight output buffers (or the
