@@ -29,8 +29,8 @@ pub struct InProcessCollective {
     published: Mutex<Vec<Option<Published>>>,
     /// Each replica's graph hash during an agreement.
     hashes: Mutex<Vec<u64>>,
-    /// Replica 0's data during a broadcast (its address), with its dtype and length.
-    broadcast_source: Mutex<Option<(usize, DType, usize)>>,
+    /// The address of replica 0's data during a broadcast.
+    broadcast_source: Mutex<Option<usize>>,
     /// The barrier inside collectives (run by the replicas' devices).
     barrier: Barrier,
     /// The barrier of `rendezvous` (run by the replicas' own threads): a
@@ -135,24 +135,30 @@ impl Collective for InProcessCollective {
             );
         };
         if rank == 0 {
-            *self.broadcast_source.lock().unwrap_or_else(|p| p.into_inner()) =
-                Some((host as *const HostData as usize, host.dtype(), host.len()));
+            *self.broadcast_source.lock().unwrap_or_else(|p| p.into_inner()) = Some(host as *const HostData as usize);
         }
         self.barrier.wait().map_err(describe)?;
         let source = *self.broadcast_source.lock().unwrap_or_else(|p| p.into_inner());
         let result = match source {
-            Some((_, dtype, len)) if (dtype, len) != (host.dtype(), host.len()) => Err(format!(
-                "replicas disagree on a broadcast: {} {} elements here, {len} {dtype} on replica 0",
-                host.len(),
-                host.dtype()
-            )),
-            Some((address, _, _)) if rank != 0 => {
+            // Replica 0 keeps its own data (and compares with itself).
+            Some(_) if rank == 0 => Ok(()),
+            Some(address) => {
                 // SAFETY: replica 0 keeps its data alive and unchanged until
                 // the barrier below, which every replica reaches.
-                *host = unsafe { (*(address as *const HostData)).clone() };
-                Ok(())
+                let source = unsafe { &*(address as *const HostData) };
+                if (source.dtype(), source.len()) == (host.dtype(), host.len()) {
+                    *host = source.clone();
+                    Ok(())
+                } else {
+                    Err(format!(
+                        "replicas disagree on a broadcast: {} {} elements here, {} {} on replica 0",
+                        host.len(),
+                        host.dtype(),
+                        source.len(),
+                        source.dtype()
+                    ))
+                }
             }
-            Some(_) => Ok(()),
             None => Err("replica 0 published nothing to broadcast".into()),
         };
         self.barrier.wait_all();
