@@ -1,5 +1,6 @@
 //! Model configuration in Hugging Face's `config.json` field names.
 
+pub use crate::gpt2_config::Gpt2Options;
 use crate::{ModelError, Result};
 use serde::{Deserialize, Serialize};
 use std::path::Path;
@@ -12,6 +13,9 @@ pub enum ModelType {
     Bert,
     /// RoBERTa (`model_type: "roberta"`): positions start after the padding index.
     Roberta,
+    /// GPT-2 (`model_type: "gpt2"`), a causal decoder; its `config.json`
+    /// uses GPT-2's own field names (`n_embd`, `n_layer`, ...).
+    Gpt2,
 }
 
 impl ModelType {
@@ -20,6 +24,17 @@ impl ModelType {
         match self {
             ModelType::Bert => "bert",
             ModelType::Roberta => "roberta",
+            ModelType::Gpt2 => "gpt2",
+        }
+    }
+
+    /// The prefix of the base model's weights in a checkpoint of a model
+    /// with a head (`bert.`, `roberta.`, GPT-2's `transformer.`).
+    pub fn weights_prefix(self) -> &'static str {
+        match self {
+            ModelType::Bert => "bert",
+            ModelType::Roberta => "roberta",
+            ModelType::Gpt2 => "transformer",
         }
     }
 }
@@ -110,13 +125,16 @@ pub struct ModelConfig {
     /// `absolute` (the only kind lazytrain implements).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub position_embedding_type: Option<String>,
+    /// GPT-2's settings that have no BERT counterpart (`None` for encoders).
+    #[serde(skip)]
+    pub gpt2: Option<Gpt2Options>,
 }
 
 /// The `problem_type` values Hugging Face defines.
 pub const PROBLEM_TYPES: [&str; 3] = ["single_label_classification", "multi_label_classification", "regression"];
 
-/// The preset names, `bert-*` and `roberta-*`.
-pub const PRESETS: [&str; 8] = [
+/// The preset names, `bert-*`, `roberta-*` and `gpt2-*`.
+pub const PRESETS: [&str; 11] = [
     "bert-tiny",
     "bert-mini",
     "bert-small",
@@ -125,18 +143,35 @@ pub const PRESETS: [&str; 8] = [
     "roberta-mini",
     "roberta-small",
     "roberta-base",
+    "gpt2-tiny",
+    "gpt2-mini",
+    "gpt2-small",
 ];
 
 impl ModelConfig {
     /// A preset for from-scratch training: `bert-tiny` (2 layers, 128
     /// hidden), `bert-mini` (4/256), `bert-small` (4/512), `bert-base`
     /// (12/768), and the same sizes as `roberta-*`; heads = hidden / 64 and
-    /// the intermediate size is 4 × hidden.
+    /// the intermediate size is 4 × hidden. `gpt2-tiny` (2/128), `gpt2-mini`
+    /// (4/256) and `gpt2-small` (12/768, Hugging Face's `gpt2`) are GPT-2
+    /// decoders with 1024 positions; `<|endoftext|>` is assumed at id 0 (as
+    /// `train-tokenizer --style gpt2` places it) until the tokenizer says otherwise.
     pub fn preset(name: &str, vocab_size: usize) -> Result<ModelConfig> {
         let (kind, size) = name.split_once('-').ok_or_else(|| unknown_preset(name))?;
         let model_type = match kind {
             "bert" => ModelType::Bert,
             "roberta" => ModelType::Roberta,
+            "gpt2" => {
+                let (layers, hidden) = match size {
+                    "tiny" => (2, 128),
+                    "mini" => (4, 256),
+                    "small" => (12, 768),
+                    _ => return Err(unknown_preset(name)),
+                };
+                let config = crate::gpt2_config::preset(vocab_size, layers, hidden);
+                config.validate(&format!("preset {name}"))?;
+                return Ok(config);
+            }
             _ => return Err(unknown_preset(name)),
         };
         let (layers, hidden) = match size {
@@ -170,6 +205,7 @@ impl ModelConfig {
             problem_type: None,
             tie_word_embeddings: None,
             position_embedding_type: None,
+            gpt2: None,
         };
         config.validate(&format!("preset {name}"))?;
         Ok(config)
@@ -180,20 +216,35 @@ impl ModelConfig {
         let where_ = path.display().to_string();
         let text = std::fs::read_to_string(path)
             .map_err(|e| ModelError::Io { path: where_.clone(), detail: format!("cannot read the config: {e}") })?;
-        let config: ModelConfig = serde_json::from_str(&text).map_err(|e| ModelError::Config {
-            path: where_.clone(),
-            detail: format!("{e} (model_type must be \"bert\" or \"roberta\"; the sizes vocab_size, hidden_size, num_hidden_layers, num_attention_heads and intermediate_size are required)"),
-        })?;
-        config.validate(&where_)?;
+        ModelConfig::from_json(&text, &where_)
+    }
+
+    /// Parse and check `config.json` text read from `path` (named in errors).
+    pub fn from_json(text: &str, path: &str) -> Result<ModelConfig> {
+        let bad = |e: serde_json::Error| {
+            ModelError::Config {
+            path: path.to_string(),
+            detail: format!("{e} (model_type must be \"bert\", \"roberta\" or \"gpt2\"; BERT and RoBERTa need the sizes vocab_size, hidden_size, num_hidden_layers, num_attention_heads and intermediate_size)"),
+        }
+        };
+        let value: serde_json::Value = serde_json::from_str(text).map_err(bad)?;
+        let config = match value.get("model_type").and_then(|t| t.as_str()) {
+            Some("gpt2") => crate::gpt2_config::from_json(value).map_err(bad)?,
+            _ => serde_json::from_value(value).map_err(bad)?,
+        };
+        config.validate(path)?;
         Ok(config)
     }
 
-    /// The config as HF's `config.json` text.
+    /// The config as HF's `config.json` text (GPT-2's in its own field names).
     pub fn to_json(&self) -> String {
-        serde_json::to_string_pretty(self).unwrap_or_default()
+        match self.model_type {
+            ModelType::Gpt2 => crate::gpt2_config::to_json(self),
+            ModelType::Bert | ModelType::Roberta => serde_json::to_string_pretty(self).unwrap_or_default(),
+        }
     }
 
-    fn validate(&self, path: &str) -> Result<()> {
+    pub(crate) fn validate(&self, path: &str) -> Result<()> {
         let bad = |detail: String| Err(ModelError::Config { path: path.to_string(), detail });
         if self.num_attention_heads == 0 || !self.hidden_size.is_multiple_of(self.num_attention_heads) {
             return bad(format!(
@@ -217,6 +268,10 @@ impl ModelConfig {
                  decoder always shares the word embeddings"
                 .into());
         }
+        if let Some(options) = &self.gpt2 {
+            crate::gpt2_config::validate(self, options)
+                .map_err(|detail| ModelError::Config { path: path.to_string(), detail })?;
+        }
         if let Some(kind) = self.problem_type.as_deref().filter(|k| !PROBLEM_TYPES.contains(k)) {
             return bad(format!("problem_type `{kind}`; choose one of {}", PROBLEM_TYPES.join(", ")));
         }
@@ -233,6 +288,7 @@ impl ModelConfig {
         let class = match self.model_type {
             ModelType::Bert => "BertForSequenceClassification",
             ModelType::Roberta => "RobertaForSequenceClassification",
+            ModelType::Gpt2 => "GPT2ForSequenceClassification",
         };
         self.architectures = vec![class.into()];
         self.id2label = Some(labels.iter().enumerate().map(|(i, l)| (i.to_string(), l.clone())).collect());
@@ -243,7 +299,7 @@ impl ModelConfig {
     /// The longest sequence the position embeddings allow.
     pub fn max_sequence_length(&self) -> usize {
         match self.model_type {
-            ModelType::Bert => self.max_position_embeddings,
+            ModelType::Bert | ModelType::Gpt2 => self.max_position_embeddings,
             ModelType::Roberta => self.max_position_embeddings.saturating_sub(self.pad_token_id as usize + 1),
         }
     }

@@ -51,7 +51,7 @@ impl Embeddings {
         let [b, s] = crate::error::dims_of(input_ids, "input_ids", "[batch, seq]")?;
         let dev = input_ids.device();
         match self.model_type {
-            ModelType::Bert => Ok(Tensor::iota([b, s], 1, DType::I64, dev)?),
+            ModelType::Bert | ModelType::Gpt2 => Ok(Tensor::iota([b, s], 1, DType::I64, dev)?),
             ModelType::Roberta => {
                 let mask = input_ids.ne_scalar(self.pad_token_id as f64)?.cast(DType::F32)?;
                 let rows = Tensor::iota([s, s], 0, DType::I32, dev)?;

@@ -1,16 +1,21 @@
 //! Hugging Face model folders: `config.json` + `model.safetensors`, both ways.
 
-use crate::{ForMaskedLM, ForSequenceClassification, ModelConfig, ModelError, ModelType, Result};
+use crate::{ForMaskedLM, ForSequenceClassification, Gpt2LMHeadModel, ModelConfig, ModelError, ModelType, Result};
 use lazytrain_core::{DType, Device};
 use lazytrain_nn::init::Initializer;
 use lazytrain_nn::state::{load_safetensors, save_safetensors, StateDict};
 use lazytrain_nn::{named_parameters, Module};
 use std::path::Path;
 
-/// Checkpoint tensors that are never parameters: tied decoder copies and old
-/// `position_ids` buffers.
+/// Checkpoint tensors that are never parameters: tied decoder copies, old
+/// `position_ids` buffers and GPT-2's causal-mask buffers (`attn.bias`,
+/// `attn.masked_bias`; not `c_attn.bias`, which is a parameter).
 fn ignorable(name: &str) -> bool {
+    let unprefixed = |suffix: &str| name.ends_with(&format!(".{suffix}")) || name == suffix;
     name.ends_with("position_ids")
+        || unprefixed("attn.bias")
+        || unprefixed("attn.masked_bias")
+        || name == "lm_head.weight"
         || name.ends_with("predictions.decoder.weight")
         || name.ends_with("predictions.decoder.bias")
         || name.ends_with("lm_head.decoder.weight")
@@ -34,7 +39,7 @@ fn head_or_pooler(name: &str, base: &str) -> bool {
 }
 
 /// Load `weights` (a safetensors file with HF names, with or without the
-/// `bert.`/`roberta.` prefix) into `module`. Every missing, unexpected or
+/// `bert.`/`roberta.`/`transformer.` prefix) into `module`. Every missing, unexpected or
 /// mis-shaped tensor is listed in one error; an unused pooler or head is
 /// returned as a warning, as is a missing parameter for which `fresh(name)`
 /// is true (it keeps its initial value). Half-precision checkpoints are
@@ -47,7 +52,7 @@ pub fn load_weights(
     fresh: &dyn Fn(&str) -> bool,
 ) -> Result<Vec<String>> {
     let file = load_safetensors(weights, device)?;
-    let base = model_type.name();
+    let base = model_type.weights_prefix();
     let prefix = format!("{base}.");
     let own = named_parameters(module);
     let mut used = vec![false; file.len()];
@@ -125,6 +130,16 @@ pub fn load_config(dir: &Path) -> Result<ModelConfig> {
 pub fn load_masked_lm(dir: &Path, device: &Device) -> Result<(ForMaskedLM, Vec<String>)> {
     let config = load_config(dir)?;
     let model = ForMaskedLM::new(&mut Initializer::new(0, device), &config)?;
+    let warnings = load_weights(&model, config.model_type, &dir.join("model.safetensors"), device, &|_| false)?;
+    Ok((model, warnings))
+}
+
+/// A GPT-2 LM from a Hugging Face folder (saved by `GPT2LMHeadModel` or
+/// `GPT2Model`, with or without the `transformer.` prefix); returns it with
+/// the load warnings.
+pub fn load_causal_lm(dir: &Path, device: &Device) -> Result<(Gpt2LMHeadModel, Vec<String>)> {
+    let config = load_config(dir)?;
+    let model = Gpt2LMHeadModel::new(&mut Initializer::new(0, device), &config)?;
     let warnings = load_weights(&model, config.model_type, &dir.join("model.safetensors"), device, &|_| false)?;
     Ok((model, warnings))
 }

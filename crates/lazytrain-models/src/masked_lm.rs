@@ -47,7 +47,7 @@ impl ForMaskedLM {
         let [b, s, d] = crate::error::dims_of(hidden, "the hidden state", "[batch, seq, hidden]")?;
         // BERT's head follows `hidden_act`; RoBERTa's is always exact GELU (as in HF).
         let act = match self.config().model_type {
-            ModelType::Bert => self.config().hidden_act.as_str(),
+            ModelType::Bert | ModelType::Gpt2 => self.config().hidden_act.as_str(),
             ModelType::Roberta => "gelu",
         };
         let h = activation(&self.transform.forward(hidden)?, act)?;
@@ -79,7 +79,8 @@ impl Module for ForMaskedLM {
         let base = self.config().model_type.name();
         self.model.visit_parameters(&format!("{prefix}{base}."), visit);
         match self.config().model_type {
-            ModelType::Bert => {
+            // (An encoder is never built from a GPT-2 config: `EncoderModel::new` refuses it.)
+            ModelType::Bert | ModelType::Gpt2 => {
                 self.transform.visit_parameters(&format!("{prefix}cls.predictions.transform.dense."), visit);
                 self.layer_norm.visit_parameters(&format!("{prefix}cls.predictions.transform.LayerNorm."), visit);
                 visit(format!("{prefix}cls.predictions.bias"), &self.bias);

@@ -2,7 +2,7 @@
 
 use crate::embeddings::Embeddings;
 use crate::encoder::{rescale_init, Encoder};
-use crate::{ModelConfig, Result};
+use crate::{ModelConfig, ModelType, Result};
 use lazytrain_core::{DType, Tensor};
 use lazytrain_nn::init::Initializer;
 use lazytrain_nn::{Context, Linear, Module};
@@ -22,6 +22,14 @@ pub struct EncoderModel {
 impl EncoderModel {
     /// A freshly initialised model (HF's `_init_weights`).
     pub fn new(init: &mut Initializer, config: &ModelConfig, with_pooler: bool) -> Result<EncoderModel> {
+        if config.model_type == ModelType::Gpt2 {
+            return Err(crate::ModelError::Config {
+                path: "model".into(),
+                detail: "GPT-2 is a causal decoder, not an encoder: load it as a GPT2LMHeadModel (`--task causal-lm`, \
+                         `text-generation`), not for masked-LM or classification"
+                    .into(),
+            });
+        }
         let pooler = if with_pooler {
             let mut dense = Linear::new(init, config.hidden_size, config.hidden_size, true)?;
             rescale_init(&mut dense, config)?;

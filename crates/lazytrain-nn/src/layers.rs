@@ -1,4 +1,4 @@
-//! Basic layers: Linear, Embedding, LayerNorm, Dropout.
+//! Basic layers: Linear, Conv1D, Embedding, LayerNorm, Dropout.
 
 use crate::init::{Initializer, BERT_INIT_STD};
 use crate::module::{join, Module};
@@ -44,6 +44,43 @@ impl Module for Linear {
         if let Some(b) = &self.bias {
             visit(join(prefix, "bias"), b);
         }
+    }
+}
+
+/// GPT-2's `Conv1D`: `y = x W + b` with `weight` stored as `[in, out]`
+/// (the transpose of [`Linear`]'s), the layout Hugging Face checkpoints
+/// hold, so weights load and save without a transposed copy.
+#[derive(Clone)]
+pub struct Conv1D {
+    /// `[in_features, out_features]`.
+    pub weight: Tensor,
+    /// `[out_features]`.
+    pub bias: Tensor,
+}
+
+impl Conv1D {
+    /// A layer with normal(`std`) weights and a zero bias (GPT-2's init).
+    pub fn new(init: &mut Initializer, in_features: usize, out_features: usize, std: f32) -> Result<Conv1D> {
+        let weight = init.normal(&[in_features, out_features], std)?;
+        Ok(Conv1D { weight, bias: init.constant(&[out_features], 0.0)? })
+    }
+
+    /// Apply to `x` of shape `[.., in_features]`.
+    #[track_caller]
+    pub fn forward(&self, x: &Tensor) -> Result<Tensor> {
+        let [in_features, out_features] = [self.weight.dims()[0], self.weight.dims()[1]];
+        let rows = x.numel() / in_features.max(1);
+        let y = x.reshape([rows, in_features])?.matmul(&self.weight)?.add(&self.bias)?;
+        let mut dims = x.dims()[..x.rank().saturating_sub(1)].to_vec();
+        dims.push(out_features);
+        Ok(y.reshape(dims)?)
+    }
+}
+
+impl Module for Conv1D {
+    fn visit_parameters(&self, prefix: &str, visit: &mut dyn FnMut(String, &Tensor)) {
+        visit(join(prefix, "weight"), &self.weight);
+        visit(join(prefix, "bias"), &self.bias);
     }
 }
 

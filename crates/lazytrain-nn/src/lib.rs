@@ -4,7 +4,7 @@
 //!
 //! - [`Module`]: named, ordered parameters with dotted Hugging Face-style
 //!   names (`encoder.layer.0.attention.self.query.weight`);
-//! - layers: [`Linear`], [`Embedding`], [`LayerNorm`], [`Dropout`],
+//! - layers: [`Linear`], [`Conv1D`], [`Embedding`], [`LayerNorm`], [`Dropout`],
 //!   [`SelfAttention`], with BERT's initialisers ([`init`]);
 //! - [`Context`]: train/eval mode and the in-graph dropout key (seed and
 //!   step are graph inputs, so masks never come from the host);
@@ -25,5 +25,5 @@ pub mod state;
 pub use attention::SelfAttention;
 pub use context::Context;
 pub use error::{NnError, Result};
-pub use layers::{Dropout, Embedding, LayerNorm, Linear};
+pub use layers::{Conv1D, Dropout, Embedding, LayerNorm, Linear};
 pub use module::{named_parameters, Module};

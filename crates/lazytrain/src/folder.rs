@@ -24,6 +24,8 @@ pub fn check_tokenizer_fits(config: &ModelConfig, tokenizer: &TextTokenizer) -> 
         let kind = match config.model_type {
             ModelType::Bert => "BERT",
             ModelType::Roberta => "RoBERTa",
+            // GPT-2 pads with whatever id it likes: padding is masked, never embedded by position.
+            ModelType::Gpt2 => return Ok(()),
         };
         return Err(Error::Input(format!(
             "the {kind} config has pad_token_id {} but the tokenizer pads with id {pad}; set pad_token_id to {pad} in config.json",

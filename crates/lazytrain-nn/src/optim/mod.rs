@@ -29,12 +29,17 @@ pub struct ParamGroup {
     pub weight_decay: f64,
 }
 
+/// Whether `name` is a LayerNorm parameter: BERT's `LayerNorm`, RoBERTa's
+/// head `layer_norm`, GPT-2's `ln_1`, `ln_2` and `ln_f`.
+fn is_layer_norm(name: &str) -> bool {
+    name.contains("LayerNorm") || name.contains("layer_norm") || name.split('.').any(|part| part.starts_with("ln_"))
+}
+
 /// Split parameters as Hugging Face's Trainer does: biases and LayerNorm
 /// weights get no weight decay, everything else gets `weight_decay`.
 pub fn decay_groups(params: Vec<(String, Tensor)>, weight_decay: f64) -> Vec<ParamGroup> {
-    let (no_decay, decay): (Vec<_>, Vec<_>) = params
-        .into_iter()
-        .partition(|(name, _)| name.ends_with("bias") || name.contains("LayerNorm") || name.contains("layer_norm"));
+    let (no_decay, decay): (Vec<_>, Vec<_>) =
+        params.into_iter().partition(|(name, _)| name.ends_with("bias") || is_layer_norm(name));
     vec![ParamGroup { params: decay, weight_decay }, ParamGroup { params: no_decay, weight_decay: 0.0 }]
 }
 
