@@ -1,6 +1,6 @@
 //! Collators turn records into host batches: the [`Collator`] trait the
-//! loader drives, and the masked-LM collator (Hugging Face's
-//! `DataCollatorForLanguageModeling`).
+//! loader drives, the masked-LM collator and the causal-LM one (Hugging
+//! Face's `DataCollatorForLanguageModeling` with `mlm=True` and `mlm=False`).
 
 use crate::dataset::ShardedDataset;
 use crate::{DataError, Result};
@@ -98,18 +98,26 @@ pub struct MlmCollator {
 
 impl MlmCollator {
     /// A collator for `tokenizer`: its special tokens are never chosen, its
-    /// mask token replaces 80 %, and sequences pad to a multiple of 8.
-    pub fn for_tokenizer(tokenizer: &crate::TextTokenizer, mlm_probability: f64, seed: u64) -> MlmCollator {
+    /// mask token replaces 80 %, and sequences pad to a multiple of 8. A
+    /// tokenizer without a mask token (GPT-2's) is refused.
+    pub fn for_tokenizer(tokenizer: &crate::TextTokenizer, mlm_probability: f64, seed: u64) -> Result<MlmCollator> {
         let s = tokenizer.special();
-        MlmCollator {
-            mask_id: s.mask,
+        let Some(mask_id) = s.mask else {
+            return Err(DataError::Invalid(
+                "the tokenizer has no mask token (a GPT-2 tokenizer); masked-LM training needs a BERT or RoBERTa \
+                 style tokenizer, or train a causal LM with --task causal-lm"
+                    .into(),
+            ));
+        };
+        Ok(MlmCollator {
+            mask_id,
             pad_id: s.pad,
-            special_ids: vec![s.pad, s.unk, s.start, s.end, s.mask],
+            special_ids: s.ids(),
             vocab_size: tokenizer.vocab_size(),
             mlm_probability,
             pad_to_multiple_of: 8,
             seed,
-        }
+        })
     }
 
     /// Collate `samples` (`(global sample index, token ids)`) drawn in `epoch`.
@@ -177,6 +185,53 @@ impl Collator for MlmCollator {
     }
 }
 
+/// Causal-LM batches: the inputs are the labels (the model shifts them);
+/// rows pad with `pad_id` to a multiple of `pad_to_multiple_of`, and padding
+/// is masked out of attention and labelled -100. Every token of a record is
+/// real, even one equal to `pad_id` (GPT-2 pads with its `<|endoftext|>`,
+/// which also separates documents).
+#[derive(Clone, Debug)]
+pub struct CausalLmCollator {
+    /// Padding id.
+    pub pad_id: u32,
+    /// Pad each batch's length up to a multiple of this.
+    pub pad_to_multiple_of: usize,
+}
+
+impl CausalLmCollator {
+    /// Collate token-id rows.
+    pub fn collate(&self, rows: &[Vec<i64>]) -> Result<HostBatch> {
+        if rows.is_empty() {
+            return Err(DataError::Invalid("cannot collate an empty batch".into()));
+        }
+        let multiple = self.pad_to_multiple_of.max(1);
+        let seq = rows.iter().map(Vec::len).max().unwrap_or(0).div_ceil(multiple) * multiple;
+        let mut batch = HostBatch {
+            input_ids: Vec::with_capacity(rows.len() * seq),
+            attention_mask: Vec::with_capacity(rows.len() * seq),
+            token_type_ids: None,
+            labels: Vec::with_capacity(rows.len() * seq),
+            label_layout: LabelLayout::PerToken,
+            batch: rows.len(),
+            seq,
+        };
+        for ids in rows {
+            let padding = seq - ids.len();
+            batch.input_ids.extend(ids.iter().copied().chain(std::iter::repeat_n(self.pad_id as i64, padding)));
+            batch.attention_mask.extend(std::iter::repeat_n(1, ids.len()).chain(std::iter::repeat_n(0, padding)));
+            batch.labels.extend(ids.iter().copied().chain(std::iter::repeat_n(-100, padding)));
+        }
+        Ok(batch)
+    }
+}
+
+impl Collator for CausalLmCollator {
+    fn collate_records(&self, dataset: &ShardedDataset, records: &[usize], _epoch: u64) -> Result<HostBatch> {
+        let rows = records.iter().map(|&r| dataset.feature(r, "input_ids")).collect::<Result<Vec<_>>>()?;
+        self.collate(&rows)
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -235,6 +290,17 @@ mod tests {
         assert!((frac - 0.15).abs() < 0.005, "masked fraction {frac}");
         let (m, r, k) = (masked as f64 / chosen as f64, random as f64 / chosen as f64, kept as f64 / chosen as f64);
         assert!((m - 0.8).abs() < 0.01 && (r - 0.1).abs() < 0.01 && (k - 0.1).abs() < 0.011, "{m} {r} {k}");
+    }
+
+    #[test]
+    fn causal_batches_label_every_real_token_and_no_padding() {
+        let c = CausalLmCollator { pad_id: 0, pad_to_multiple_of: 4 };
+        let b = c.collate(&[vec![5, 0, 7], vec![9, 8, 7, 6, 5]]).unwrap();
+        assert_eq!((b.batch, b.seq), (2, 8));
+        assert_eq!(b.input_ids, [5, 0, 7, 0, 0, 0, 0, 0, 9, 8, 7, 6, 5, 0, 0, 0]);
+        assert_eq!(b.attention_mask, [1, 1, 1, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 0, 0, 0], "a real pad-id token is kept");
+        assert_eq!(b.labels, [5, 0, 7, -100, -100, -100, -100, -100, 9, 8, 7, 6, 5, -100, -100, -100]);
+        assert!(c.collate(&[]).is_err());
     }
 
     #[test]

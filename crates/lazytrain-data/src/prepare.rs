@@ -111,8 +111,9 @@ pub(crate) fn stage_bar(len: u64, enabled: bool, what: &str) -> indicatif::Progr
     bar
 }
 
-/// Tokenize `documents` (in parallel), pack, split and write shards into
-/// `out_dir`; returns the manifest (also written as `manifest.json`).
+/// Tokenize `documents` (in parallel; a GPT-2 tokenizer's documents each
+/// end with `<|endoftext|>`), pack, split and write shards into `out_dir`;
+/// returns the manifest (also written as `manifest.json`).
 pub fn prepare(
     tokenizer: &TextTokenizer,
     documents: &[String],
@@ -134,7 +135,10 @@ pub fn prepare(
             .inner()
             .encode_batch(chunk.to_vec(), true)
             .map_err(|e| DataError::Invalid(format!("tokenization failed: {e}")))?;
-        sequences.extend(encodings.iter().map(|e| e.get_ids().to_vec()));
+        // GPT-2's tokenizer adds no special tokens: end each document with
+        // `<|endoftext|>`, as GPT-2's training text is laid out.
+        let separator = (tokenizer.special().style == crate::TokenizerStyle::Gpt2).then_some(tokenizer.special().end);
+        sequences.extend(encodings.iter().map(|e| e.get_ids().iter().copied().chain(separator).collect::<Vec<_>>()));
         bar.inc(chunk.len() as u64);
     }
     bar.finish_and_clear();

@@ -1,5 +1,5 @@
 //! Hugging Face tokenizers (`tokenizer.json`) through the `tokenizers`
-//! crate, with the special tokens BERT and RoBERTa need and the side files
+//! crate, with the special tokens BERT, RoBERTa and GPT-2 need and the side files
 //! (`tokenizer_config.json`, `special_tokens_map.json`) `AutoTokenizer` reads.
 
 use crate::{DataError, Result};
@@ -18,14 +18,30 @@ pub enum TokenizerStyle {
     Bert,
     /// `<s> <pad> </s> <unk> <mask>`.
     Roberta,
+    /// GPT-2's single `<|endoftext|>`: bos, eos and unk at once, also used
+    /// to pad (padding is masked out); no mask token.
+    Gpt2,
 }
 
+/// GPT-2's one special token.
+pub const END_OF_TEXT: &str = "<|endoftext|>";
+
 impl TokenizerStyle {
-    /// The style's tokens in order: pad, unk, start (cls/bos), end (sep/eos), mask.
-    pub fn token_names(self) -> [&'static str; 5] {
+    /// The style's tokens in order: pad, unk, start (cls/bos), end (sep/eos).
+    pub fn token_names(self) -> [&'static str; 4] {
         match self {
-            TokenizerStyle::Bert => ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"],
-            TokenizerStyle::Roberta => ["<pad>", "<unk>", "<s>", "</s>", "<mask>"],
+            TokenizerStyle::Bert => ["[PAD]", "[UNK]", "[CLS]", "[SEP]"],
+            TokenizerStyle::Roberta => ["<pad>", "<unk>", "<s>", "</s>"],
+            TokenizerStyle::Gpt2 => [END_OF_TEXT; 4],
+        }
+    }
+
+    /// The mask token, for the styles of masked LMs.
+    pub fn mask_name(self) -> Option<&'static str> {
+        match self {
+            TokenizerStyle::Bert => Some("[MASK]"),
+            TokenizerStyle::Roberta => Some("<mask>"),
+            TokenizerStyle::Gpt2 => None,
         }
     }
 }
@@ -43,8 +59,18 @@ pub struct SpecialTokens {
     pub start: u32,
     /// `[SEP]` / `</s>`.
     pub end: u32,
-    /// `[MASK]` / `<mask>`.
-    pub mask: u32,
+    /// `[MASK]` / `<mask>` (none for GPT-2).
+    pub mask: Option<u32>,
+}
+
+impl SpecialTokens {
+    /// Every special id (pad, unk, start, end and the mask when there is one).
+    pub fn ids(&self) -> Vec<u32> {
+        let mut ids = vec![self.pad, self.unk, self.start, self.end];
+        ids.extend(self.mask);
+        ids.dedup();
+        ids
+    }
 }
 
 /// A loaded tokenizer with its special tokens resolved.
@@ -60,7 +86,8 @@ fn tokenizer_error(path: &Path, detail: impl Into<String>) -> DataError {
 
 impl TextTokenizer {
     /// Wrap a `tokenizers` tokenizer, finding its special tokens (BERT style
-    /// when it has `[CLS]`, RoBERTa style when it has `<s>`).
+    /// when it has `[CLS]`, RoBERTa style when it has `<s>`, GPT-2 style
+    /// when it has `<|endoftext|>`).
     ///
     /// Padding and truncation settings stored in `tokenizer.json` are turned
     /// off, as Hugging Face's fast tokenizers do on every call: lazytrain
@@ -74,21 +101,29 @@ impl TextTokenizer {
             TokenizerStyle::Bert
         } else if inner.token_to_id("<s>").is_some() {
             TokenizerStyle::Roberta
+        } else if inner.token_to_id(END_OF_TEXT).is_some() {
+            TokenizerStyle::Gpt2
         } else {
             return Err(tokenizer_error(
                 origin,
-                "has neither [CLS] (BERT style) nor <s> (RoBERTa style) in its vocabulary",
+                "has none of [CLS] (BERT style), <s> (RoBERTa style) and <|endoftext|> (GPT-2 style) in its vocabulary",
             ));
         };
-        let names = style.token_names();
-        let mut ids = [0u32; 5];
+        let mut ids = [0u32; 4];
         let mut missing = Vec::new();
-        for (slot, name) in ids.iter_mut().zip(names) {
+        for (slot, name) in ids.iter_mut().zip(style.token_names()) {
             match inner.token_to_id(name) {
                 Some(id) => *slot = id,
                 None => missing.push(name),
             }
         }
+        let mask = style.mask_name().and_then(|name| {
+            let id = inner.token_to_id(name);
+            if id.is_none() {
+                missing.push(name);
+            }
+            id
+        });
         if !missing.is_empty() {
             return Err(tokenizer_error(
                 origin,
@@ -98,7 +133,7 @@ impl TextTokenizer {
                 ),
             ));
         }
-        let [pad, unk, start, end, mask] = ids;
+        let [pad, unk, start, end] = ids;
         Ok(TextTokenizer { inner, special: SpecialTokens { style, pad, unk, start, end, mask } })
     }
 
@@ -123,9 +158,9 @@ impl TextTokenizer {
         &self.special
     }
 
-    /// The mask token's text (`[MASK]` or `<mask>`).
-    pub fn mask_token(&self) -> &'static str {
-        self.special.style.token_names()[4]
+    /// The mask token's text (`[MASK]` or `<mask>`; none for GPT-2).
+    pub fn mask_token(&self) -> Option<&'static str> {
+        self.special.style.mask_name()
     }
 
     /// Vocabulary size including added tokens.
@@ -163,12 +198,14 @@ impl TextTokenizer {
         let file = dir.join("tokenizer.json");
         let text = self.inner.to_string(false).map_err(|e| io(&file, e.to_string()))?;
         write_atomically(&file, text.as_bytes()).map_err(|e| io(&file, e.to_string()))?;
-        let [pad, unk, start, end, mask] = self.special.style.token_names();
+        let [pad, unk, start, end] = self.special.style.token_names();
+        let mask = self.special.style.mask_name();
         // The model-specific classes rebuild their own pipeline from the
         // vocabulary; anything else must load tokenizer.json as it is.
         let class = match (self.inner.get_model(), self.special.style) {
             (ModelWrapper::WordPiece(_), TokenizerStyle::Bert) => "BertTokenizerFast",
             (ModelWrapper::BPE(_), TokenizerStyle::Roberta) => "RobertaTokenizerFast",
+            (ModelWrapper::BPE(_), TokenizerStyle::Gpt2) => "GPT2TokenizerFast",
             _ => "PreTrainedTokenizerFast",
         };
         let map = match self.special.style {
@@ -179,6 +216,8 @@ impl TextTokenizer {
                 json!({"bos_token": start, "eos_token": end, "cls_token": start, "sep_token": end,
                        "pad_token": pad, "unk_token": unk, "mask_token": mask})
             }
+            // GPT-2 has no pad token in transformers either (pipelines pad with eos).
+            TokenizerStyle::Gpt2 => json!({"bos_token": start, "eos_token": end, "unk_token": unk}),
         };
         let mut config = map.clone();
         config["tokenizer_class"] = json!(class);

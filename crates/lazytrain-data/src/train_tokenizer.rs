@@ -46,20 +46,24 @@ impl SubwordModel {
 }
 
 impl TokenizerStyle {
-    /// Parse `bert` or `roberta`.
+    /// Parse `bert`, `roberta` or `gpt2`.
     pub fn parse(name: &str) -> Result<TokenizerStyle> {
         match name {
             "bert" => Ok(TokenizerStyle::Bert),
             "roberta" => Ok(TokenizerStyle::Roberta),
-            other => Err(DataError::Invalid(format!("unknown tokenizer style `{other}`; choose bert or roberta"))),
+            "gpt2" => Ok(TokenizerStyle::Gpt2),
+            other => {
+                Err(DataError::Invalid(format!("unknown tokenizer style `{other}`; choose bert, roberta or gpt2")))
+            }
         }
     }
 
-    /// Special tokens in vocabulary order (ids 0..5).
-    fn vocabulary_order(self) -> [&'static str; 5] {
+    /// Special tokens in vocabulary order (the first ids).
+    fn vocabulary_order(self) -> &'static [&'static str] {
         match self {
-            TokenizerStyle::Bert => ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"],
-            TokenizerStyle::Roberta => ["<s>", "<pad>", "</s>", "<unk>", "<mask>"],
+            TokenizerStyle::Bert => &["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"],
+            TokenizerStyle::Roberta => &["<s>", "<pad>", "</s>", "<unk>", "<mask>"],
+            TokenizerStyle::Gpt2 => &[crate::tokenizer::END_OF_TEXT],
         }
     }
 }
@@ -69,8 +73,10 @@ fn train_error(e: impl std::fmt::Display) -> DataError {
 }
 
 /// Train a `model` tokenizer of about `vocab_size` tokens on `documents`,
-/// with `style`'s special tokens at ids 0–4 and its post-processor
-/// (`[CLS] A [SEP]` or `<s> A </s>`).
+/// with `style`'s special tokens first and its post-processor (`[CLS] A
+/// [SEP]` or `<s> A </s>`; GPT-2 adds no tokens). The GPT-2 style is
+/// GPT-2's byte-level BPE: no normaliser, no prefix space, `<|endoftext|>`
+/// at id 0.
 pub fn train_tokenizer(
     documents: &[String],
     model: SubwordModel,
@@ -79,6 +85,11 @@ pub fn train_tokenizer(
 ) -> Result<TextTokenizer> {
     if vocab_size < 16 {
         return Err(DataError::Invalid(format!("a vocabulary of {vocab_size} tokens is too small; use at least 16")));
+    }
+    if style == TokenizerStyle::Gpt2 && model != SubwordModel::Bpe {
+        return Err(DataError::Invalid(format!(
+            "the gpt2 style is GPT-2's byte-level BPE; use --model bpe (not {model:?})"
+        )));
     }
     let specials: Vec<AddedToken> =
         style.vocabulary_order().iter().map(|t| AddedToken::from(t.to_string(), true).lstrip(*t == "<mask>")).collect();
@@ -116,11 +127,12 @@ pub fn train_tokenizer(
         ),
     };
     let mut tokenizer = Tokenizer::new(model_wrapper);
-    let normalizer: NormalizerWrapper = match style {
-        TokenizerStyle::Bert => BertNormalizer::new(true, true, None, true).into(),
-        TokenizerStyle::Roberta => NFC.into(),
+    let normalizer: Option<NormalizerWrapper> = match style {
+        TokenizerStyle::Bert => Some(BertNormalizer::new(true, true, None, true).into()),
+        TokenizerStyle::Roberta => Some(NFC.into()),
+        TokenizerStyle::Gpt2 => None,
     };
-    tokenizer.with_normalizer(Some(normalizer));
+    tokenizer.with_normalizer(normalizer);
     let (pre, decoder): (PreTokenizerWrapper, DecoderWrapper) = match model {
         SubwordModel::Unigram => (
             Metaspace::new('▁', PrependScheme::Always, true).into(),
@@ -128,8 +140,11 @@ pub fn train_tokenizer(
         ),
         SubwordModel::WordPiece => (BertPreTokenizer.into(), WordPieceDecoder::default().into()),
         // A prefix space makes a word's sentence-initial token the same as its
-        // mid-sentence one (`Ġword`), as `add_prefix_space=True` does in HF.
-        SubwordModel::Bpe => (ByteLevel::new(true, true, true).into(), ByteLevelDecoder::default().into()),
+        // mid-sentence one (`Ġword`), as `add_prefix_space=True` does in HF;
+        // GPT-2's tokenizer has none.
+        SubwordModel::Bpe => {
+            (ByteLevel::new(style != TokenizerStyle::Gpt2, true, true).into(), ByteLevelDecoder::default().into())
+        }
     };
     tokenizer.with_pre_tokenizer(Some(pre));
     tokenizer.with_decoder(Some(decoder));
@@ -152,6 +167,7 @@ pub fn train_tokenizer(
             .trim_offsets(true)
             .add_prefix_space(false)
             .into(),
+        TokenizerStyle::Gpt2 => ByteLevel::new(true, false, true).into(),
     };
     tokenizer.with_post_processor(Some(post));
     TextTokenizer::new(tokenizer, Path::new("<trained>"))

@@ -33,11 +33,12 @@ fn tokenizers_train_in_every_model_and_style() {
             let names = style.token_names();
             let s = tok.special();
             assert_eq!(
-                [s.pad, s.unk, s.start, s.end, s.mask].map(|id| tok.id_to_token(id).unwrap()),
+                [s.pad, s.unk, s.start, s.end].map(|id| tok.id_to_token(id).unwrap()),
                 names.map(String::from),
                 "{model:?} {style:?}"
             );
-            assert!([s.pad, s.unk, s.start, s.end, s.mask].iter().all(|&id| id < 5), "specials come first");
+            assert_eq!(s.mask.and_then(|id| tok.id_to_token(id)).as_deref(), style.mask_name());
+            assert!(s.ids().iter().all(|&id| id < 5), "specials come first");
             let ids = tok.encode(&docs[0], true).unwrap();
             assert_eq!((ids[0], *ids.last().unwrap()), (s.start, s.end), "post-processor wraps the text");
             let text = tok.decode(&ids, true).unwrap();
@@ -51,6 +52,41 @@ fn tokenizers_train_in_every_model_and_style() {
             }
         }
     }
+}
+
+/// `--style gpt2`: GPT-2's byte-level BPE with `<|endoftext|>` at id 0 as
+/// bos, eos, unk and pad, no mask token, no added tokens and no prefix
+/// space; `prepare` ends each document with it; masked-LM collation is refused.
+#[test]
+fn gpt2_style_tokenizers_are_gpt2s() {
+    let docs = corpus();
+    assert!(train_tokenizer(&docs, SubwordModel::WordPiece, 300, TokenizerStyle::Gpt2).is_err(), "BPE only");
+    let tok = train_tokenizer(&docs, SubwordModel::Bpe, 400, TokenizerStyle::Gpt2).unwrap();
+    let s = tok.special();
+    assert_eq!((s.pad, s.unk, s.start, s.end, s.mask), (0, 0, 0, 0, None));
+    assert_eq!(tok.id_to_token(0).as_deref(), Some("<|endoftext|>"));
+    let ids = tok.encode(&docs[0], true).unwrap();
+    assert!(!ids.contains(&0), "no special tokens are added");
+    assert_eq!(tok.decode(&ids, true).unwrap(), docs[0], "byte-level BPE decodes exactly");
+    let (first, _) = docs[0].split_once(' ').unwrap();
+    assert_eq!(tok.encode(first, false).unwrap(), ids[..tok.encode(first, false).unwrap().len()], "no prefix space");
+    let dir = tmp("tok-gpt2");
+    tok.save(&dir, 1024).unwrap();
+    let config: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(dir.join("tokenizer_config.json")).unwrap()).unwrap();
+    assert_eq!(config["tokenizer_class"], "GPT2TokenizerFast");
+    assert_eq!(config["eos_token"], "<|endoftext|>");
+    assert_eq!(config["add_prefix_space"], false);
+    assert!(config.get("mask_token").is_none() && config.get("pad_token").is_none(), "{config}");
+    assert_eq!(TextTokenizer::from_path(&dir).unwrap().special(), s);
+    let err = MlmCollator::for_tokenizer(&tok, 0.15, 0).unwrap_err().to_string();
+    assert!(err.contains("no mask token") && err.contains("--task causal-lm"), "{err}");
+
+    let out = tmp("prepared-gpt2");
+    let options = PrepareOptions { block_size: 8, num_shards: 1, validation_fraction: 0.0, seed: 0, progress: false };
+    let manifest = prepare(&tok, &docs[..4], &out, &options).unwrap();
+    let expected: usize = docs[..4].iter().map(|d| tok.encode(d, true).unwrap().len() + 1).sum();
+    assert_eq!(manifest.tokens as usize, expected, "each document ends with <|endoftext|>");
 }
 
 /// `tokenizer_config.json` states what the normaliser and pre-tokeniser
@@ -213,7 +249,7 @@ fn a_validation_split_is_never_empty() {
 }
 
 fn collator(tok: &TextTokenizer) -> MlmCollator {
-    MlmCollator::for_tokenizer(tok, 0.15, 9)
+    MlmCollator::for_tokenizer(tok, 0.15, 9).unwrap()
 }
 
 fn collect(loader: DeviceLoader) -> Vec<(u64, usize, Vec<i64>, Vec<i64>)> {

@@ -121,15 +121,20 @@ pub struct BenchLoaderArgs {
     batches: u64,
 }
 
-/// Time the DeviceLoader alone: read, collate, upload.
+/// Time the DeviceLoader alone: read, collate (masking for a masked-LM
+/// tokenizer, the blocks as labels for GPT-2's), upload.
 pub fn bench_loader(args: &BenchLoaderArgs) -> lazytrain::Result<()> {
-    use lazytrain_data::collator::MlmCollator;
+    use lazytrain::trainer::task::TaskCollator;
+    use lazytrain_data::collator::{CausalLmCollator, MlmCollator};
     use lazytrain_data::dataset::{find_shards, EpochSampler, ShardedDataset};
     use lazytrain_data::loader::{DeviceLoader, LoaderPlan};
     use lazytrain_data::tfrecord::CorruptPolicy;
     let tokenizer = TextTokenizer::from_path(&args.tokenizer)?;
     let data = std::sync::Arc::new(ShardedDataset::open(&find_shards(&args.data, "train")?, CorruptPolicy::Fail)?);
-    let collator = MlmCollator::for_tokenizer(&tokenizer, 0.15, 0);
+    let collator = match tokenizer.special().mask {
+        Some(_) => TaskCollator::MaskedLm(MlmCollator::for_tokenizer(&tokenizer, 0.15, 0)?),
+        None => TaskCollator::CausalLm(CausalLmCollator { pad_id: tokenizer.special().pad, pad_to_multiple_of: 8 }),
+    };
     let device = lazytrain_core::Device::cpu();
     let plan = LoaderPlan {
         batch_size: args.batch_size,

@@ -11,7 +11,7 @@ use lazytrain_data::dataset::{find_shards, ShardedDataset};
 use lazytrain_data::prepare::Manifest;
 use lazytrain_data::tfrecord::CorruptPolicy;
 use lazytrain_data::TextTokenizer;
-use lazytrain_models::{hub, ForMaskedLM, ForSequenceClassification, ModelConfig, TaskModel};
+use lazytrain_models::{hub, ForMaskedLM, ForSequenceClassification, Gpt2LMHeadModel, ModelConfig, TaskModel};
 use lazytrain_nn::init::Initializer;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -158,6 +158,8 @@ impl TrainingFlags {
 pub enum Task {
     /// A masked LM on `prepare` blocks.
     MaskedLm,
+    /// A causal LM (GPT-2) on `prepare` blocks: every token predicts the next.
+    CausalLm,
     /// A sequence classifier on `prepare-classification` data.
     SequenceClassification,
 }
@@ -171,7 +173,7 @@ pub struct TrainArgs {
     /// What to train.
     #[arg(long, value_enum, default_value = "masked-lm")]
     task: Task,
-    /// A preset to train from scratch (bert-tiny ... roberta-base) or a model folder to fine-tune.
+    /// A preset to train from scratch (bert-tiny ... roberta-base, gpt2-tiny ... gpt2-small) or a model folder to fine-tune.
     #[arg(long)]
     model: String,
     /// Labels of a sequence classifier (checked against the data's labels.json).
@@ -201,6 +203,19 @@ pub fn build_model(spec: &str, tokenizer: &TextTokenizer, seed: u64, device: &De
         return Ok(model);
     }
     Ok(ForMaskedLM::new(&mut Initializer::new(seed, device), &preset_config(spec, tokenizer)?)?)
+}
+
+/// A GPT-2 LM: a `gpt2-*` preset sized to the tokenizer, or a folder's weights.
+pub fn build_causal_lm(spec: &str, tokenizer: &TextTokenizer, seed: u64, device: &Device) -> Result<Gpt2LMHeadModel> {
+    let dir = Path::new(spec);
+    if dir.join("config.json").is_file() {
+        let (model, warnings) = hub::load_causal_lm(dir, device)?;
+        for w in warnings {
+            eprintln!("warning: {w}");
+        }
+        return Ok(model);
+    }
+    Ok(Gpt2LMHeadModel::new(&mut Initializer::new(seed, device), &preset_config(spec, tokenizer)?)?)
 }
 
 /// A preset sized to `tokenizer`: its vocabulary and special token ids.
@@ -262,6 +277,26 @@ pub fn run(args: &TrainArgs) -> Result<()> {
                 let (train, eval) = (train.clone(), eval.clone());
                 let trainer =
                     Trainer::new(training.clone(), model, tokenizer.clone(), train, eval, manifest.block_size, device)?;
+                train_and_evaluate(trainer)
+            })?
+        }
+        Task::CausalLm => {
+            if args.num_labels.is_some() {
+                return Err(Error::Input("--num-labels is for --task sequence-classification".into()));
+            }
+            let manifest = Manifest::read(&args.train_data)?;
+            run_replicas_for(&training, |device| {
+                let model = build_causal_lm(&args.model, &tokenizer, training.seed, device)?;
+                let (train, eval) = (train.clone(), eval.clone());
+                let trainer = Trainer::for_causal_lm(
+                    training.clone(),
+                    model,
+                    tokenizer.clone(),
+                    train,
+                    eval,
+                    manifest.block_size,
+                    device,
+                )?;
                 train_and_evaluate(trainer)
             })?
         }

@@ -2,7 +2,8 @@
 //! tokenizer, prepare shards, train a small RoBERTa masked LM, evaluate,
 //! save a Hugging Face folder, and answer fill-mask questions about facts
 //! the model has learned. With `--task sequence-classification` it then
-//! fine-tunes that model on generated reviews ([`crate::demo_classification`]).
+//! fine-tunes that model on generated reviews ([`crate::demo_classification`]);
+//! with `--task causal-lm` it trains a tiny GPT-2 instead ([`crate::demo_causal`]).
 
 use crate::cli_train::{open_split, preset_config};
 use clap::Args;
@@ -25,6 +26,8 @@ pub enum DemoTask {
     MaskedLm,
     /// Fine-tune the pre-trained masked LM (trained first if missing) as a review classifier.
     SequenceClassification,
+    /// Train a tiny GPT-2 and complete "the capital of X is" with text-generation.
+    CausalLm,
 }
 
 /// Options for `lazytrain demo`.
@@ -38,10 +41,10 @@ pub struct DemoArgs {
     pub output_dir: PathBuf,
     /// Optimizer steps of the masked-LM pre-training.
     #[arg(long, default_value_t = 1500)]
-    max_steps: i64,
+    pub max_steps: i64,
     /// Sentences in the generated corpus.
     #[arg(long, default_value_t = 60_000)]
-    sentences: usize,
+    pub sentences: usize,
     /// Countries (facts) in the generated lexicon.
     #[arg(long, default_value_t = 8, value_parser = clap::builder::RangedU64ValueParser::<usize>::new().range(1..))]
     pub countries: usize,
@@ -76,6 +79,7 @@ pub fn run(args: &DemoArgs) -> lazytrain::Result<()> {
             }
             crate::demo_classification::run(args, &pretrained)
         }
+        DemoTask::CausalLm => crate::demo_causal::run(args),
     }
 }
 

@@ -8,6 +8,7 @@ mod cli_export;
 mod cli_pipelines;
 mod cli_train;
 mod demo;
+mod demo_causal;
 mod demo_classification;
 
 use clap::{Parser, Subcommand};
@@ -24,9 +25,10 @@ struct Cli {
 #[derive(Subcommand)]
 enum Command {
     /// The end-to-end demo on the embedded corpus: tokenizer, shards, a small
-    /// RoBERTa MLM trained and evaluated, fill-mask answers from the saved model.
+    /// RoBERTa MLM trained and evaluated, fill-mask answers from the saved model
+    /// (`--task causal-lm`: a tiny GPT-2 and text-generation answers).
     Demo(demo::DemoArgs),
-    /// Train a masked LM or fine-tune a sequence classifier with the Trainer
+    /// Train a masked or causal LM, or fine-tune a sequence classifier, with the Trainer
     /// (HF TrainingArguments as flags or a config file).
     Train(Box<cli_train::TrainArgs>),
     /// Measure tracing cost per node and the cut+hash+lookup time of a large graph.
@@ -37,7 +39,9 @@ enum Command {
     TextClassification(cli_classification::TextClassificationArgs),
     /// Print the last hidden state of every token.
     FeatureExtraction(cli_pipelines::FeatureArgs),
-    /// Re-write a masked-LM folder in the Hugging Face layout `transformers` loads.
+    /// Continue texts with a GPT-2 model folder (greedy or sampled).
+    TextGeneration(cli_pipelines::TextGenerationArgs),
+    /// Re-write a model folder in the Hugging Face layout `transformers` loads.
     Export(cli_export::ExportArgs),
     /// Train a tokenizer (unigram, wordpiece or bpe) on text files.
     TrainTokenizer(cli_data::TrainTokenizerArgs),
@@ -74,6 +78,7 @@ fn main() -> ExitCode {
         Command::TextClassification(args) => cli_classification::classify(&args).map_err(Into::into),
         Command::PrepareClassification(args) => cli_classification::prepare(&args).map_err(Into::into),
         Command::FeatureExtraction(args) => cli_pipelines::feature_extraction(&args).map_err(Into::into),
+        Command::TextGeneration(args) => cli_pipelines::text_generation(&args).map_err(Into::into),
         Command::Export(args) => cli_export::run(&args).map_err(Into::into),
         Command::TrainTokenizer(args) => cli_data::train(&args).map_err(Into::into),
         Command::Prepare(args) => cli_data::run_prepare(&args).map_err(Into::into),

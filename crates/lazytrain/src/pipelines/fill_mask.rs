@@ -31,6 +31,21 @@ pub struct FillMask {
     model: ForMaskedLM,
     tokenizer: TextTokenizer,
     device: Device,
+    mask_id: u32,
+    mask_token: &'static str,
+}
+
+/// The tokenizer's mask token (id and text), or an error for a tokenizer
+/// without one.
+fn mask_of(tokenizer: &TextTokenizer) -> Result<(u32, &'static str)> {
+    match (tokenizer.special().mask, tokenizer.mask_token()) {
+        (Some(id), Some(text)) => Ok((id, text)),
+        _ => Err(Error::Input(
+            "the tokenizer has no mask token (a GPT-2 tokenizer); fill-mask needs a BERT or RoBERTa model, \
+             text-generation suits GPT-2"
+                .into(),
+        )),
+    }
 }
 
 impl FillMask {
@@ -38,14 +53,14 @@ impl FillMask {
     pub fn from_dir(dir: &Path, device: &Device) -> Result<FillMask> {
         let tokenizer = TextTokenizer::from_path(dir)?;
         let (model, _warnings) = hub::load_masked_lm(dir, device)?;
-        check_tokenizer_fits(model.config(), &tokenizer)?;
-        Ok(FillMask { model, tokenizer, device: device.clone() })
+        FillMask::new(model, tokenizer, device)
     }
 
     /// Use an in-memory model and tokenizer.
     pub fn new(model: ForMaskedLM, tokenizer: TextTokenizer, device: &Device) -> Result<FillMask> {
         check_tokenizer_fits(model.config(), &tokenizer)?;
-        Ok(FillMask { model, tokenizer, device: device.clone() })
+        let (mask_id, mask_token) = mask_of(&tokenizer)?;
+        Ok(FillMask { model, tokenizer, device: device.clone(), mask_id, mask_token })
     }
 
     /// The tokenizer.
@@ -57,13 +72,12 @@ impl FillMask {
     /// single mask's `sequence` drops special tokens; with several masks it
     /// keeps them (the other masks stay visible).
     pub fn predict(&self, texts: &[&str], top_k: usize) -> Result<Vec<TextPredictions>> {
-        let mask_id = self.tokenizer.special().mask;
+        let (mask_id, mask_token) = (self.mask_id, self.mask_token);
         for text in texts {
             if !self.tokenizer.encode(text, true)?.contains(&mask_id) {
                 return Err(Error::Input(format!(
                     "no mask token {} found in {text:?}; put {} where a word should be predicted",
-                    self.tokenizer.mask_token(),
-                    self.tokenizer.mask_token()
+                    mask_token, mask_token
                 )));
             }
         }

@@ -6,10 +6,12 @@
 mod feature_extraction;
 mod fill_mask;
 mod text_classification;
+mod text_generation;
 
 pub use feature_extraction::FeatureExtraction;
 pub use fill_mask::{FillMask, MaskPrediction, TextPredictions};
 pub use text_classification::{LabelScore, TextClassification};
+pub use text_generation::{GeneratedText, GenerationStats, TextGeneration};
 
 use crate::Result;
 use lazytrain_core::{Device, Tensor};

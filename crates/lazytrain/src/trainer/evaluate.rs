@@ -59,11 +59,13 @@ impl<M: TaskModel> Trainer<M> {
             return Err(Error::Input("no eval data was given; pass --eval-data DIR".into()));
         };
         let rows = self.args.per_device_eval_batch_size;
-        let collator = self.collator(self.args.seed ^ 0xe7a1);
+        let collator = self.collator(self.args.seed ^ 0xe7a1)?;
         let ctx = Context::eval();
         let pad = self.tokenizer.special().pad as i64;
         let mut tally = match &self.task {
-            TaskData::MaskedLm { .. } => Tally::MaskedLm { loss: 0.0, correct: 0.0, count: 0.0 },
+            TaskData::MaskedLm { .. } | TaskData::CausalLm { .. } => {
+                Tally::MaskedLm { loss: 0.0, correct: 0.0, count: 0.0 }
+            }
             TaskData::SequenceClassification { labels, .. } => {
                 Tally::Classification { loss: 0.0, confusion: ConfusionMatrix::new(labels.len()) }
             }
@@ -80,12 +82,13 @@ impl<M: TaskModel> Trainer<M> {
             let autocast = self.autocast()?;
             let logits = self.model.forward(&batch.input_ids, Some(&batch.attention_mask), types, &ctx)?;
             drop(autocast);
-            let loss = logits.cross_entropy_sum(&batch.labels, -100)?;
+            let targets = self.model.targets(&batch.labels)?;
+            let loss = logits.cross_entropy_sum(&targets, -100)?;
             match &mut tally {
                 Tally::MaskedLm { loss: loss_sum, correct, count } => {
-                    let valid = batch.labels.ne_scalar(-100.0)?;
+                    let valid = targets.ne_scalar(-100.0)?;
                     let zero = Tensor::zeros([], DType::I64, &self.device)?;
-                    let safe = Tensor::select(&valid, &batch.labels, &zero)?;
+                    let safe = Tensor::select(&valid, &targets, &zero)?;
                     let picked = logits.gather(-1, &safe.unsqueeze(-1)?)?.squeeze(-1)?;
                     let best = logits.max(&[-1], false)?;
                     let valid = valid.cast(DType::F32)?;
@@ -128,6 +131,10 @@ impl<M: TaskModel> Trainer<M> {
                     perplexity: Some(loss.exp()),
                     macro_f1: None,
                     count: count as u64,
+                    unit: match self.task {
+                        TaskData::CausalLm { .. } => "next tokens",
+                        TaskData::MaskedLm { .. } | TaskData::SequenceClassification { .. } => "masked tokens",
+                    },
                 }
             }
             Tally::Classification { loss, confusion } => EvalMetrics {
@@ -136,6 +143,7 @@ impl<M: TaskModel> Trainer<M> {
                 perplexity: None,
                 macro_f1: Some(confusion.macro_f1()),
                 count: confusion.total(),
+                unit: "sequences",
             },
         })
     }

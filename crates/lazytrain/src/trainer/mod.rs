@@ -28,7 +28,7 @@ use lazytrain_core::{DType, Device, PrecisionGuard};
 use lazytrain_data::classification::ClassificationManifest;
 use lazytrain_data::dataset::{EpochSampler, ShardedDataset};
 use lazytrain_data::TextTokenizer;
-use lazytrain_models::{hub, ForMaskedLM, ForSequenceClassification, TaskModel};
+use lazytrain_models::{hub, ForMaskedLM, ForSequenceClassification, Gpt2LMHeadModel, TaskModel};
 use lazytrain_nn::named_parameters;
 use lazytrain_nn::optim::{decay_groups, AdamW, AdamWConfig, LrSchedule, Optimizer, ScheduleKind};
 use lazytrain_nn::state::load_safetensors;
@@ -70,8 +70,9 @@ pub struct TrainOutput {
     pub tokens_per_second: f64,
 }
 
-/// Trains a model with a task head: a masked LM ([`Trainer::new`]) or a
-/// sequence classifier ([`Trainer::for_classification`]).
+/// Trains a model with a task head: a masked LM ([`Trainer::new`]), a
+/// causal LM ([`Trainer::for_causal_lm`]) or a sequence classifier
+/// ([`Trainer::for_classification`]).
 pub struct Trainer<M: TaskModel = ForMaskedLM> {
     /// The arguments.
     pub args: TrainingArguments,
@@ -102,14 +103,37 @@ impl Trainer<ForMaskedLM> {
         block_size: usize,
         device: &Device,
     ) -> Result<Trainer> {
-        let max = model.config().max_sequence_length();
-        if block_size > max {
-            return Err(Error::Input(format!(
-                "the data has blocks of {block_size} tokens but the model accepts at most {max} positions; prepare the data with --block-size {max} or less"
-            )));
-        }
+        check_block_size(model.config(), block_size)?;
         Trainer::with_task(args, model, tokenizer, train, eval, TaskData::MaskedLm { block_size }, device)
     }
+}
+
+impl Trainer<Gpt2LMHeadModel> {
+    /// A causal-LM trainer over `prepare` shards (`block_size` tokens per
+    /// record): every token predicts the next, as `run_clm.py` trains GPT-2.
+    pub fn for_causal_lm(
+        args: TrainingArguments,
+        model: Gpt2LMHeadModel,
+        tokenizer: TextTokenizer,
+        train: Arc<ShardedDataset>,
+        eval: Option<Arc<ShardedDataset>>,
+        block_size: usize,
+        device: &Device,
+    ) -> Result<Trainer<Gpt2LMHeadModel>> {
+        check_block_size(model.config(), block_size)?;
+        Trainer::with_task(args, model, tokenizer, train, eval, TaskData::CausalLm { block_size }, device)
+    }
+}
+
+/// Refuse blocks longer than the model's positions.
+fn check_block_size(config: &lazytrain_models::ModelConfig, block_size: usize) -> Result<()> {
+    let max = config.max_sequence_length();
+    if block_size > max {
+        return Err(Error::Input(format!(
+            "the data has blocks of {block_size} tokens but the model accepts at most {max} positions; prepare the data with --block-size {max} or less"
+        )));
+    }
+    Ok(())
 }
 
 impl Trainer<ForSequenceClassification> {
@@ -238,8 +262,8 @@ impl<M: TaskModel> Trainer<M> {
         &self.task
     }
 
-    fn collator(&self, seed: u64) -> task::TaskCollator {
-        self.task.collator(&self.tokenizer, self.args.mlm_probability, seed)
+    fn collator(&self, seed: u64) -> Result<task::TaskCollator> {
+        Ok(self.task.collator(&self.tokenizer, self.args.mlm_probability, seed)?)
     }
 
     fn batches_per_epoch(&self) -> Result<u64> {

@@ -1,8 +1,8 @@
-//! What the Trainer trains: masked-LM blocks or labelled sequences, how
-//! each is batched, and the metrics each is evaluated with.
+//! What the Trainer trains: masked-LM or causal-LM blocks, or labelled
+//! sequences, how each is batched, and the metrics each is evaluated with.
 
 use lazytrain_data::classification::ClassificationCollator;
-use lazytrain_data::collator::{Collator, HostBatch, MlmCollator};
+use lazytrain_data::collator::{CausalLmCollator, Collator, HostBatch, MlmCollator};
 use lazytrain_data::dataset::ShardedDataset;
 use lazytrain_data::TextTokenizer;
 use serde_json::{json, Map, Value};
@@ -12,6 +12,12 @@ use serde_json::{json, Map, Value};
 pub enum TaskData {
     /// Masked-LM blocks of `block_size` tokens (from `prepare`).
     MaskedLm {
+        /// Tokens per block.
+        block_size: usize,
+    },
+    /// Causal-LM blocks of `block_size` tokens (from `prepare`): every
+    /// token predicts the next.
+    CausalLm {
         /// Tokens per block.
         block_size: usize,
     },
@@ -25,12 +31,20 @@ pub enum TaskData {
 }
 
 impl TaskData {
-    /// The collator for this data: MLM masking seeded by `seed`, or labelled
-    /// rows padded to their buckets.
-    pub fn collator(&self, tokenizer: &TextTokenizer, mlm_probability: f64, seed: u64) -> TaskCollator {
-        match self {
+    /// The collator for this data: MLM masking seeded by `seed`, the blocks
+    /// as their own labels, or labelled rows padded to their buckets.
+    pub fn collator(
+        &self,
+        tokenizer: &TextTokenizer,
+        mlm_probability: f64,
+        seed: u64,
+    ) -> lazytrain_data::Result<TaskCollator> {
+        Ok(match self {
             TaskData::MaskedLm { .. } => {
-                TaskCollator::MaskedLm(MlmCollator::for_tokenizer(tokenizer, mlm_probability, seed))
+                TaskCollator::MaskedLm(MlmCollator::for_tokenizer(tokenizer, mlm_probability, seed)?)
+            }
+            TaskData::CausalLm { .. } => {
+                TaskCollator::CausalLm(CausalLmCollator { pad_id: tokenizer.special().pad, pad_to_multiple_of: 8 })
             }
             TaskData::SequenceClassification { max_length, .. } => {
                 TaskCollator::SequenceClassification(ClassificationCollator {
@@ -38,7 +52,7 @@ impl TaskData {
                     max_length: *max_length,
                 })
             }
-        }
+        })
     }
 }
 
@@ -47,6 +61,8 @@ impl TaskData {
 pub enum TaskCollator {
     /// Masks tokens to predict.
     MaskedLm(MlmCollator),
+    /// Predicts every next token.
+    CausalLm(CausalLmCollator),
     /// One label per sequence.
     SequenceClassification(ClassificationCollator),
 }
@@ -60,6 +76,7 @@ impl Collator for TaskCollator {
     ) -> lazytrain_data::Result<HostBatch> {
         match self {
             TaskCollator::MaskedLm(c) => c.collate_records(dataset, records, epoch),
+            TaskCollator::CausalLm(c) => c.collate_records(dataset, records, epoch),
             TaskCollator::SequenceClassification(c) => c.collate_records(dataset, records, epoch),
         }
     }
@@ -68,16 +85,18 @@ impl Collator for TaskCollator {
 /// Evaluation results.
 #[derive(Clone, Debug, PartialEq)]
 pub struct EvalMetrics {
-    /// Mean cross-entropy per prediction (masked token or sequence).
+    /// Mean cross-entropy per prediction (masked or next token, or sequence).
     pub loss: f64,
     /// Predictions whose top class is the label.
     pub accuracy: f64,
-    /// `exp(loss)`, for a masked LM.
+    /// `exp(loss)`, for a masked or causal LM.
     pub perplexity: Option<f64>,
     /// Macro-averaged F1 over the labels, for a classifier.
     pub macro_f1: Option<f64>,
-    /// Predictions evaluated (masked tokens or sequences).
+    /// Predictions evaluated (masked or next tokens, or sequences).
     pub count: u64,
+    /// What was predicted: `masked tokens`, `next tokens` or `sequences`.
+    pub unit: &'static str,
 }
 
 impl EvalMetrics {
@@ -102,12 +121,12 @@ impl std::fmt::Display for EvalMetrics {
         write!(f, "loss {:.4}", self.loss)?;
         match (self.perplexity, self.macro_f1) {
             (Some(p), _) => {
-                write!(f, ", perplexity {p:.2}, accuracy {:.3} over {} masked tokens", self.accuracy, self.count)
+                write!(f, ", perplexity {p:.2}, accuracy {:.3} over {} {}", self.accuracy, self.count, self.unit)
             }
             (None, Some(f1)) => {
-                write!(f, ", accuracy {:.3}, macro-F1 {f1:.3} over {} sequences", self.accuracy, self.count)
+                write!(f, ", accuracy {:.3}, macro-F1 {f1:.3} over {} {}", self.accuracy, self.count, self.unit)
             }
-            (None, None) => write!(f, ", accuracy {:.3} over {} predictions", self.accuracy, self.count),
+            (None, None) => write!(f, ", accuracy {:.3} over {} {}", self.accuracy, self.count, self.unit),
         }
     }
 }

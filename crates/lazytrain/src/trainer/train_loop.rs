@@ -114,7 +114,8 @@ impl<M: TaskModel> Trainer<M> {
             max_batches: Some(remaining.saturating_mul(self.args.gradient_accumulation_steps as u64)),
             epochs: u64::MAX,
         };
-        let loader = DeviceLoader::new(self.train.clone(), sampler, self.collator(self.args.seed), plan, &self.device)?;
+        let loader =
+            DeviceLoader::new(self.train.clone(), sampler, self.collator(self.args.seed)?, plan, &self.device)?;
         let epoch_samples = self.batches_per_epoch()? as usize * self.args.per_device_train_batch_size;
         let bar = progress_bar(total, self.show_progress && rank == 0, "step {pos}/{len} [{bar:30}] {msg} eta {eta}");
         bar.set_position(self.state.global_step);
@@ -185,7 +186,7 @@ impl<M: TaskModel> Trainer<M> {
         let output = train_step(&self.device, &mut run.optimizer, window, &config, &stop_flag, |batch| -> Result<_> {
             let types = batch.token_type_ids.as_ref();
             let logits = model.forward(&batch.input_ids, Some(&batch.attention_mask), types, &ctx)?;
-            Ok(logits.cross_entropy_sum(&batch.labels, -100)?.mul(&scale)?)
+            Ok(logits.cross_entropy_sum(&model.targets(&batch.labels)?, -100)?.mul(&scale)?)
         })?;
         let (loss, shared) = output.values()?;
         if !loss.is_finite() {
