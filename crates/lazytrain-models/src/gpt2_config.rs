@@ -13,7 +13,8 @@ pub struct Gpt2Options {
     pub scale_attn_weights: bool,
     /// Also divide layer `i`'s scores by `i + 1`.
     pub scale_attn_by_inverse_layer_idx: bool,
-    /// The feed-forward size as the file states it (`None`: 4 × n_embd).
+    /// The feed-forward size as the file states it (`None`: 4 × n_embd);
+    /// the size itself is the common `intermediate_size`.
     pub n_inner: Option<usize>,
     /// The padding id the file states (GPT-2 has none: padding is masked
     /// out and the common `pad_token_id` falls back to the eos id).
@@ -155,7 +156,9 @@ pub(crate) fn to_json(config: &ModelConfig) -> String {
         n_embd: config.hidden_size,
         n_layer: config.num_hidden_layers,
         n_head: config.num_attention_heads,
-        n_inner: options.n_inner,
+        // null (4 × n_embd) unless the file stated it or the size differs.
+        n_inner: (options.n_inner.is_some() || config.intermediate_size != 4 * config.hidden_size)
+            .then_some(config.intermediate_size),
         activation_function: config.hidden_act.clone(),
         resid_pdrop: config.hidden_dropout_prob,
         embd_pdrop: options.embd_pdrop,

@@ -182,9 +182,10 @@ pub struct TrainArgs {
     /// The tokenizer folder (defaults to the model folder).
     #[arg(long)]
     tokenizer: Option<PathBuf>,
-    /// Prepared training data (a `prepare` or `prepare-classification` output folder).
+    /// Prepared training data (a `prepare` or `prepare-classification` output
+    /// folder); not needed with `--do-train false --do-eval true`, which only evaluates.
     #[arg(long)]
-    train_data: PathBuf,
+    train_data: Option<PathBuf>,
     /// Prepared data whose validation shards are used for evaluation.
     #[arg(long)]
     eval_data: Option<PathBuf>,
@@ -258,7 +259,7 @@ pub fn run(args: &TrainArgs) -> Result<()> {
     let training = resolve_args(args.config.as_deref(), &args.flags)?;
     let tokenizer_dir = args.tokenizer.clone().unwrap_or_else(|| PathBuf::from(&args.model));
     let tokenizer = TextTokenizer::from_path(&tokenizer_dir)?;
-    let train = open_split(&args.train_data, "train", training.skip_corrupt)?;
+    let (data_dir, train) = training_data(args, &training)?;
     let eval = match &args.eval_data {
         Some(dir) => Some(open_split(dir, "validation", training.skip_corrupt)?),
         None => None,
@@ -271,7 +272,7 @@ pub fn run(args: &TrainArgs) -> Result<()> {
             if args.num_labels.is_some() {
                 return Err(Error::Input("--num-labels is for --task sequence-classification".into()));
             }
-            let manifest = Manifest::read(&args.train_data)?;
+            let manifest = Manifest::read(&data_dir)?;
             run_replicas_for(&training, |device| {
                 let model = build_model(&args.model, &tokenizer, training.seed, device)?;
                 let (train, eval) = (train.clone(), eval.clone());
@@ -284,7 +285,7 @@ pub fn run(args: &TrainArgs) -> Result<()> {
             if args.num_labels.is_some() {
                 return Err(Error::Input("--num-labels is for --task sequence-classification".into()));
             }
-            let manifest = Manifest::read(&args.train_data)?;
+            let manifest = Manifest::read(&data_dir)?;
             run_replicas_for(&training, |device| {
                 let model = build_causal_lm(&args.model, &tokenizer, training.seed, device)?;
                 let (train, eval) = (train.clone(), eval.clone());
@@ -301,11 +302,11 @@ pub fn run(args: &TrainArgs) -> Result<()> {
             })?
         }
         Task::SequenceClassification => {
-            let manifest = ClassificationManifest::read(&args.train_data)?;
+            let manifest = ClassificationManifest::read(&data_dir)?;
             if let Some(n) = args.num_labels.filter(|&n| n != manifest.labels.len()) {
                 return Err(Error::Input(format!(
                     "--num-labels {n} but {} has {} labels ({}); pass --num-labels {} or re-prepare the data",
-                    args.train_data.display(),
+                    data_dir.display(),
                     manifest.labels.len(),
                     manifest.labels.join(", "),
                     manifest.labels.len()
@@ -328,8 +329,22 @@ pub fn run(args: &TrainArgs) -> Result<()> {
         }
     };
     if lazytrain_dist::is_master_process() {
+        if let Some(eval) = &out.1 {
+            save_eval_results(eval, Path::new(&output_dir))?;
+        }
         report(&out, &output_dir);
     }
+    Ok(())
+}
+
+/// Write `eval_results.json` into `output_dir`, as HF's `run_*.py`
+/// scripts save their final metrics (full precision, unlike the summary line).
+fn save_eval_results(eval: &EvalMetrics, output_dir: &Path) -> Result<()> {
+    let mut entry = eval.log_entry();
+    entry.insert("eval_predictions".into(), serde_json::json!(eval.count));
+    std::fs::create_dir_all(output_dir).map_err(|e| Error::Input(format!("{}: {e}", output_dir.display())))?;
+    let text = serde_json::to_string_pretty(&entry).unwrap_or_default();
+    lazytrain_nn::state::write_atomically(&output_dir.join("eval_results.json"), text.as_bytes())?;
     Ok(())
 }
 
@@ -355,18 +370,50 @@ pub fn build_classifier(
     Ok(ForSequenceClassification::new(&mut Initializer::new(seed, device), &config, labels.len())?)
 }
 
-/// Train, then evaluate when `do_eval` is set (every replica takes part).
-fn train_and_evaluate<M: TaskModel>(trainer: Trainer<M>) -> Result<(TrainOutput, Option<EvalMetrics>)> {
+/// The folder whose manifest describes the data, and the training split:
+/// `--train-data`'s, or with `--do-train false` (evaluation only) the eval
+/// data's validation split, which is then never trained on.
+fn training_data(args: &TrainArgs, training: &TrainingArguments) -> Result<(PathBuf, Arc<ShardedDataset>)> {
+    if !training.do_train && !training.do_eval {
+        return Err(Error::Input(
+            "--do-train false and --do-eval false leave nothing to do; pass --do-eval true".into(),
+        ));
+    }
+    match (&args.train_data, &args.eval_data) {
+        (Some(dir), _) => Ok((dir.clone(), open_split(dir, "train", training.skip_corrupt)?)),
+        (None, Some(dir)) if !training.do_train => {
+            Ok((dir.clone(), open_split(dir, "validation", training.skip_corrupt)?))
+        }
+        (None, _) => Err(Error::Input(
+            "pass --train-data DIR (a `prepare` output), or --do-train false --do-eval true --eval-data DIR to only \
+             evaluate the model"
+                .into(),
+        )),
+    }
+}
+
+/// Train, then evaluate when `do_eval` is set (every replica takes part);
+/// with `do_train` off, only evaluate.
+fn train_and_evaluate<M: TaskModel>(trainer: Trainer<M>) -> Result<(Option<TrainOutput>, Option<EvalMetrics>)> {
     let mut trainer = trainer.with_progress_bar(true);
+    if !trainer.args.do_train {
+        return Ok((None, Some(trainer.evaluate()?)));
+    }
     let out = trainer.train()?;
     let eval = match trainer.args.do_eval && !out.interrupted {
         true => Some(trainer.evaluate()?),
         false => None,
     };
-    Ok((out, eval))
+    Ok((Some(out), eval))
 }
 
-fn report((out, eval): &(TrainOutput, Option<EvalMetrics>), output_dir: &str) {
+fn report((out, eval): &(Option<TrainOutput>, Option<EvalMetrics>), output_dir: &str) {
+    let Some(out) = out else {
+        if let Some(eval) = eval {
+            println!("eval (no training, --do-train false): {eval}");
+        }
+        return;
+    };
     if out.interrupted {
         println!("interrupted: saved a checkpoint at step {} in {output_dir}", out.global_step);
         return;

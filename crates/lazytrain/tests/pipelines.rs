@@ -2,7 +2,7 @@
 //! pipelines (fixtures in lazytrain-models/tests/fixtures/pipelines.json).
 
 use lazytrain::folder::save_folder;
-use lazytrain::pipelines::{FeatureExtraction, FillMask};
+use lazytrain::pipelines::{FeatureExtraction, FillMask, TextGeneration};
 use lazytrain_core::Device;
 use lazytrain_data::TextTokenizer;
 use lazytrain_models::hub;
@@ -102,4 +102,46 @@ fn exported_folders_load_back_and_pad_ids_are_checked() {
     small.vocab_size = 10;
     let msg = lazytrain::folder::check_tokenizer_fits(&small, &tokenizer).err().unwrap().to_string();
     assert!(msg.contains("but the model's vocab_size is 10"), "{msg}");
+}
+
+/// `text-generation` on the tiny GPT-2 fixture: greedy text equals
+/// transformers' pipeline (prompt + continuation, byte-level decoding
+/// included), each text alone and both in one batch, two compiles per batch shape.
+#[test]
+fn text_generation_matches_transformers() {
+    let dev = Device::cpu();
+    let dir = fixtures().join("tiny-gpt2");
+    let want: Value = serde_json::from_str(&std::fs::read_to_string(dir.join("outputs.json")).unwrap()).unwrap();
+    let pipe = TextGeneration::from_dir(&dir, &dev).unwrap();
+    let texts: Vec<&str> = want["pipeline_texts"].as_array().unwrap().iter().map(|t| t.as_str().unwrap()).collect();
+    let new_tokens = want["pipeline_max_new_tokens"].as_u64().unwrap() as usize;
+    let config = pipe.config_for(Some(new_tokens)).unwrap();
+    let (together, stats) = pipe.generate(&texts, &config).unwrap();
+    assert_eq!(stats.compiles, 2, "one prefill and one decode graph");
+    for (i, text) in texts.iter().enumerate() {
+        let expected = &want["pipeline"][i][0]["generated_text"];
+        assert_eq!(together[i][0].generated_text, expected.as_str().unwrap(), "{text} in a batch");
+        let (alone, stats) = pipe.generate(&[text], &config).unwrap();
+        assert_eq!(alone[0][0].generated_text, expected.as_str().unwrap(), "{text} alone");
+        // A batch of one is a new shape once; the second text reuses both graphs.
+        assert_eq!(stats.compiles, if i == 0 { 2 } else { 0 }, "{stats:?}");
+    }
+}
+
+/// A prompt longer than the model's positions, top-p outside (0, 1] and a
+/// masked-LM folder are clear errors.
+#[test]
+fn text_generation_refuses_bad_input() {
+    let dev = Device::cpu();
+    let pipe = TextGeneration::from_dir(&fixtures().join("tiny-gpt2"), &dev).unwrap();
+    let long = "the capital of ".repeat(40);
+    let err = pipe.generate(&[&long], &pipe.config_for(Some(4)).unwrap()).unwrap_err().to_string();
+    assert!(err.contains("exceeds the model's n_positions 64"), "{err}");
+    let mut config = pipe.config_for(Some(4)).unwrap();
+    config.do_sample = true;
+    config.top_p = Some(1.2);
+    let err = pipe.generate(&["the"], &config).unwrap_err().to_string();
+    assert!(err.contains("top_p 1.2 must be in (0, 1]"), "{err}");
+    let err = TextGeneration::from_dir(&fixtures().join("tiny-bert"), &dev).err().unwrap().to_string();
+    assert!(err.contains("needs a gpt2 config"), "{err}");
 }

@@ -25,7 +25,8 @@ pub struct TrainingArguments {
     pub output_dir: String,
     /// Allow writing into a non-empty `output_dir` without resuming.
     pub overwrite_output_dir: bool,
-    /// Train (the `train` command always does).
+    /// Train; `false` with `do_eval` only evaluates the model (HF's
+    /// `--do_eval` without `--do_train`).
     pub do_train: bool,
     /// Evaluate on the eval data.
     pub do_eval: bool,
