@@ -1,11 +1,11 @@
-//! `lazytrain bench`: the BERT masked-LM training step of
-//! `../shared/anchors/bench_torch_mlm.py`, run by lazytrain.
+//! `lazytrain bench`: the BERT masked-LM (or GPT-2 causal-LM) training step
+//! of `../shared/anchors/bench_torch_mlm.py`, run by lazytrain.
 
 use clap::Args;
 use lazytrain_core::ir::AllReduceOp;
 use lazytrain_core::{DType, Device, Tensor};
 use lazytrain_dist::{spawn, train_step, Replica, SpawnConfig, StepConfig};
-use lazytrain_models::{ForMaskedLM, ModelConfig, ModelType};
+use lazytrain_models::{ForMaskedLM, Gpt2LMHeadModel, ModelConfig, ModelType, TaskModel};
 use lazytrain_nn::init::Initializer;
 use lazytrain_nn::optim::{AdamW, AdamWConfig, ParamGroup};
 use lazytrain_nn::{named_parameters, Context};
@@ -14,7 +14,8 @@ use std::time::Instant;
 /// Options for `lazytrain bench`.
 #[derive(Args)]
 pub struct BenchArgs {
-    /// tiny, mini, small or base (the anchor's configurations).
+    /// tiny, mini, small or base (BERT), or gpt2-tiny, gpt2-mini or gpt2-small
+    /// (the anchor's configurations; sequence length 128).
     #[arg(long, default_value = "tiny")]
     model: String,
     /// Timed steps (after 3 warm-up steps).
@@ -62,8 +63,22 @@ fn anchor_config(name: &str) -> Option<(usize, usize, usize, usize, usize)> {
         "mini" => (4, 256, 4, 8192, 32),
         "small" => (4, 512, 8, 8192, 16),
         "base" => (12, 768, 12, 30522, 8),
+        "gpt2-tiny" => (2, 128, 2, 8192, 32),
+        "gpt2-mini" => (4, 256, 4, 8192, 32),
+        "gpt2-small" => (12, 768, 12, 50257, 8),
         _ => return None,
     })
+}
+
+/// Model FLOPs per token of the anchor's step for `config`: BERT's
+/// [`flops_per_token`], or GPT-2's (no head transform: `N_mm = 12 L H² + V H`).
+pub fn anchor_flops_per_token(config: &ModelConfig, seq: usize) -> f64 {
+    let (h, v) = (config.hidden_size, config.vocab_size);
+    let bert = flops_per_token(config.num_hidden_layers, h, v, seq);
+    match config.model_type {
+        ModelType::Bert | ModelType::Roberta => bert,
+        ModelType::Gpt2 => bert - 6.0 * (h * h) as f64,
+    }
 }
 
 /// Model FLOPs per token of a BERT MLM training step, the anchor's formula:
@@ -101,17 +116,36 @@ fn peak_rss_mb() -> f64 {
 }
 
 /// The anchor's training step on one replica: `steps + 3` steps of the
-/// model built from `config`, on this replica's own random batch.
+/// model built from `config` (BERT masked LM or GPT-2), on this replica's
+/// own random batch.
 fn bench_replica(
     replica: &Replica,
     config: &ModelConfig,
     batch: usize,
     steps: usize,
+    precision: (bool, bool),
+) -> lazytrain::Result<ReplicaRun> {
+    let mut init = Initializer::new(0, replica.device());
+    match config.model_type {
+        ModelType::Bert | ModelType::Roberta => {
+            bench_model(replica, ForMaskedLM::new(&mut init, config)?, batch, steps, precision)
+        }
+        ModelType::Gpt2 => bench_model(replica, Gpt2LMHeadModel::new(&mut init, config)?, batch, steps, precision),
+    }
+}
+
+/// [`bench_replica`] for a built model: a masked LM gets 15 % of its
+/// positions masked and labelled, a causal LM its inputs as labels.
+fn bench_model<M: TaskModel>(
+    replica: &Replica,
+    model: M,
+    batch: usize,
+    steps: usize,
     (bf16, bf16_saved_activations): (bool, bool),
 ) -> lazytrain::Result<ReplicaRun> {
     let device = replica.device();
-    let vocab = config.vocab_size;
-    let model = ForMaskedLM::new(&mut Initializer::new(0, device), config)?;
+    let vocab = model.config().vocab_size;
+    let causal = model.config().model_type == ModelType::Gpt2;
     let params = named_parameters(&model);
     let n_params: usize = params.iter().map(|(_, p)| p.numel()).sum();
     let mut opt = AdamW::new(
@@ -121,8 +155,8 @@ fn bench_replica(
     let mut u = vec![0f32; 2 * batch * SEQ];
     lazytrain_core::random::uniform_f32(0, replica.rank() as u64, &mut u);
     let ids: Vec<i64> = u[..batch * SEQ].iter().map(|&x| 5 + (x * (vocab - 5) as f32) as i64).collect();
-    let masked: Vec<bool> = u[batch * SEQ..].iter().map(|&x| x < 0.15).collect();
-    let labels: Vec<i64> = ids.iter().zip(&masked).map(|(&t, &m)| if m { t } else { -100 }).collect();
+    let masked: Vec<bool> = u[batch * SEQ..].iter().map(|&x| x < 0.15 && !causal).collect();
+    let labels: Vec<i64> = ids.iter().zip(&masked).map(|(&t, &m)| if m || causal { t } else { -100 }).collect();
     let inputs: Vec<i64> = ids.iter().zip(&masked).map(|(&t, &m)| if m { 4 } else { t }).collect();
     let input_ids = Tensor::from_vec(inputs, [batch, SEQ], device)?;
     let labels = Tensor::from_vec(labels, [batch, SEQ], device)?;
@@ -142,7 +176,8 @@ fn bench_replica(
         let start = Instant::now();
         let ctx = Context::train(device, replica.rank() as i64, step as i64)?;
         let output = train_step(device, &mut opt, &[()], &config, &[], |_| -> lazytrain::Result<_> {
-            Ok(model.loss(&model.forward(&input_ids, None, None, &ctx)?, &labels)?)
+            let logits = model.forward(&input_ids, None, None, &ctx)?;
+            Ok(logits.cross_entropy(&model.targets(&labels)?, -100)?)
         })?;
         let value = output.loss.item::<f32>()?;
         times.push(start.elapsed().as_secs_f64());
@@ -176,15 +211,15 @@ fn bench_replica(
 pub fn run(args: &BenchArgs) -> lazytrain::Result<()> {
     let Some((layers, hidden, heads, vocab, batch)) = anchor_config(&args.model) else {
         return Err(lazytrain::Error::Input(format!(
-            "unknown bench model `{}`; choose tiny, mini, small or base",
+            "unknown bench model `{}`; choose tiny, mini, small, base, gpt2-tiny, gpt2-mini or gpt2-small",
             args.model
         )));
     };
     if args.replicas == 0 || args.steps == 0 {
         return Err(lazytrain::Error::Input("--replicas and --steps must be at least 1".into()));
     }
-    let mut config = ModelConfig::preset("bert-tiny", vocab)?;
-    config.model_type = ModelType::Bert;
+    let preset = if args.model.starts_with("gpt2-") { "gpt2-tiny" } else { "bert-tiny" };
+    let mut config = ModelConfig::preset(preset, vocab)?;
     config.hidden_size = hidden;
     config.num_hidden_layers = layers;
     config.num_attention_heads = heads;
@@ -204,7 +239,7 @@ pub fn run(args: &BenchArgs) -> lazytrain::Result<()> {
         return Ok(());
     }
     let tokens = (master.world * batch * SEQ) as f64;
-    let gflops = flops_per_token(layers, hidden, vocab, SEQ) * tokens / median / 1e9;
+    let gflops = anchor_flops_per_token(&config, SEQ) * tokens / median / 1e9;
     let (compiles, cache_hits, compile_ms) = (master.compiles, master.cache_hits, master.compile_ms);
     let precision = if args.bf16 { DType::BF16 } else { DType::F32 };
     // The profile covers the training steps, not the GEMM-peak probe.
@@ -214,7 +249,7 @@ pub fn run(args: &BenchArgs) -> lazytrain::Result<()> {
     let processes = lazytrain_dist::mpi_job_position().map_or(1, |(_, n)| n);
     let peak = gemm_peak_gflops(&Device::on_backend(master.backend)?, precision)? * processes as f64;
     let report = serde_json::json!({
-        "framework": "lazytrain", "config": args.model, "precision": if args.bf16 { "bf16" } else { "fp32" },
+        "framework": "lazytrain", "config": args.model, "arch": config.model_type.name(), "precision": if args.bf16 { "bf16" } else { "fp32" },
         "bf16_saved_activations": args.bf16_saved_activations,
         "replicas": master.world, "processes": processes,
         "batch": batch, "seq": SEQ,

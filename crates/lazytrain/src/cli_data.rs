@@ -20,7 +20,8 @@ pub struct TrainTokenizerArgs {
     /// Target vocabulary size.
     #[arg(long, default_value_t = 8192)]
     vocab_size: usize,
-    /// bert ([CLS] [SEP] [MASK] ...) or roberta (<s> </s> <mask> ...).
+    /// bert ([CLS] [SEP] [MASK] ...), roberta (<s> </s> <mask> ...) or gpt2
+    /// (<|endoftext|> only; with --model bpe, GPT-2's byte-level BPE).
     #[arg(long, default_value = "bert")]
     style: String,
     /// Maximum sequence length recorded in tokenizer_config.json.

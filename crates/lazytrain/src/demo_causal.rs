@@ -93,9 +93,7 @@ pub fn run(args: &DemoArgs) -> lazytrain::Result<()> {
         stats.compiles,
         texts.len()
     );
-    let config = trainer.model.config();
-    let flops_per_token =
-        crate::cli_bench::flops_per_token(config.num_hidden_layers, config.hidden_size, config.vocab_size, block_size);
+    let flops_per_token = crate::cli_bench::anchor_flops_per_token(trainer.model.config(), block_size);
     print_report(args, start, &result, flops_per_token, &device)?;
     println!("  answers correct    {correct}/{}", corpus.countries.len());
     Ok(())

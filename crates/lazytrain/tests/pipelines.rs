@@ -144,4 +144,12 @@ fn text_generation_refuses_bad_input() {
     assert!(err.contains("top_p 1.2 must be in (0, 1]"), "{err}");
     let err = TextGeneration::from_dir(&fixtures().join("tiny-bert"), &dev).err().unwrap().to_string();
     assert!(err.contains("needs a gpt2 config"), "{err}");
+    // Without an eos token, generation can only stop at a limit the user gives.
+    let (mut model, _) = hub::load_causal_lm(&fixtures().join("tiny-gpt2"), &dev).unwrap();
+    model.transformer.config.eos_token_id = None;
+    let tokenizer = TextTokenizer::from_path(&fixtures().join("tiny-gpt2")).unwrap();
+    let pipe = TextGeneration::new(model, tokenizer, &dev).unwrap();
+    let err = pipe.config_for(None).unwrap_err().to_string();
+    assert!(err.contains("no eos_token_id") && err.contains("--max-new-tokens"), "{err}");
+    assert_eq!(pipe.config_for(Some(3)).unwrap().eos_token_id, None);
 }
