@@ -89,10 +89,13 @@ fn greedy_generation_matches_transformers_and_compiles_once_per_shape() -> Resul
     let compiles_before = dev.metrics().compiles;
     for (prompt, want) in out["prompts"].as_array().unwrap().iter().zip(out["greedy"].as_array().unwrap()) {
         let prompt: Vec<u32> = ints(prompt).into_iter().map(|t| t as u32).collect();
+        let read_before = dev.metrics().device_to_host_bytes;
         let got = generate(&model, &[prompt], &config, &dev)?;
         let want: Vec<u32> = ints(want).into_iter().map(|t| t as u32).collect();
         assert_eq!(got.tokens, [want]);
         assert_eq!(got.decode_steps, new_tokens - 1);
+        // Only the chosen ids come back: one i64 per step, never logits.
+        assert_eq!(dev.metrics().device_to_host_bytes - read_before, 8 * new_tokens as u64);
     }
     // Both prompts fall in one bucket: one prefill graph and one decode graph.
     assert_eq!(dev.metrics().compiles - compiles_before, 2, "{:?}", dev.metrics());

@@ -149,9 +149,12 @@ fn bad_checkpoints_are_clear_errors() {
     let good_config = std::fs::read_to_string(fixture("tiny-bert/config.json")).unwrap();
     let weights = fixture("tiny-bert/model.safetensors");
 
+    let t5 = good_config.replace("\"model_type\": \"bert\"", "\"model_type\": \"t5\"");
+    let msg = load_masked_lm(&write_folder("t5", &t5, Some(&weights)), &dev).err().unwrap().to_string();
+    assert!(msg.contains("model_type") && msg.contains("\"bert\", \"roberta\" or \"gpt2\""), "{msg}");
     let gpt = good_config.replace("\"model_type\": \"bert\"", "\"model_type\": \"gpt2\"");
     let msg = load_masked_lm(&write_folder("gpt", &gpt, Some(&weights)), &dev).err().unwrap().to_string();
-    assert!(msg.contains("model_type") && msg.contains("\"bert\" or \"roberta\""), "{msg}");
+    assert!(msg.contains("GPT-2 is a causal decoder"), "{msg}");
 
     let missing = good_config.replace("\"hidden_size\": 32,", "");
     let msg = load_masked_lm(&write_folder("missing", &missing, Some(&weights)), &dev).err().unwrap().to_string();
