@@ -20,6 +20,7 @@ pub mod corpus;
 pub mod dataset;
 mod error;
 pub mod example;
+pub mod formats;
 pub mod loader;
 pub mod prepare;
 pub mod protobuf;

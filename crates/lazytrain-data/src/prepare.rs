@@ -120,6 +120,20 @@ pub fn prepare(
     out_dir: &Path,
     options: &PrepareOptions,
 ) -> Result<Manifest> {
+    prepare_with_validation(tokenizer, documents, &[], out_dir, options)
+}
+
+/// [`prepare`] with held-out documents: `validation_documents` are packed
+/// on their own and every one of their blocks is a validation block (HF's
+/// `--validation_file`), besides the `validation_fraction` of the training
+/// blocks (usually 0 then).
+pub fn prepare_with_validation(
+    tokenizer: &TextTokenizer,
+    documents: &[String],
+    validation_documents: &[String],
+    out_dir: &Path,
+    options: &PrepareOptions,
+) -> Result<Manifest> {
     if options.block_size < 2 || options.num_shards == 0 || !(0.0..1.0).contains(&options.validation_fraction) {
         return Err(DataError::Invalid(format!(
             "need block_size >= 2, num_shards >= 1 and validation_fraction in [0, 1), got {}, {}, {}",
@@ -128,47 +142,50 @@ pub fn prepare(
     }
     let io = |p: &Path, e: std::io::Error| DataError::Io { path: p.display().to_string(), detail: e.to_string() };
     std::fs::create_dir_all(out_dir).map_err(|e| io(out_dir, e))?;
-    let bar = stage_bar(documents.len() as u64, options.progress, "tokenizing");
-    let mut sequences = Vec::with_capacity(documents.len());
-    for chunk in documents.chunks(4096) {
-        let encodings = tokenizer
-            .inner()
-            .encode_batch(chunk.to_vec(), true)
-            .map_err(|e| DataError::Invalid(format!("tokenization failed: {e}")))?;
-        // GPT-2's tokenizer adds no special tokens: end each document with
-        // `<|endoftext|>`, as GPT-2's training text is laid out.
-        let separator = (tokenizer.special().style == crate::TokenizerStyle::Gpt2).then_some(tokenizer.special().end);
-        sequences.extend(encodings.iter().map(|e| e.get_ids().iter().copied().chain(separator).collect::<Vec<_>>()));
-        bar.inc(chunk.len() as u64);
-    }
-    bar.finish_and_clear();
-    let (blocks, dropped) = pack_blocks(&sequences, options.block_size);
+    let (blocks, dropped) = tokenize_and_pack(tokenizer, documents, options, "tokenizing")?;
     if blocks.is_empty() {
         return Err(DataError::Invalid(format!(
             "the input has {dropped} tokens, fewer than one block of {}; add text or lower --block-size",
             options.block_size
         )));
     }
+    let (held_blocks, held_dropped) = match validation_documents.is_empty() {
+        true => (Vec::new(), 0),
+        false => tokenize_and_pack(tokenizer, validation_documents, options, "validation")?,
+    };
+    if !validation_documents.is_empty() && held_blocks.is_empty() {
+        return Err(DataError::Invalid(format!(
+            "the validation files have {held_dropped} tokens, fewer than one block of {}; add text or lower --block-size",
+            options.block_size
+        )));
+    }
     let held_out = validation_blocks(blocks.len(), options.validation_fraction, options.seed)?;
-    let validation_shards = usize::from(options.validation_fraction > 0.0);
+    let validation_shards = usize::from(options.validation_fraction > 0.0 || !held_blocks.is_empty());
     remove_shards(out_dir)?;
     let mut train = shard_writers(out_dir, "train", options.num_shards)?;
     let mut validation = shard_writers(out_dir, "validation", validation_shards)?;
     let ones = vec![1i64; options.block_size];
-    let bar = stage_bar(blocks.len() as u64, options.progress, "writing");
+    let record = |block: &[u32]| {
+        let ids: Vec<i64> = block.iter().map(|&t| t as i64).collect();
+        encode_int64_example(&[("input_ids", &ids), ("attention_mask", &ones)])
+    };
+    let bar = stage_bar((blocks.len() + held_blocks.len()) as u64, options.progress, "writing");
     let mut train_count = 0usize;
     for (block, &validation_block) in blocks.iter().zip(&held_out) {
-        let ids: Vec<i64> = block.iter().map(|&t| t as i64).collect();
-        let record = encode_int64_example(&[("input_ids", &ids), ("attention_mask", &ones)]);
         if validation_block {
-            validation[0].1.write(&record)?;
+            validation[0].1.write(&record(block))?;
         } else {
-            train[train_count % options.num_shards].1.write(&record)?;
+            train[train_count % options.num_shards].1.write(&record(block))?;
             train_count += 1;
         }
         bar.inc(1);
     }
+    for block in &held_blocks {
+        validation[0].1.write(&record(block))?;
+        bar.inc(1);
+    }
     bar.finish_and_clear();
+    let block_tokens = (blocks.len() + held_blocks.len()) * options.block_size;
     let manifest = Manifest {
         block_size: options.block_size,
         train: finish_shards(train)?,
@@ -176,12 +193,37 @@ pub fn prepare(
         tokenizer_hash: tokenizer_hash(tokenizer)?,
         vocab_size: tokenizer.vocab_size(),
         seed: options.seed,
-        documents: documents.len() as u64,
-        tokens: (blocks.len() * options.block_size + dropped) as u64,
-        dropped_tokens: dropped as u64,
+        documents: (documents.len() + validation_documents.len()) as u64,
+        tokens: (block_tokens + dropped + held_dropped) as u64,
+        dropped_tokens: (dropped + held_dropped) as u64,
     };
     write_json(&out_dir.join("manifest.json"), &manifest)?;
     Ok(manifest)
+}
+
+/// Tokenize `documents` in parallel batches and pack them into blocks;
+/// returns the blocks and the tokens dropped at the end.
+fn tokenize_and_pack(
+    tokenizer: &TextTokenizer,
+    documents: &[String],
+    options: &PrepareOptions,
+    stage: &str,
+) -> Result<(Vec<Vec<u32>>, usize)> {
+    let bar = stage_bar(documents.len() as u64, options.progress, stage);
+    // GPT-2's tokenizer adds no special tokens: end each document with
+    // `<|endoftext|>`, as GPT-2's training text is laid out.
+    let separator = (tokenizer.special().style == crate::TokenizerStyle::Gpt2).then_some(tokenizer.special().end);
+    let mut sequences = Vec::with_capacity(documents.len());
+    for chunk in documents.chunks(4096) {
+        let encodings = tokenizer
+            .inner()
+            .encode_batch(chunk.to_vec(), true)
+            .map_err(|e| DataError::Invalid(format!("tokenization failed: {e}")))?;
+        sequences.extend(encodings.iter().map(|e| e.get_ids().iter().copied().chain(separator).collect::<Vec<_>>()));
+        bar.inc(chunk.len() as u64);
+    }
+    bar.finish_and_clear();
+    Ok(pack_blocks(&sequences, options.block_size))
 }
 
 /// Which of `blocks` blocks are held out for validation: each with

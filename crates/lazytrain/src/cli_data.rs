@@ -1,19 +1,47 @@
 //! `lazytrain train-tokenizer` and `lazytrain prepare`.
 
 use clap::Args;
-use lazytrain_data::prepare::{prepare, PrepareOptions};
+use lazytrain_data::formats::{Documents, InputFormat, TextSource};
+use lazytrain_data::prepare::{prepare_with_validation, PrepareOptions};
 use lazytrain_data::text::read_all_documents;
 use lazytrain_data::train_tokenizer::{train_tokenizer, SubwordModel};
 use lazytrain_data::{TextTokenizer, TokenizerStyle};
 use std::path::PathBuf;
 use std::time::Instant;
 
+/// Where the texts of input files are: their format and column.
+#[derive(Args)]
+pub struct InputColumns {
+    /// The input format: txt, jsonl, csv, tsv, parquet or arrow (default: from each file's extension).
+    #[arg(long)]
+    format: Option<String>,
+    /// The column (JSON field) holding the text in jsonl, csv, tsv, parquet and arrow files.
+    #[arg(long, default_value = "text")]
+    text_column: String,
+}
+
+impl InputColumns {
+    /// The documents of `files`, with a notice of skipped null rows.
+    fn read(&self, files: &[PathBuf]) -> lazytrain::Result<Documents> {
+        let format = self.format.as_deref().map(InputFormat::parse).transpose()?;
+        let source = TextSource { format, text_column: self.text_column.clone() };
+        let docs = read_all_documents(files, &source)?;
+        if docs.null_rows > 0 {
+            eprintln!("note: skipped {} rows whose `{}` is null", docs.null_rows, self.text_column);
+        }
+        Ok(docs)
+    }
+}
+
 /// Options for `lazytrain train-tokenizer`.
 #[derive(Args)]
 pub struct TrainTokenizerArgs {
-    /// Text files (one document per line; `.gz` allowed).
+    /// Text files: .txt (one document per line), .jsonl, .csv, .tsv, .parquet or a `datasets` .arrow
+    /// file (`.gz` for the line formats).
     #[arg(long, required = true, num_args = 1..)]
     files: Vec<PathBuf>,
+    #[command(flatten)]
+    input: InputColumns,
     /// unigram, wordpiece or bpe.
     #[arg(long, default_value = "unigram")]
     model: String,
@@ -37,7 +65,7 @@ pub fn train(args: &TrainTokenizerArgs) -> lazytrain::Result<()> {
     let start = Instant::now();
     let model = SubwordModel::parse(&args.model)?;
     let style = TokenizerStyle::parse(&args.style)?;
-    let docs = read_all_documents(&args.files)?;
+    let docs = args.input.read(&args.files)?.texts;
     let tokenizer = train_tokenizer(&docs, model, args.vocab_size, style)?;
     tokenizer.save(&args.output, args.model_max_length)?;
     println!(
@@ -58,18 +86,26 @@ pub struct PrepareArgs {
     /// A tokenizer folder (or tokenizer.json).
     #[arg(long)]
     tokenizer: PathBuf,
-    /// Text files (one document per line; `.gz` allowed).
+    /// Text files: .txt (one document per line), .jsonl, .csv, .tsv, .parquet or a `datasets` .arrow
+    /// file (`.gz` for the line formats).
     #[arg(long, required = true, num_args = 1..)]
     files: Vec<PathBuf>,
+    /// Held-out files whose blocks are all validation blocks (HF's --validation_file); the
+    /// --validation-fraction of the training files is then 0 unless given.
+    #[arg(long, num_args = 1..)]
+    validation_files: Vec<PathBuf>,
+    #[command(flatten)]
+    input: InputColumns,
     /// Tokens per block.
     #[arg(long, default_value_t = 128)]
     block_size: usize,
     /// Training shards.
     #[arg(long, default_value_t = 8)]
     num_shards: usize,
-    /// Fraction of blocks held out for validation.
-    #[arg(long, default_value_t = 0.01)]
-    validation_fraction: f64,
+    /// Fraction of the training files' blocks held out for validation (default 0.01, or 0 with
+    /// --validation-files).
+    #[arg(long)]
+    validation_fraction: Option<f64>,
     /// Seed of the split.
     #[arg(long, default_value_t = 42)]
     seed: u64,
@@ -82,15 +118,20 @@ pub struct PrepareArgs {
 pub fn run_prepare(args: &PrepareArgs) -> lazytrain::Result<()> {
     let start = Instant::now();
     let tokenizer = TextTokenizer::from_path(&args.tokenizer)?;
-    let docs = read_all_documents(&args.files)?;
+    let docs = args.input.read(&args.files)?.texts;
+    let held_out = match args.validation_files.is_empty() {
+        true => Vec::new(),
+        false => args.input.read(&args.validation_files)?.texts,
+    };
+    let default_fraction = if held_out.is_empty() { 0.01 } else { 0.0 };
     let options = PrepareOptions {
         block_size: args.block_size,
         num_shards: args.num_shards,
-        validation_fraction: args.validation_fraction,
+        validation_fraction: args.validation_fraction.unwrap_or(default_fraction),
         seed: args.seed,
         progress: true,
     };
-    let manifest = prepare(&tokenizer, &docs, &args.output, &options)?;
+    let manifest = prepare_with_validation(&tokenizer, &docs, &held_out, &args.output, &options)?;
     println!(
         "{} documents, {} tokens -> {} train and {} validation blocks of {} ({} tokens dropped) in {:.1} s -> {}",
         manifest.documents,

@@ -1,0 +1,150 @@
+//! The file formats text comes in: plain text (one document per line),
+//! JSON Lines, CSV/TSV, Parquet (the Hub's dataset format) and the Arrow IPC
+//! streams of a `datasets` cache. Each yields the strings of one column
+//! (plain text: its lines), with null rows skipped and counted.
+
+mod columnar;
+mod rows;
+
+use crate::{DataError, Result};
+use std::io::Read;
+use std::path::Path;
+
+/// A text file format.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum InputFormat {
+    /// One document per non-blank line (`.txt`, anything unrecognised).
+    Text,
+    /// One JSON object per line (`.jsonl`, `.json`, `.ndjson`).
+    JsonLines,
+    /// Comma-separated with a header row (`.csv`).
+    Csv,
+    /// Tab-separated with a header row (`.tsv`).
+    Tsv,
+    /// Apache Parquet (`.parquet`): Utf8 or LargeUtf8 columns, read a row
+    /// group at a time.
+    Parquet,
+    /// An Arrow IPC stream (`.arrow`), as `datasets` writes its cache files.
+    Arrow,
+}
+
+impl InputFormat {
+    /// Parse a `--format` value.
+    pub fn parse(name: &str) -> Result<InputFormat> {
+        Ok(match name {
+            "txt" | "text" => InputFormat::Text,
+            "jsonl" | "json" | "ndjson" => InputFormat::JsonLines,
+            "csv" => InputFormat::Csv,
+            "tsv" => InputFormat::Tsv,
+            "parquet" => InputFormat::Parquet,
+            "arrow" => InputFormat::Arrow,
+            other => {
+                return Err(DataError::Invalid(format!(
+                    "unknown input format `{other}`; choose txt, jsonl, csv, tsv, parquet or arrow"
+                )))
+            }
+        })
+    }
+
+    /// The format a file's extension names (after a `.gz`), plain text when
+    /// the extension is none of the others; and whether it is gzipped.
+    pub fn detect(path: &Path) -> (InputFormat, bool) {
+        let name = path.file_name().map(|n| n.to_string_lossy().to_ascii_lowercase()).unwrap_or_default();
+        let (stem, gzipped) = match name.strip_suffix(".gz") {
+            Some(stem) => (stem.to_string(), true),
+            None => (name, false),
+        };
+        let format = match stem.rsplit_once('.').map(|(_, ext)| ext) {
+            Some("jsonl" | "json" | "ndjson") => InputFormat::JsonLines,
+            Some("csv") => InputFormat::Csv,
+            Some("tsv" | "tab") => InputFormat::Tsv,
+            Some("parquet") => InputFormat::Parquet,
+            Some("arrow") => InputFormat::Arrow,
+            _ => InputFormat::Text,
+        };
+        (format, gzipped)
+    }
+}
+
+/// Which strings to take from a file.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct TextSource {
+    /// The format (`None`: from the extension).
+    pub format: Option<InputFormat>,
+    /// The column (or JSON field) holding the text; plain text ignores it.
+    pub text_column: String,
+}
+
+impl Default for TextSource {
+    /// Format from the extension, column `text` (the `datasets` convention).
+    fn default() -> TextSource {
+        TextSource { format: None, text_column: "text".into() }
+    }
+}
+
+/// The documents read from files: every non-blank text, trimmed.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Documents {
+    /// The texts in file order.
+    pub texts: Vec<String>,
+    /// Rows whose text was null (skipped).
+    pub null_rows: u64,
+}
+
+impl Documents {
+    /// Keep `text` when it is not blank.
+    fn push(&mut self, text: &str) {
+        let trimmed = text.trim();
+        if !trimmed.is_empty() {
+            self.texts.push(trimmed.to_string());
+        }
+    }
+}
+
+/// An I/O error about `path`.
+pub(crate) fn io_error(path: &Path, detail: impl Into<String>) -> DataError {
+    DataError::Io { path: path.display().to_string(), detail: detail.into() }
+}
+
+/// Open `path`, decompressing it when `gzipped`.
+pub(crate) fn open(path: &Path, gzipped: bool) -> Result<Box<dyn Read>> {
+    let file = std::fs::File::open(path).map_err(|e| io_error(path, format!("cannot open the input file: {e}")))?;
+    Ok(match gzipped {
+        true => Box::new(flate2::read::MultiGzDecoder::new(file)),
+        false => Box::new(file),
+    })
+}
+
+/// Append the documents of one file to `docs`.
+pub fn read_into(path: &Path, source: &TextSource, docs: &mut Documents) -> Result<()> {
+    let (detected, gzipped) = InputFormat::detect(path);
+    let format = source.format.unwrap_or(detected);
+    let column = source.text_column.as_str();
+    let before = (docs.texts.len(), docs.null_rows);
+    match format {
+        InputFormat::Text => rows::read_lines(path, gzipped, docs)?,
+        InputFormat::JsonLines => rows::read_json_lines(path, gzipped, column, docs)?,
+        InputFormat::Csv => rows::read_delimited(path, gzipped, b',', column, docs)?,
+        InputFormat::Tsv => rows::read_delimited(path, gzipped, b'\t', column, docs)?,
+        InputFormat::Parquet | InputFormat::Arrow if gzipped => {
+            return Err(io_error(
+                path,
+                "gzipped Parquet or Arrow files are not read; they compress internally (snappy, zstd), so \
+                 decompress the .gz first",
+            ))
+        }
+        InputFormat::Parquet => columnar::read_parquet(path, column, docs)?,
+        InputFormat::Arrow => columnar::read_arrow_stream(path, column, docs)?,
+    }
+    if docs.texts.len() == before.0 {
+        let nulls = docs.null_rows - before.1;
+        return Err(io_error(
+            path,
+            match nulls {
+                0 => "the input file has no text (every row is blank)".to_string(),
+                n => format!("the input file has no text ({n} null rows, every other row blank)"),
+            },
+        ));
+    }
+    Ok(())
+}

@@ -1,0 +1,164 @@
+//! Input formats: one corpus written as text, JSON Lines, CSV, Parquet
+//! (snappy and zstd, several row groups) and a `datasets` Arrow stream by
+//! `tests/fixtures/formats/gen_formats.py` gives the same documents, the same
+//! tokenizer and byte-identical shards; bad files are errors naming the
+//! file and the problem.
+
+use lazytrain_data::formats::{InputFormat, TextSource};
+use lazytrain_data::prepare::{prepare, prepare_with_validation, PrepareOptions};
+use lazytrain_data::text::{read_all_documents, read_documents};
+use lazytrain_data::train_tokenizer::{train_tokenizer, SubwordModel};
+use lazytrain_data::TokenizerStyle;
+use std::path::{Path, PathBuf};
+
+fn fixture(name: &str) -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/formats").join(name)
+}
+
+fn tmp(name: &str) -> PathBuf {
+    let dir = std::env::temp_dir().join(format!("lazytrain-formats-{}-{name}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    dir
+}
+
+const CORPUS: [&str; 6] =
+    ["corpus.txt", "corpus.jsonl", "corpus.csv", "corpus-snappy.parquet", "corpus-zstd.parquet", "corpus.arrow"];
+
+fn texts(name: &str) -> Vec<String> {
+    read_documents(&fixture(name), &TextSource::default()).unwrap().texts
+}
+
+fn error(path: &Path, source: &TextSource) -> String {
+    read_documents(path, source).unwrap_err().to_string()
+}
+
+#[test]
+fn every_format_gives_the_same_documents_tokenizer_and_shards() {
+    let reference = texts("corpus.txt");
+    assert_eq!(reference.len(), 150);
+    assert!(reference.iter().any(|t| t.contains("naïve")), "non-ASCII text survives");
+    // Byte-level BPE: the `tokenizers` trainer is deterministic for it (its
+    // WordPiece and Unigram trainers break ties in hash-map order, which
+    // changes from run to run even on one file).
+    let train = |docs: &[String]| train_tokenizer(docs, SubwordModel::Bpe, 300, TokenizerStyle::Roberta).unwrap();
+    let tokenizer = train(&reference);
+    let vocabulary = tokenizer.inner().to_string(false).unwrap();
+    let options = PrepareOptions { block_size: 16, num_shards: 2, validation_fraction: 0.1, seed: 3, progress: false };
+    let shards = |dir: &Path| -> Vec<(String, Vec<u8>)> {
+        let mut files: Vec<_> = std::fs::read_dir(dir)
+            .unwrap()
+            .map(|e| e.unwrap().path())
+            .filter(|p| p.extension().is_some_and(|e| e == "tfrecord"))
+            .map(|p| (p.file_name().unwrap().to_string_lossy().into_owned(), std::fs::read(&p).unwrap()))
+            .collect();
+        files.sort();
+        files
+    };
+    let expected = shards(&{
+        let out = tmp("shards-txt");
+        prepare(&tokenizer, &reference, &out, &options).unwrap();
+        out
+    });
+    assert_eq!(expected.len(), 3, "two train shards and a validation shard");
+    for name in CORPUS {
+        let docs = texts(name);
+        assert_eq!(docs, reference, "{name}");
+        assert_eq!(train(&docs).inner().to_string(false).unwrap(), vocabulary, "{name}: the same tokenizer");
+        let out = tmp(&format!("shards-{name}"));
+        prepare(&tokenizer, &docs, &out, &options).unwrap();
+        assert_eq!(shards(&out), expected, "{name}: byte-identical shards");
+    }
+}
+
+#[test]
+fn gzip_format_override_and_several_files() {
+    use std::io::Write;
+    let dir = tmp("gzip");
+    let gz = dir.join("corpus.jsonl.gz");
+    let mut encoder = flate2::write::GzEncoder::new(std::fs::File::create(&gz).unwrap(), flate2::Compression::fast());
+    encoder.write_all(&std::fs::read(fixture("corpus.jsonl")).unwrap()).unwrap();
+    encoder.finish().unwrap();
+    assert_eq!(read_documents(&gz, &TextSource::default()).unwrap().texts, texts("corpus.txt"));
+    // A JSON Lines file named .txt, read as what it is.
+    let renamed = dir.join("rows.txt");
+    std::fs::copy(fixture("corpus.jsonl"), &renamed).unwrap();
+    let as_json = TextSource { format: Some(InputFormat::JsonLines), ..TextSource::default() };
+    assert_eq!(read_documents(&renamed, &as_json).unwrap().texts, texts("corpus.txt"));
+    let both = read_all_documents(&[fixture("corpus.arrow"), fixture("corpus-zstd.parquet")], &TextSource::default());
+    assert_eq!(both.unwrap().texts.len(), 300);
+    assert!(InputFormat::parse("xml").unwrap_err().to_string().contains("choose txt, jsonl"));
+}
+
+#[test]
+fn null_rows_are_skipped_and_counted() {
+    let docs = read_documents(&fixture("nulls.parquet"), &TextSource::default()).unwrap();
+    assert_eq!((docs.texts, docs.null_rows), (vec!["first".to_string(), "second".into()], 2));
+}
+
+#[test]
+fn bad_files_are_errors_naming_the_file_and_the_problem() {
+    let source = TextSource::default();
+    let err = error(&fixture("numbers.parquet"), &source);
+    assert!(err.contains("numbers.parquet") && err.contains("column `text` holds Int64, not strings"), "{err}");
+    let body = TextSource { text_column: "body".into(), ..TextSource::default() };
+    for name in ["corpus-snappy.parquet", "corpus.arrow"] {
+        let err = error(&fixture(name), &body);
+        assert!(err.contains("no column `body`; the file has id, text; pass --text-column NAME"), "{name}: {err}");
+    }
+    let dir = tmp("bad");
+    // A Parquet file cut short loses its footer.
+    let bytes = std::fs::read(fixture("corpus-snappy.parquet")).unwrap();
+    let cut = dir.join("cut.parquet");
+    std::fs::write(&cut, &bytes[..bytes.len() - 100]).unwrap();
+    let err = error(&cut, &source);
+    assert!(err.contains("cut.parquet") && err.contains("not a readable Parquet file"), "{err}");
+    // Garbage where the footer should be.
+    let mut footer = bytes.clone();
+    let n = footer.len();
+    footer[n - 12..n - 4].fill(0xAB);
+    let garbled = dir.join("garbled.parquet");
+    std::fs::write(&garbled, &footer).unwrap();
+    assert!(error(&garbled, &source).contains("not a readable Parquet file"));
+    // An Arrow stream cut in the middle of its batches, and one cut in its schema.
+    let stream = std::fs::read(fixture("corpus.arrow")).unwrap();
+    let half = dir.join("half.arrow");
+    std::fs::write(&half, &stream[..stream.len() / 2]).unwrap();
+    let err = error(&half, &source);
+    assert!(err.contains("half.arrow") && err.contains("truncated or corrupt"), "{err}");
+    let head = dir.join("head.arrow");
+    std::fs::write(&head, &stream[..40]).unwrap();
+    assert!(error(&head, &source).contains("not an Arrow IPC stream"), "{}", error(&head, &source));
+    // A Parquet file is not an Arrow stream.
+    let wrong = TextSource { format: Some(InputFormat::Arrow), ..TextSource::default() };
+    assert!(error(&fixture("corpus-zstd.parquet"), &wrong).contains("not an Arrow IPC stream"));
+    for (name, contents) in [("empty.txt", &b""[..]), ("empty.jsonl", b"\n\n"), ("empty.parquet", b"")] {
+        let path = dir.join(name);
+        std::fs::write(&path, contents).unwrap();
+        let err = error(&path, &source);
+        assert!(err.contains(name) && (err.contains("no text") || err.contains("not a readable")), "{err}");
+    }
+    let invalid = dir.join("invalid.txt");
+    std::fs::write(&invalid, b"fine\n\xff\xfe\n").unwrap();
+    assert!(error(&invalid, &source).contains("line 2"), "{}", error(&invalid, &source));
+    let gz_parquet = dir.join("corpus.parquet.gz");
+    std::fs::write(&gz_parquet, &bytes).unwrap();
+    assert!(error(&gz_parquet, &source).contains("gzipped Parquet or Arrow files are not read"));
+}
+
+#[test]
+fn validation_files_become_the_validation_split() {
+    let train = texts("corpus.txt");
+    let held_out: Vec<String> = texts("corpus.jsonl").into_iter().take(40).collect();
+    let tokenizer = train_tokenizer(&train, SubwordModel::WordPiece, 200, TokenizerStyle::Bert).unwrap();
+    let options = PrepareOptions { block_size: 16, num_shards: 1, validation_fraction: 0.0, seed: 0, progress: false };
+    let out = tmp("validation-files");
+    let manifest = prepare_with_validation(&tokenizer, &train, &held_out, &out, &options).unwrap();
+    let tokens: usize = held_out.iter().map(|t| tokenizer.encode(t, true).unwrap().len()).sum();
+    let validation: u64 = manifest.validation.iter().map(|s| s.records).sum();
+    assert_eq!(validation as usize, tokens / 16, "exactly the held-out text's blocks");
+    let train_tokens: usize = train.iter().map(|t| tokenizer.encode(t, true).unwrap().len()).sum();
+    assert_eq!(manifest.train_records() as usize, train_tokens / 16, "every training block is trained on");
+    let err = prepare_with_validation(&tokenizer, &train, &["tiny".into()], &tmp("too-small"), &options);
+    assert!(err.unwrap_err().to_string().contains("the validation files have"), "a held-out text shorter than a block");
+}
