@@ -316,11 +316,10 @@ pub(crate) fn finish_shards(writers: Vec<(String, RecordWriter)>) -> Result<Vec<
     writers.into_iter().map(|(file, w)| w.finish().map(|records| ShardInfo { file, records })).collect()
 }
 
-/// The masked CRC32C (hex) of the tokenizer's `tokenizer.json` text, which
-/// ties prepared data to the tokenizer that made it.
+/// The hash that ties prepared data to the tokenizer that made it
+/// ([`TextTokenizer::content_hash`]).
 pub(crate) fn tokenizer_hash(tokenizer: &TextTokenizer) -> Result<String> {
-    let json = tokenizer.inner().to_string(false).map_err(|e| DataError::Invalid(e.to_string()))?;
-    Ok(format!("{:08x}", crate::tfrecord::masked_crc32c(json.as_bytes())))
+    tokenizer.content_hash()
 }
 
 /// Write `value` as pretty JSON to `path`.

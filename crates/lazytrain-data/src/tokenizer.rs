@@ -185,6 +185,13 @@ impl TextTokenizer {
             .map_err(|e| DataError::Invalid(format!("cannot decode {ids:?}: {e}")))
     }
 
+    /// The masked CRC32C (hex) of the `tokenizer.json` text: what a
+    /// manifest records to tie prepared data to its tokenizer.
+    pub fn content_hash(&self) -> Result<String> {
+        let json = self.inner.to_string(false).map_err(|e| DataError::Invalid(e.to_string()))?;
+        Ok(format!("{:08x}", crate::tfrecord::masked_crc32c(json.as_bytes())))
+    }
+
     /// The token string of `id`.
     pub fn id_to_token(&self, id: u32) -> Option<String> {
         self.inner.id_to_token(id)

@@ -21,7 +21,7 @@ mod model;
 mod task;
 
 pub use classification::ForSequenceClassification;
-pub use config::{Gpt2Options, ModelConfig, ModelType};
+pub use config::{Gpt2Options, ModelConfig, ModelType, PRESETS};
 pub use error::{ModelError, Result};
 pub use gpt2::{Gpt2Attention, Gpt2Block, Gpt2LMHeadModel, Gpt2Mlp, Gpt2Model};
 pub use kv_cache::{KvCache, LayerCache};

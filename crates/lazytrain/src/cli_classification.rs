@@ -1,7 +1,8 @@
 //! `lazytrain prepare-classification` and `lazytrain text-classification`.
 
+use crate::cli_texts::TextInputs;
 use clap::Args;
-use lazytrain::pipelines::TextClassification;
+use lazytrain::pipelines::{LabelScore, TextClassification};
 use lazytrain_core::Device;
 use lazytrain_data::classification::{prepare_classification, ClassificationOptions, Columns, LabelOrder};
 use lazytrain_data::TextTokenizer;
@@ -99,40 +100,50 @@ pub fn prepare(args: &PrepareClassificationArgs) -> lazytrain::Result<()> {
 /// Options for `lazytrain text-classification`.
 #[derive(Args)]
 pub struct TextClassificationArgs {
-    /// A fine-tuned classifier folder (config.json with id2label, model.safetensors, tokenizer.json).
-    #[arg(long)]
-    model: PathBuf,
+    #[command(flatten)]
+    inputs: TextInputs,
     /// Labels per text, most likely first.
     #[arg(long, default_value_t = 1)]
     top_k: usize,
-    /// Print JSON shaped like Hugging Face's pipeline output.
-    #[arg(long)]
-    json: bool,
-    /// Texts to classify.
-    #[arg(required = true)]
-    texts: Vec<String>,
 }
 
 /// Classify texts and print their labels.
 pub fn classify(args: &TextClassificationArgs) -> lazytrain::Result<()> {
-    let pipe = TextClassification::from_dir(&args.model, &Device::cpu())?;
-    let texts: Vec<&str> = args.texts.iter().map(String::as_str).collect();
-    let results = pipe.predict(&texts, args.top_k)?;
-    if args.json {
-        // HF: a list of {label, score} per text; one text's top-1 is a one-element list.
-        let value = if args.top_k == 1 {
-            serde_json::json!(results.iter().map(|r| &r[0]).collect::<Vec<_>>())
-        } else if results.len() == 1 {
-            serde_json::json!(results[0])
-        } else {
-            serde_json::json!(results)
-        };
-        println!("{value}");
-        return Ok(());
+    let device = Device::cpu();
+    let mut pipe = TextClassification::from_dir(&args.inputs.model_dir()?, &device)?;
+    if args.inputs.streaming() {
+        pipe = pipe.with_batch_size(args.inputs.batch_size);
     }
-    for (text, labels) in texts.iter().zip(&results) {
-        let shown: Vec<String> = labels.iter().map(|l| format!("{} {:.4}", l.label, l.score)).collect();
-        println!("{text}\n  {}", shown.join(", "));
-    }
+    // HF: top-1 is a one-element list per text, top-k the k labels.
+    let per_text = |labels: &Vec<LabelScore>| match args.top_k {
+        1 => serde_json::json!([labels[0]]),
+        _ => serde_json::json!(labels),
+    };
+    let (start, compiles) = (Instant::now(), device.metrics().compiles);
+    let count = args.inputs.for_each_batch(|texts| {
+        let refs: Vec<&str> = texts.iter().map(String::as_str).collect();
+        let results = pipe.predict(&refs, args.top_k)?;
+        if args.inputs.json && args.inputs.streaming() {
+            return TextInputs::print_lines(results.iter().map(per_text));
+        }
+        if args.inputs.json {
+            // HF: a list of {label, score} per text; one text's top-1 is a one-element list.
+            let value = if args.top_k == 1 {
+                serde_json::json!(results.iter().map(|r| &r[0]).collect::<Vec<_>>())
+            } else if results.len() == 1 {
+                serde_json::json!(results[0])
+            } else {
+                serde_json::json!(results)
+            };
+            println!("{value}");
+            return Ok(());
+        }
+        for (text, labels) in refs.iter().zip(&results) {
+            let shown: Vec<String> = labels.iter().map(|l| format!("{} {:.4}", l.label, l.score)).collect();
+            println!("{text}\n  {}", shown.join(", "));
+        }
+        Ok(())
+    })?;
+    args.inputs.report(count, start, compiles, &device);
     Ok(())
 }

@@ -10,9 +10,13 @@ use std::path::PathBuf;
 /// Options for `lazytrain export`.
 #[derive(Args)]
 pub struct ExportArgs {
-    /// The masked-LM or GPT-2 folder to read (config.json, model.safetensors, tokenizer.json).
+    /// The masked-LM or GPT-2 folder to read (config.json, model.safetensors, tokenizer.json), or
+    /// a Hub id (org/name) in the local Hugging Face cache.
     #[arg(long)]
-    model: PathBuf,
+    model: String,
+    /// The Hub revision (branch, tag or commit) of a cached --model.
+    #[arg(long)]
+    revision: Option<String>,
     /// Where to write the Hugging Face folder.
     #[arg(long)]
     output: PathBuf,
@@ -22,15 +26,16 @@ pub struct ExportArgs {
 /// loads (`AutoModelForMaskedLM` / `AutoModelForCausalLM`).
 pub fn run(args: &ExportArgs) -> lazytrain::Result<()> {
     let device = Device::cpu();
-    let tokenizer = TextTokenizer::from_path(&args.model)?;
-    let warnings = match hub::load_config(&args.model)?.model_type {
+    let dir = lazytrain::hub_cache::model_folder(&args.model, args.revision.as_deref())?;
+    let tokenizer = TextTokenizer::from_path(&dir)?;
+    let warnings = match hub::load_config(&dir)?.model_type {
         ModelType::Gpt2 => {
-            let (model, warnings) = hub::load_causal_lm(&args.model, &device)?;
+            let (model, warnings) = hub::load_causal_lm(&dir, &device)?;
             save_folder(&args.output, &model, model.config(), &tokenizer)?;
             warnings
         }
         ModelType::Bert | ModelType::Roberta => {
-            let (model, warnings) = hub::load_masked_lm(&args.model, &device)?;
+            let (model, warnings) = hub::load_masked_lm(&dir, &device)?;
             save_folder(&args.output, &model, model.config(), &tokenizer)?;
             warnings
         }

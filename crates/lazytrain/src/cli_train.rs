@@ -1,5 +1,6 @@
 //! `lazytrain train`: the Trainer from the command line.
 
+use crate::cli_inputs::{check_data_tokenizer, tokenizer_for, ModelSource};
 use clap::Args;
 use lazytrain::trainer::{
     install_interrupt_handler, run_replicas_for, EvalMetrics, TrainOutput, Trainer, TrainingArguments,
@@ -166,6 +167,7 @@ pub enum Task {
 
 /// Options for `lazytrain train`.
 #[derive(Args)]
+#[command(allow_negative_numbers = true)]
 pub struct TrainArgs {
     /// TrainingArguments as TOML or JSON (flags override it).
     #[arg(long)]
@@ -173,20 +175,25 @@ pub struct TrainArgs {
     /// What to train.
     #[arg(long, value_enum, default_value = "masked-lm")]
     task: Task,
-    /// A preset to train from scratch (bert-tiny ... roberta-base, gpt2-tiny ... gpt2-small) or a model folder to fine-tune.
+    /// A preset to train from scratch (bert-tiny ... roberta-base, gpt2-tiny ... gpt2-small), a model folder
+    /// to fine-tune, or a Hub id (org/name) in the local Hugging Face cache.
     #[arg(long)]
     model: String,
+    /// The Hub revision (branch, tag or commit) of a cached --model or --tokenizer.
+    #[arg(long)]
+    revision: Option<String>,
     /// Labels of a sequence classifier (checked against the data's labels.json).
     #[arg(long)]
     num_labels: Option<usize>,
-    /// The tokenizer folder (defaults to the model folder).
+    /// The tokenizer folder or cached Hub id (defaults to the model folder's; a preset needs one).
     #[arg(long)]
-    tokenizer: Option<PathBuf>,
+    tokenizer: Option<String>,
     /// Prepared training data (a `prepare` or `prepare-classification` output
     /// folder); not needed with `--do-train false --do-eval true`, which only evaluates.
     #[arg(long)]
     train_data: Option<PathBuf>,
-    /// Prepared data whose validation shards are used for evaluation.
+    /// Prepared data whose validation shards are used for evaluation (its training shards when it
+    /// has none, e.g. a folder prepared from a held-out file alone).
     #[arg(long)]
     eval_data: Option<PathBuf>,
     #[command(flatten)]
@@ -231,8 +238,10 @@ pub fn preset_config(preset: &str, tokenizer: &TextTokenizer) -> Result<ModelCon
     Ok(config)
 }
 
-/// Open prepared shards of `split` in `dir`.
+/// Open prepared shards of `split` in `dir` (refusing what `prepare` did
+/// not write).
 pub fn open_split(dir: &Path, split: &str, skip_corrupt: bool) -> Result<Arc<ShardedDataset>> {
+    crate::cli_inputs::check_prepared(dir)?;
     let policy = if skip_corrupt { CorruptPolicy::Skip } else { CorruptPolicy::Fail };
     let data = ShardedDataset::open(&find_shards(dir, split)?, policy)?;
     if data.skipped() > 0 {
@@ -257,13 +266,26 @@ pub fn resolve_args(config: Option<&Path>, flags: &TrainingFlags) -> Result<Trai
 /// Run `lazytrain train`.
 pub fn run(args: &TrainArgs) -> Result<()> {
     let training = resolve_args(args.config.as_deref(), &args.flags)?;
-    let tokenizer_dir = args.tokenizer.clone().unwrap_or_else(|| PathBuf::from(&args.model));
-    let tokenizer = TextTokenizer::from_path(&tokenizer_dir)?;
+    training.validate(args.eval_data.is_some())?;
+    let revision = args.revision.as_deref();
+    let source = ModelSource::resolve(&args.model, revision)?;
+    let (tokenizer_dir, tokenizer) = tokenizer_for(&source, args.tokenizer.as_deref(), revision)?;
+    let model_spec = source.spec();
     let (data_dir, train) = training_data(args, &training)?;
     let eval = match &args.eval_data {
-        Some(dir) => Some(open_split(dir, "validation", training.skip_corrupt)?),
+        Some(dir) => Some(open_eval(dir, training.skip_corrupt)?),
         None => None,
     };
+    let data_dirs = std::iter::once(&data_dir).chain(args.eval_data.as_ref());
+    for dir in data_dirs {
+        let recorded = match args.task {
+            Task::MaskedLm | Task::CausalLm => Manifest::read(dir).map(|m| (m.tokenizer_hash, m.vocab_size))?,
+            Task::SequenceClassification => {
+                ClassificationManifest::read(dir).map(|m| (m.tokenizer_hash, m.vocab_size))?
+            }
+        };
+        check_data_tokenizer(dir, (&recorded.0, recorded.1), &tokenizer, &tokenizer_dir)?;
+    }
     install_interrupt_handler();
     let output_dir = training.output_dir.clone();
     // Each replica builds its model and trainer on its own device.
@@ -274,7 +296,7 @@ pub fn run(args: &TrainArgs) -> Result<()> {
             }
             let manifest = Manifest::read(&data_dir)?;
             run_replicas_for(&training, |device| {
-                let model = build_model(&args.model, &tokenizer, training.seed, device)?;
+                let model = build_model(&model_spec, &tokenizer, training.seed, device)?;
                 let (train, eval) = (train.clone(), eval.clone());
                 let trainer =
                     Trainer::new(training.clone(), model, tokenizer.clone(), train, eval, manifest.block_size, device)?;
@@ -287,7 +309,7 @@ pub fn run(args: &TrainArgs) -> Result<()> {
             }
             let manifest = Manifest::read(&data_dir)?;
             run_replicas_for(&training, |device| {
-                let model = build_causal_lm(&args.model, &tokenizer, training.seed, device)?;
+                let model = build_causal_lm(&model_spec, &tokenizer, training.seed, device)?;
                 let (train, eval) = (train.clone(), eval.clone());
                 let trainer = Trainer::for_causal_lm(
                     training.clone(),
@@ -313,7 +335,7 @@ pub fn run(args: &TrainArgs) -> Result<()> {
                 )));
             }
             run_replicas_for(&training, |device| {
-                let model = build_classifier(&args.model, &tokenizer, &manifest.labels, training.seed, device)?;
+                let model = build_classifier(&model_spec, &tokenizer, &manifest.labels, training.seed, device)?;
                 let (train, eval) = (train.clone(), eval.clone());
                 let trainer = Trainer::for_classification(
                     training.clone(),
@@ -368,6 +390,17 @@ pub fn build_classifier(
     }
     let config = preset_config(spec, tokenizer)?.with_labels(labels);
     Ok(ForSequenceClassification::new(&mut Initializer::new(seed, device), &config, labels.len())?)
+}
+
+/// The validation shards of `dir`, or, when it has none (a folder prepared
+/// from a held-out file alone), its training shards, with a notice.
+fn open_eval(dir: &Path, skip_corrupt: bool) -> Result<Arc<ShardedDataset>> {
+    crate::cli_inputs::check_prepared(dir)?;
+    if find_shards(dir, "validation").is_err() && find_shards(dir, "train").is_ok() {
+        eprintln!("note: {} has no validation shards; evaluating on its training shards", dir.display());
+        return open_split(dir, "train", skip_corrupt);
+    }
+    open_split(dir, "validation", skip_corrupt)
 }
 
 /// The folder whose manifest describes the data, and the training split:

@@ -7,6 +7,7 @@
 
 mod error;
 pub mod folder;
+pub mod hub_cache;
 pub mod pipelines;
 pub mod plot;
 pub mod trainer;

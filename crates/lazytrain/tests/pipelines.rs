@@ -153,3 +153,110 @@ fn text_generation_refuses_bad_input() {
     assert!(err.contains("no eos_token_id") && err.contains("--max-new-tokens"), "{err}");
     assert_eq!(pipe.config_for(Some(3)).unwrap().eos_token_id, None);
 }
+
+/// A classifier folder: tiny-bert-cls's weights with tiny-bert's tokenizer.
+fn classifier_folder(name: &str) -> PathBuf {
+    let dir = std::env::temp_dir().join(format!("lazytrain-pipelines-{}-{name}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    for (from, file) in [("tiny-bert-cls", "config.json"), ("tiny-bert-cls", "model.safetensors")]
+        .into_iter()
+        .chain([("tiny-bert", "tokenizer.json"), ("tiny-bert", "tokenizer_config.json")])
+    {
+        std::fs::copy(fixtures().join(from).join(file), dir.join(file)).unwrap();
+    }
+    dir
+}
+
+fn lazytrain(args: &[&str], stdin: Option<&str>) -> (String, String) {
+    use std::io::Write;
+    let mut child = std::process::Command::new(env!("CARGO_BIN_EXE_lazytrain"))
+        .args(args)
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    child.stdin.take().unwrap().write_all(stdin.unwrap_or("").as_bytes()).unwrap();
+    let out = child.wait_with_output().unwrap();
+    let (stdout, stderr) = (String::from_utf8(out.stdout).unwrap(), String::from_utf8(out.stderr).unwrap());
+    assert!(out.status.success(), "lazytrain {args:?} failed: {stderr}");
+    (stdout, stderr)
+}
+
+/// 600 lines through `text-classification --input FILE --json`: 600 JSON
+/// lines in order, each equal to the text classified alone; texts that
+/// begin with `-`; stdin; JSON Lines; one compile per length bucket.
+#[test]
+fn text_classification_streams_a_file_in_order() {
+    let dir = classifier_folder("stream");
+    let words = ["the", "capital", "of", "france", "is", "paris", "a", "big", "red", "cat", "-", "--toxic"];
+    let texts: Vec<String> = (0..600)
+        .map(|i: usize| {
+            (0..1 + (i * 7) % 23).map(|j| words[(i * 31 + j * 17) % words.len()]).collect::<Vec<_>>().join(" ")
+        })
+        .collect();
+    assert!(texts.iter().any(|t| t.starts_with('-')), "some texts begin with a dash");
+    let file = dir.join("texts.txt");
+    std::fs::write(&file, texts.join("\n") + "\n").unwrap();
+    let model = dir.to_str().unwrap();
+    let (stdout, stderr) = lazytrain(
+        &["text-classification", "--model", model, "--input", file.to_str().unwrap(), "--json", "--verbose"],
+        None,
+    );
+    let lines: Vec<Value> = stdout.lines().map(|l| serde_json::from_str(l).unwrap()).collect();
+    assert_eq!(lines.len(), 600);
+    // One graph per 16-token bucket (the texts need at most two) at the batch size.
+    assert!(stderr.contains("600 texts") && stderr.contains("graphs compiled"), "{stderr}");
+    let compiled: u64 = stderr.split(", ").last().unwrap().split(' ').next().unwrap().parse().unwrap();
+    assert!(compiled <= 2, "{stderr}");
+    let pipe = lazytrain::pipelines::TextClassification::from_dir(&dir, &Device::cpu()).unwrap();
+    for (i, (text, line)) in texts.iter().zip(&lines).enumerate() {
+        let alone = &pipe.predict(&[text.as_str()], 1).unwrap()[0][0];
+        assert_eq!(line[0]["label"], alone.label.as_str(), "line {i}: {text}");
+        let score = line[0]["score"].as_f64().unwrap() as f32;
+        assert!((score - alone.score).abs() < 1e-5, "line {i}: {score} vs {}", alone.score);
+    }
+    // Standard input, JSON Lines, and positional texts after `--`.
+    let (stdout, _) = lazytrain(
+        &["text-classification", "--model", model, "--input", "-", "--text-column", "body", "--json"],
+        Some("{\"body\": \"the cat\"}\n{\"body\": \"--toxic substances\"}\n"),
+    );
+    assert_eq!(stdout.lines().count(), 2, "{stdout}");
+    let (stdout, _) = lazytrain(&["text-classification", "--model", model, "--json", "--", "--toxic cat", "-a"], None);
+    assert_eq!(serde_json::from_str::<Value>(&stdout).unwrap().as_array().unwrap().len(), 2, "{stdout}");
+}
+
+/// `--model org/name` resolves offline in a cache laid out as
+/// `huggingface_hub` lays it out (refs/main → snapshots/<commit>), and a
+/// model missing from it is an error naming the paths tried.
+#[test]
+fn models_load_by_hub_id_from_the_local_cache() {
+    let cache = std::env::temp_dir().join(format!("lazytrain-pipelines-{}-hub", std::process::id()));
+    let repo = cache.join("models--some-org--tiny-bert");
+    let commit = "0123456789abcdef0123456789abcdef01234567";
+    let snapshot = repo.join("snapshots").join(commit);
+    std::fs::create_dir_all(&snapshot).unwrap();
+    std::fs::create_dir_all(repo.join("refs")).unwrap();
+    std::fs::write(repo.join("refs/main"), format!("{commit}\n")).unwrap();
+    for file in ["config.json", "model.safetensors", "tokenizer.json", "tokenizer_config.json"] {
+        std::fs::copy(fixtures().join("tiny-bert").join(file), snapshot.join(file)).unwrap();
+    }
+    let run = |args: &[&str]| {
+        std::process::Command::new(env!("CARGO_BIN_EXE_lazytrain"))
+            .args(args)
+            .env("HF_HUB_CACHE", &cache)
+            .output()
+            .unwrap()
+    };
+    let text = "the capital of france is [MASK] .";
+    let by_id = run(&["fill-mask", "--model", "some-org/tiny-bert", "--json", text]);
+    assert!(by_id.status.success(), "{}", String::from_utf8_lossy(&by_id.stderr));
+    let by_path = run(&["fill-mask", "--model", fixtures().join("tiny-bert").to_str().unwrap(), "--json", text]);
+    assert_eq!(by_id.stdout, by_path.stdout, "the same model");
+    let pinned = run(&["fill-mask", "--model", "some-org/tiny-bert", "--revision", commit, "--json", text]);
+    assert_eq!(pinned.stdout, by_path.stdout, "a commit as the revision");
+    let missing = run(&["fill-mask", "--model", "some-org/absent", text]);
+    let err = String::from_utf8_lossy(&missing.stderr);
+    assert!(!missing.status.success() && err.contains("models--some-org--absent/refs/main"), "{err}");
+    assert!(err.contains("never downloads") && err.contains("huggingface-cli download some-org/absent"), "{err}");
+}

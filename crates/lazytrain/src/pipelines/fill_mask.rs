@@ -1,6 +1,6 @@
 //! The fill-mask pipeline.
 
-use super::encode_batch;
+use super::{encode_batch, in_batches};
 use crate::folder::check_tokenizer_fits;
 use crate::{Error, Result};
 use lazytrain_core::Device;
@@ -33,6 +33,7 @@ pub struct FillMask {
     device: Device,
     mask_id: u32,
     mask_token: &'static str,
+    batch_size: Option<usize>,
 }
 
 /// The tokenizer's mask token (id and text), or an error for a tokenizer
@@ -60,7 +61,14 @@ impl FillMask {
     pub fn new(model: ForMaskedLM, tokenizer: TextTokenizer, device: &Device) -> Result<FillMask> {
         check_tokenizer_fits(model.config(), &tokenizer)?;
         let (mask_id, mask_token) = mask_of(&tokenizer)?;
-        Ok(FillMask { model, tokenizer, device: device.clone(), mask_id, mask_token })
+        Ok(FillMask { model, tokenizer, device: device.clone(), mask_id, mask_token, batch_size: None })
+    }
+
+    /// Run texts in batches of `size` rows (HF's `batch_size`) instead of
+    /// all at once: every batch has the same shape per length bucket.
+    pub fn with_batch_size(mut self, size: usize) -> FillMask {
+        self.batch_size = Some(size.max(1));
+        self
     }
 
     /// The tokenizer.
@@ -72,6 +80,11 @@ impl FillMask {
     /// single mask's `sequence` drops special tokens; with several masks it
     /// keeps them (the other masks stay visible).
     pub fn predict(&self, texts: &[&str], top_k: usize) -> Result<Vec<TextPredictions>> {
+        in_batches(texts, self.batch_size, |chunk, rows| self.predict_batch(chunk, top_k, rows))
+    }
+
+    /// [`FillMask::predict`] on one batch of `rows` rows.
+    fn predict_batch(&self, texts: &[&str], top_k: usize, rows: usize) -> Result<Vec<TextPredictions>> {
         let (mask_id, mask_token) = (self.mask_id, self.mask_token);
         for text in texts {
             if !self.tokenizer.encode(text, true)?.contains(&mask_id) {
@@ -82,7 +95,7 @@ impl FillMask {
             }
         }
         let max_len = self.model.config().max_sequence_length();
-        let batch = encode_batch(&self.tokenizer, texts, max_len, &self.device)?;
+        let batch = encode_batch(&self.tokenizer, texts, rows, max_len, &self.device)?;
         let logits = self.model.forward(&batch.input_ids, Some(&batch.attention_mask), None, &Context::eval())?;
         self.device.sync()?;
         let values = logits.to_vec::<f32>()?;

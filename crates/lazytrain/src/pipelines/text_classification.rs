@@ -1,6 +1,6 @@
 //! The text-classification pipeline.
 
-use super::encode_batch;
+use super::{encode_batch, in_batches};
 use crate::folder::check_tokenizer_fits;
 use crate::Result;
 use lazytrain_core::Device;
@@ -25,6 +25,7 @@ pub struct TextClassification {
     model: ForSequenceClassification,
     tokenizer: TextTokenizer,
     device: Device,
+    batch_size: Option<usize>,
 }
 
 impl TextClassification {
@@ -51,14 +52,26 @@ impl TextClassification {
         device: &Device,
     ) -> Result<TextClassification> {
         check_tokenizer_fits(model.config(), &tokenizer)?;
-        Ok(TextClassification { model, tokenizer, device: device.clone() })
+        Ok(TextClassification { model, tokenizer, device: device.clone(), batch_size: None })
+    }
+
+    /// Run texts in batches of `size` rows (HF's `batch_size`) instead of
+    /// all at once: every batch has the same shape per length bucket.
+    pub fn with_batch_size(mut self, size: usize) -> TextClassification {
+        self.batch_size = Some(size.max(1));
+        self
     }
 
     /// For each text, the `top_k` most likely labels (all labels when
     /// `top_k` is at least their number), most likely first.
     pub fn predict(&self, texts: &[&str], top_k: usize) -> Result<Vec<Vec<LabelScore>>> {
+        in_batches(texts, self.batch_size, |chunk, rows| self.predict_batch(chunk, top_k, rows))
+    }
+
+    /// [`TextClassification::predict`] on one batch of `rows` rows.
+    fn predict_batch(&self, texts: &[&str], top_k: usize, rows: usize) -> Result<Vec<Vec<LabelScore>>> {
         let max = self.model.config().max_sequence_length();
-        let batch = encode_batch(&self.tokenizer, texts, max, &self.device)?;
+        let batch = encode_batch(&self.tokenizer, texts, rows, max, &self.device)?;
         let logits = self.model.forward(&batch.input_ids, Some(&batch.attention_mask), None, &Context::eval())?;
         let classes = self.model.num_labels();
         // As HF's pipeline: raw scores for regression, a sigmoid per label
@@ -73,6 +86,7 @@ impl TextClassification {
         let names = self.model.label_names();
         Ok(values
             .chunks(classes)
+            .take(texts.len())
             .map(|row| {
                 let mut scores: Vec<LabelScore> =
                     row.iter().zip(&names).map(|(&score, label)| LabelScore { label: label.clone(), score }).collect();

@@ -36,6 +36,7 @@ pub struct TextGeneration {
     tokenizer: TextTokenizer,
     device: Device,
     warnings: Vec<String>,
+    batch_size: Option<usize>,
 }
 
 impl TextGeneration {
@@ -51,7 +52,13 @@ impl TextGeneration {
     /// Use an in-memory model and tokenizer.
     pub fn new(model: Gpt2LMHeadModel, tokenizer: TextTokenizer, device: &Device) -> Result<TextGeneration> {
         check_tokenizer_fits(model.config(), &tokenizer)?;
-        Ok(TextGeneration { model, tokenizer, device: device.clone(), warnings: Vec::new() })
+        Ok(TextGeneration { model, tokenizer, device: device.clone(), warnings: Vec::new(), batch_size: None })
+    }
+
+    /// Generate for at most `size` texts at a time (HF's `batch_size`).
+    pub fn with_batch_size(mut self, size: usize) -> TextGeneration {
+        self.batch_size = Some(size.max(1));
+        self
     }
 
     /// What loading the weights reported (unused tensors and the like).
@@ -77,7 +84,8 @@ impl TextGeneration {
         Ok(GenerationConfig { max_new_tokens, eos_token_id, ..GenerationConfig::default() })
     }
 
-    /// Continue each text (one batch; each row stops at its eos). The
+    /// Continue each text (one batch, or batches of the batch size; each
+    /// row stops at its eos). The
     /// generated text is decoded without special tokens and follows the
     /// prompt as written, as HF's `return_full_text=True` does.
     pub fn generate(
@@ -95,9 +103,13 @@ impl TextGeneration {
         }
         let start = Instant::now();
         let compiles = self.device.metrics().compiles;
-        let generation = generate(&self.model, &prompts, config, &self.device)?;
+        let batch = self.batch_size.unwrap_or(prompts.len()).max(1);
+        let mut generated = Vec::with_capacity(prompts.len());
+        for chunk in prompts.chunks(batch) {
+            generated.extend(generate(&self.model, chunk, config, &self.device)?.tokens);
+        }
         let mut results = Vec::with_capacity(texts.len());
-        for ((text, prompt), new) in texts.iter().zip(&prompts).zip(&generation.tokens) {
+        for ((text, prompt), new) in texts.iter().zip(&prompts).zip(&generated) {
             let full: Vec<u32> = prompt.iter().chain(new).copied().collect();
             let all = self.tokenizer.decode(&full, true)?;
             let prompt_chars = self.tokenizer.decode(prompt, true)?.chars().count();
@@ -105,7 +117,7 @@ impl TextGeneration {
             results.push(vec![GeneratedText { generated_text: format!("{text}{continuation}") }]);
         }
         let stats = GenerationStats {
-            new_tokens: generation.tokens.iter().map(Vec::len).sum(),
+            new_tokens: generated.iter().map(Vec::len).sum(),
             seconds: start.elapsed().as_secs_f64(),
             compiles: self.device.metrics().compiles - compiles,
         };

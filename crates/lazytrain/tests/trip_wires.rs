@@ -1,0 +1,151 @@
+//! What a new user trips over, each named with its fix: raw text as data,
+//! data prepared by another tokenizer, a model folder given another
+//! tokenizer, a preset without a tokenizer, an unknown model, a negative
+//! number as a flag value; and held-out files as the eval split.
+
+use lazytrain_data::corpus::demo_corpus;
+use lazytrain_data::train_tokenizer::{train_tokenizer, SubwordModel};
+use lazytrain_data::TokenizerStyle;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+mod common;
+
+fn lazytrain(dir: &Path, args: &[&str]) -> (bool, String, String) {
+    let out = Command::new(env!("CARGO_BIN_EXE_lazytrain")).current_dir(dir).args(args).output().unwrap();
+    (
+        out.status.success(),
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}
+
+/// A folder with `train.txt`, `val.txt`, two tokenizers (`tok`, `small`) and `data` prepared by `tok`.
+fn workspace(name: &str) -> PathBuf {
+    let dir = common::tmp("trip", name);
+    let docs = demo_corpus(2, 4, 1200).sentences;
+    std::fs::write(dir.join("train.txt"), docs[..1000].join("\n")).unwrap();
+    std::fs::write(dir.join("val.txt"), docs[1000..].join("\n")).unwrap();
+    train_tokenizer(&docs, SubwordModel::Bpe, 300, TokenizerStyle::Roberta)
+        .unwrap()
+        .save(&dir.join("tok"), 512)
+        .unwrap();
+    train_tokenizer(&docs, SubwordModel::Bpe, 280, TokenizerStyle::Roberta)
+        .unwrap()
+        .save(&dir.join("small"), 512)
+        .unwrap();
+    let (ok, _, err) = lazytrain(
+        &dir,
+        &[
+            "prepare",
+            "--tokenizer",
+            "tok",
+            "--files",
+            "train.txt",
+            "--block-size",
+            "16",
+            "--num-shards",
+            "1",
+            "--output",
+            "data",
+        ],
+    );
+    assert!(ok, "{err}");
+    dir
+}
+
+const TRAIN: [&str; 6] = ["train", "--max-steps", "1", "--per-device-train-batch-size", "2", "--report-to"];
+
+fn train(dir: &Path, extra: &[&str]) -> (bool, String, String) {
+    let args: Vec<&str> = TRAIN.iter().copied().chain(["none"]).chain(extra.iter().copied()).collect();
+    lazytrain(dir, &args)
+}
+
+#[test]
+fn each_trip_wire_names_the_problem_and_the_fix() {
+    let dir = workspace("wires");
+    let refuse = |extra: &[&str], expect: &[&str]| {
+        let (ok, _, err) = train(&dir, extra);
+        assert!(!ok, "{extra:?} should fail");
+        for e in expect {
+            assert!(err.contains(e), "{extra:?}: expected {e:?} in: {err}");
+        }
+    };
+    // Raw text instead of a prepared folder.
+    refuse(
+        &["--model", "roberta-tiny", "--tokenizer", "tok", "--train-data", "train.txt", "--output-dir", "o"],
+        &["train.txt is not prepared data", "lazytrain prepare"],
+    );
+    refuse(
+        &["--model", "roberta-tiny", "--tokenizer", "tok", "--train-data", "tok", "--output-dir", "o"],
+        &["tok is not prepared data (a folder without manifest.json)"],
+    );
+    // Data prepared by another tokenizer than the one training reads it with.
+    refuse(
+        &["--model", "roberta-tiny", "--tokenizer", "small", "--train-data", "data", "--output-dir", "o"],
+        &["data was prepared with another tokenizer", "tokens) than small", "--tokenizer small"],
+    );
+    // A preset needs a tokenizer; an unknown name is neither preset nor folder.
+    refuse(&["--model", "roberta-tiny", "--train-data", "data"], &["a preset (roberta-tiny) needs --tokenizer DIR"]);
+    refuse(
+        &["--model", "roberta-tinny", "--tokenizer", "tok", "--train-data", "data"],
+        &[
+            "--model roberta-tinny is neither a preset (bert-tiny",
+            "nor a model folder",
+            "not in the Hugging Face cache",
+        ],
+    );
+    // A negative value reaches the validation message.
+    refuse(
+        &["--model", "roberta-tiny", "--tokenizer", "tok", "--train-data", "data", "--learning-rate", "-1"],
+        &["learning_rate must be positive"],
+    );
+    // A model folder with its own tokenizer refuses another one.
+    let (ok, _, err) =
+        train(&dir, &["--model", "roberta-tiny", "--tokenizer", "tok", "--train-data", "data", "--output-dir", "m"]);
+    assert!(ok, "{err}");
+    refuse(
+        &["--model", "m", "--tokenizer", "small", "--train-data", "data", "--output-dir", "o"],
+        &["the model in m comes with its own tokenizer", "leave out --tokenizer"],
+    );
+    let (ok, _, err) = train(&dir, &["--model", "m", "--train-data", "data", "--output-dir", "o2"]);
+    assert!(ok, "the model's own tokenizer prepared the data: {err}");
+}
+
+/// `prepare --validation-files val.txt` makes exactly val.txt's blocks the
+/// eval split; a folder prepared from val.txt alone (no validation shards)
+/// is evaluated on its training shards, with a notice.
+#[test]
+fn held_out_files_are_the_eval_split() {
+    let dir = workspace("held-out");
+    let prepare = |args: &[&str]| {
+        let base = ["prepare", "--tokenizer", "tok", "--block-size", "16", "--num-shards", "1"];
+        let (ok, out, err) = lazytrain(&dir, &base.iter().chain(args).copied().collect::<Vec<_>>());
+        assert!(ok, "{err}");
+        out
+    };
+    prepare(&["--files", "train.txt", "--validation-files", "val.txt", "--output", "split"]);
+    prepare(&["--files", "val.txt", "--validation-fraction", "0", "--output", "val-only"]);
+    let tok = lazytrain_data::TextTokenizer::from_path(&dir.join("tok")).unwrap();
+    let val_tokens: usize =
+        std::fs::read_to_string(dir.join("val.txt")).unwrap().lines().map(|l| tok.encode(l, true).unwrap().len()).sum();
+    let blocks = val_tokens / 16;
+    let manifest = lazytrain_data::prepare::Manifest::read(&dir.join("split")).unwrap();
+    assert_eq!(manifest.validation.iter().map(|s| s.records).sum::<u64>() as usize, blocks);
+    let model = ["--task", "causal-lm", "--model", "gpt2-tiny", "--tokenizer", "tok"];
+    for (eval, out) in [("split", "e1"), ("val-only", "e2")] {
+        let mut args = vec!["--train-data", "split", "--eval-data", eval, "--do-eval", "true", "--output-dir", out];
+        args.extend(model);
+        let (ok, _, err) = train(&dir, &args);
+        assert!(ok, "{err}");
+        assert_eq!(
+            err.contains("has no validation shards; evaluating on its training shards"),
+            eval == "val-only",
+            "{err}"
+        );
+        let results: serde_json::Value =
+            serde_json::from_str(&std::fs::read_to_string(dir.join(out).join("eval_results.json")).unwrap()).unwrap();
+        // A causal LM predicts 15 next tokens in each block of 16: exactly val.txt's blocks.
+        assert_eq!(results["eval_predictions"], 15 * blocks as u64, "{eval}");
+    }
+}
