@@ -94,8 +94,25 @@ pub fn prepare(args: &PrepareClassificationArgs) -> lazytrain::Result<()> {
     for (kind, count) in &m.skipped_rows {
         println!("skipped {count} bad rows: {kind:?}");
     }
+    if !args.buckets.is_empty() && !args.buckets.contains(&m.max_length) {
+        eprintln!(
+            "note: added a bucket of --max-length {} tokens for the rows longer than {:?} (every row needs a bucket)",
+            m.max_length, args.buckets
+        );
+    }
+    let validation = records(&m.validation);
+    if validation > 0 && validation < SMALL_VALIDATION {
+        eprintln!(
+            "warning: the validation split has only {validation} rows; its accuracy moves in steps of {:.0} %, too \
+             coarse to compare runs or pick the best checkpoint; give --validation-fraction or --validation-files more rows",
+            100.0 / validation as f64
+        );
+    }
     Ok(())
 }
+
+/// Fewer validation rows than this get a warning.
+const SMALL_VALIDATION: u64 = 50;
 
 /// Options for `lazytrain text-classification`.
 #[derive(Args)]

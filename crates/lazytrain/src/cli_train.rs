@@ -2,6 +2,7 @@
 
 use crate::cli_inputs::{check_data_tokenizer, tokenizer_for, ModelSource};
 use clap::Args;
+use lazytrain::trainer::args::FIELDS;
 use lazytrain::trainer::{
     install_interrupt_handler, run_replicas_for, EvalMetrics, TrainOutput, Trainer, TrainingArguments,
 };
@@ -17,140 +18,70 @@ use lazytrain_nn::init::Initializer;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
-/// Every `TrainingArguments` field as an optional flag (kebab-case).
-#[derive(Args, Default)]
+/// Every `TrainingArguments` field as an optional kebab-case flag
+/// (`--per-device-train-batch-size 16`), whose help is the field's doc
+/// comment and default ([`FIELDS`]); given flags override the config file.
+#[derive(Clone, Debug, Default)]
 pub struct TrainingFlags {
-    #[arg(long)]
-    output_dir: Option<String>,
-    #[arg(long)]
-    overwrite_output_dir: Option<bool>,
-    #[arg(long)]
-    do_train: Option<bool>,
-    #[arg(long)]
-    do_eval: Option<bool>,
-    #[arg(long, allow_hyphen_values = true)]
-    max_steps: Option<i64>,
-    #[arg(long)]
-    num_train_epochs: Option<f64>,
-    #[arg(long)]
-    per_device_train_batch_size: Option<usize>,
-    #[arg(long)]
-    per_device_eval_batch_size: Option<usize>,
-    #[arg(long)]
-    gradient_accumulation_steps: Option<usize>,
-    #[arg(long)]
-    learning_rate: Option<f64>,
-    #[arg(long)]
-    weight_decay: Option<f64>,
-    #[arg(long)]
-    adam_beta1: Option<f64>,
-    #[arg(long)]
-    adam_beta2: Option<f64>,
-    #[arg(long)]
-    adam_epsilon: Option<f64>,
-    #[arg(long)]
-    max_grad_norm: Option<f64>,
-    #[arg(long)]
-    lr_scheduler_type: Option<String>,
-    #[arg(long)]
-    warmup_steps: Option<f64>,
-    #[arg(long)]
-    logging_steps: Option<u64>,
-    #[arg(long)]
-    logging_first_step: Option<bool>,
-    #[arg(long)]
-    eval_strategy: Option<String>,
-    #[arg(long)]
-    eval_steps: Option<u64>,
-    #[arg(long)]
-    save_strategy: Option<String>,
-    #[arg(long)]
-    save_steps: Option<u64>,
-    #[arg(long)]
-    save_total_limit: Option<usize>,
-    #[arg(long)]
-    seed: Option<u64>,
-    #[arg(long)]
-    bf16: Option<bool>,
-    #[arg(long)]
-    bf16_saved_activations: Option<bool>,
-    #[arg(long)]
-    dataloader_drop_last: Option<bool>,
-    #[arg(long)]
-    resume_from_checkpoint: Option<String>,
-    #[arg(long)]
-    report_to: Option<String>,
-    #[arg(long)]
-    num_replicas: Option<usize>,
-    /// Seconds a collective across MPI processes may wait (default 300).
-    #[arg(long)]
-    collective_timeout: Option<f64>,
-    #[arg(long)]
-    mlm_probability: Option<f64>,
-    #[arg(long)]
-    dataloader_prefetch: Option<usize>,
-    #[arg(long)]
-    skip_corrupt: Option<bool>,
-    #[arg(long)]
-    early_stopping_patience: Option<u64>,
-    #[arg(long)]
-    load_best_model_at_end: Option<bool>,
-    #[arg(long)]
-    metric_for_best_model: Option<String>,
-    #[arg(long)]
-    greater_is_better: Option<bool>,
+    /// `(snake_case key, value as written)` for every flag given.
+    overrides: Vec<(String, String)>,
 }
 
 impl TrainingFlags {
     /// `(snake_case key, value)` for every flag that was given.
     fn overrides(&self) -> Vec<(String, String)> {
-        let mut out = Vec::new();
-        let mut put = |k: &str, v: Option<String>| {
-            if let Some(v) = v {
-                out.push((k.to_string(), v));
+        self.overrides.clone()
+    }
+}
+
+/// A flag's help: the doc comment on one line, then the default.
+fn flag_help(doc: &str, default: &serde_json::Value) -> String {
+    let text = doc.lines().map(str::trim).filter(|l| !l.is_empty()).collect::<Vec<_>>().join(" ");
+    let shown = match default {
+        serde_json::Value::Null => "none".to_string(),
+        serde_json::Value::String(s) => s.clone(),
+        serde_json::Value::Array(items) => {
+            items.iter().map(|v| v.as_str().map_or_else(|| v.to_string(), str::to_string)).collect::<Vec<_>>().join(",")
+        }
+        other => other.to_string(),
+    };
+    format!("{text} [default: {shown}]")
+}
+
+impl clap::FromArgMatches for TrainingFlags {
+    fn from_arg_matches(matches: &clap::ArgMatches) -> std::result::Result<Self, clap::Error> {
+        let mut flags = TrainingFlags::default();
+        flags.update_from_arg_matches(matches)?;
+        Ok(flags)
+    }
+
+    fn update_from_arg_matches(&mut self, matches: &clap::ArgMatches) -> std::result::Result<(), clap::Error> {
+        for (name, _) in FIELDS {
+            if let Some(value) = matches.get_one::<String>(name) {
+                self.overrides.retain(|(key, _)| key != name);
+                self.overrides.push((name.to_string(), value.clone()));
             }
-        };
-        let s = |v: &Option<String>| v.as_ref().map(|x| serde_json::json!(x).to_string());
-        put("output_dir", self.output_dir.clone());
-        put("overwrite_output_dir", self.overwrite_output_dir.map(|v| v.to_string()));
-        put("do_train", self.do_train.map(|v| v.to_string()));
-        put("do_eval", self.do_eval.map(|v| v.to_string()));
-        put("max_steps", self.max_steps.map(|v| v.to_string()));
-        put("num_train_epochs", self.num_train_epochs.map(|v| v.to_string()));
-        put("per_device_train_batch_size", self.per_device_train_batch_size.map(|v| v.to_string()));
-        put("per_device_eval_batch_size", self.per_device_eval_batch_size.map(|v| v.to_string()));
-        put("gradient_accumulation_steps", self.gradient_accumulation_steps.map(|v| v.to_string()));
-        put("learning_rate", self.learning_rate.map(|v| v.to_string()));
-        put("weight_decay", self.weight_decay.map(|v| v.to_string()));
-        put("adam_beta1", self.adam_beta1.map(|v| v.to_string()));
-        put("adam_beta2", self.adam_beta2.map(|v| v.to_string()));
-        put("adam_epsilon", self.adam_epsilon.map(|v| v.to_string()));
-        put("max_grad_norm", self.max_grad_norm.map(|v| v.to_string()));
-        put("lr_scheduler_type", self.lr_scheduler_type.clone());
-        put("warmup_steps", self.warmup_steps.map(|v| v.to_string()));
-        put("logging_steps", self.logging_steps.map(|v| v.to_string()));
-        put("logging_first_step", self.logging_first_step.map(|v| v.to_string()));
-        put("eval_strategy", s(&self.eval_strategy));
-        put("eval_steps", self.eval_steps.map(|v| v.to_string()));
-        put("save_strategy", s(&self.save_strategy));
-        put("save_steps", self.save_steps.map(|v| v.to_string()));
-        put("save_total_limit", self.save_total_limit.map(|v| v.to_string()));
-        put("seed", self.seed.map(|v| v.to_string()));
-        put("bf16", self.bf16.map(|v| v.to_string()));
-        put("bf16_saved_activations", self.bf16_saved_activations.map(|v| v.to_string()));
-        put("dataloader_drop_last", self.dataloader_drop_last.map(|v| v.to_string()));
-        put("resume_from_checkpoint", self.resume_from_checkpoint.clone());
-        put("report_to", self.report_to.clone());
-        put("num_replicas", self.num_replicas.map(|v| v.to_string()));
-        put("collective_timeout", self.collective_timeout.map(|v| v.to_string()));
-        put("mlm_probability", self.mlm_probability.map(|v| v.to_string()));
-        put("dataloader_prefetch", self.dataloader_prefetch.map(|v| v.to_string()));
-        put("skip_corrupt", self.skip_corrupt.map(|v| v.to_string()));
-        put("early_stopping_patience", self.early_stopping_patience.map(|v| v.to_string()));
-        put("load_best_model_at_end", self.load_best_model_at_end.map(|v| v.to_string()));
-        put("metric_for_best_model", self.metric_for_best_model.clone());
-        put("greater_is_better", self.greater_is_better.map(|v| v.to_string()));
-        out
+        }
+        Ok(())
+    }
+}
+
+impl clap::Args for TrainingFlags {
+    fn augment_args(command: clap::Command) -> clap::Command {
+        let defaults = serde_json::to_value(TrainingArguments::default()).unwrap_or_default();
+        FIELDS.iter().fold(command, |command, (name, doc)| {
+            command.arg(
+                clap::Arg::new(*name)
+                    .long(name.replace('_', "-"))
+                    .value_name("VALUE")
+                    .help(flag_help(doc, &defaults[*name]))
+                    .help_heading("TrainingArguments"),
+            )
+        })
+    }
+
+    fn augment_args_for_update(command: clap::Command) -> clap::Command {
+        Self::augment_args(command)
     }
 }
 
@@ -451,9 +382,14 @@ fn report((out, eval): &(Option<TrainOutput>, Option<EvalMetrics>), output_dir: 
         println!("interrupted: saved a checkpoint at step {} in {output_dir}", out.global_step);
         return;
     }
+    let ran = out.losses.len() as u64;
+    let steps = match out.global_step - ran.min(out.global_step) {
+        0 => format!("{ran} steps"),
+        resumed => format!("{ran} steps (resumed at step {resumed}, now at step {})", out.global_step),
+    };
     println!(
-        "trained {} steps in {:.1} s ({:.0} tokens/s), mean loss {:.4}; model saved to {output_dir}",
-        out.global_step, out.seconds, out.tokens_per_second, out.training_loss
+        "trained {steps} in {:.1} s ({:.0} tokens/s), mean loss {:.4}; model saved to {output_dir}",
+        out.seconds, out.tokens_per_second, out.training_loss
     );
     if let Some(eval) = eval {
         println!("eval: {eval}");

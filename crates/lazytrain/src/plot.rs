@@ -82,30 +82,47 @@ fn plot_error(e: impl std::fmt::Display) -> Error {
     Error::Input(format!("drawing the plot failed: {e}"))
 }
 
-/// Draw the curves into an RGB buffer of `WIDTH x HEIGHT`.
+/// The loss axis's range: the data's, padded by 5 % (a single value gets
+/// ±5 % of itself), never below 0 for non-negative losses.
+fn loss_range(values: impl Iterator<Item = f64>) -> (f64, f64) {
+    let (lo, hi) = values.filter(|v| v.is_finite()).fold((f64::MAX, f64::MIN), |(lo, hi), v| (lo.min(v), hi.max(v)));
+    if lo > hi {
+        return (0.0, 1.0);
+    }
+    let pad = if hi - lo > 1e-9 * hi.abs().max(1.0) { 0.05 * (hi - lo) } else { 0.05 * hi.abs().max(1e-3) };
+    let bottom = if lo >= 0.0 { (lo - pad).max(0.0) } else { lo - pad };
+    (bottom, hi + pad)
+}
+
+/// Draw the curves into an RGB buffer of `WIDTH x HEIGHT`. A series of one
+/// point is drawn as a marker; the legend lists only the series drawn.
 pub fn render(curves: &Curves, title: &str) -> Result<Vec<u8>> {
     let mut buf = vec![255u8; (WIDTH * HEIGHT * 3) as usize];
     let all = curves.train.iter().chain(&curves.eval);
     let max_step = all.clone().map(|p| p.0).fold(1.0f64, f64::max);
-    let max_loss = all.map(|p| p.1).filter(|v| v.is_finite()).fold(0.0f64, f64::max).max(1e-6) * 1.05;
+    let (min_loss, max_loss) = loss_range(all.map(|p| p.1));
     let (top, right, left, bottom) = MARGIN;
     let (x0, y0, x1, y1) = (left, top, WIDTH as i32 - right, HEIGHT as i32 - bottom);
     {
         let root = BitMapBackend::with_buffer(&mut buf, (WIDTH, HEIGHT)).into_drawing_area();
         let area = root.margin(top as u32, bottom as u32, left as u32, right as u32);
         let mut chart =
-            ChartBuilder::on(&area).build_cartesian_2d(0f64..max_step, 0f64..max_loss).map_err(plot_error)?;
+            ChartBuilder::on(&area).build_cartesian_2d(0f64..max_step, min_loss..max_loss).map_err(plot_error)?;
         // Grid lines at the same fifths the text labels mark.
         let grid = RGBColor(225, 225, 225);
         for i in 0..=5 {
-            let (x, y) = (max_step * i as f64 / 5.0, max_loss * i as f64 / 5.0);
-            chart.draw_series(LineSeries::new([(x, 0.0), (x, max_loss)], grid)).map_err(plot_error)?;
+            let x = max_step * i as f64 / 5.0;
+            let y = min_loss + (max_loss - min_loss) * i as f64 / 5.0;
+            chart.draw_series(LineSeries::new([(x, min_loss), (x, max_loss)], grid)).map_err(plot_error)?;
             chart.draw_series(LineSeries::new([(0.0, y), (max_step, y)], grid)).map_err(plot_error)?;
         }
         chart
-            .draw_series(LineSeries::new([(0.0, max_loss), (0.0, 0.0), (max_step, 0.0)], BLACK))
+            .draw_series(LineSeries::new([(0.0, max_loss), (0.0, min_loss), (max_step, min_loss)], BLACK))
             .map_err(plot_error)?;
         chart.draw_series(LineSeries::new(curves.train.iter().copied(), BLUE.stroke_width(2))).map_err(plot_error)?;
+        if curves.train.len() == 1 {
+            chart.draw_series(curves.train.iter().map(|&p| Circle::new(p, 4, BLUE.filled()))).map_err(plot_error)?;
+        }
         chart.draw_series(LineSeries::new(curves.eval.iter().copied(), RED.stroke_width(2))).map_err(plot_error)?;
         chart.draw_series(curves.eval.iter().map(|&p| Circle::new(p, 4, RED.filled()))).map_err(plot_error)?;
         root.present().map_err(plot_error)?;
@@ -118,15 +135,22 @@ pub fn render(curves: &Curves, title: &str) -> Result<Vec<u8>> {
         let x = x0 as f32 + (x1 - x0) as f32 * i as f32 / 5.0;
         let label = format!("{step:.0}");
         draw_text(&mut buf, &font, &label, 14.0, (x - text_width(&font, &label, 14.0) / 2.0, y1 as f32 + 8.0), dark);
-        let loss = max_loss * i as f64 / 5.0;
+        let loss = min_loss + (max_loss - min_loss) * i as f64 / 5.0;
         let y = y1 as f32 - (y1 - y0) as f32 * i as f32 / 5.0;
-        let label = format!("{loss:.2}");
+        let label = format!("{loss:.3}");
         draw_text(&mut buf, &font, &label, 14.0, (x0 as f32 - 10.0 - text_width(&font, &label, 14.0), y - 9.0), dark);
     }
     draw_text(&mut buf, &font, "step", 16.0, ((x0 + x1) as f32 / 2.0 - 15.0, y1 as f32 + 35.0), dark);
     draw_text(&mut buf, &font, "loss", 16.0, (8.0, (y0 + y1) as f32 / 2.0 - 8.0), dark);
-    draw_text(&mut buf, &font, "— training loss", 15.0, (x1 as f32 - 150.0, y0 as f32 + 8.0), [0, 0, 255]);
-    draw_text(&mut buf, &font, "● eval loss", 15.0, (x1 as f32 - 150.0, y0 as f32 + 30.0), [255, 0, 0]);
+    let mut legend_y = y0 as f32 + 8.0;
+    for (series, label, color) in
+        [(&curves.train, "— training loss", [0, 0, 255]), (&curves.eval, "● eval loss", [255, 0, 0])]
+    {
+        if !series.is_empty() {
+            draw_text(&mut buf, &font, label, 15.0, (x1 as f32 - 150.0, legend_y), color);
+            legend_y += 22.0;
+        }
+    }
     Ok(buf)
 }
 
@@ -150,4 +174,36 @@ pub fn plot_run(run: &Path, output: &Path) -> Result<()> {
         run.file_name().map_or_else(|| run.display().to_string(), |n| n.to_string_lossy().into_owned())
     );
     write_png(output, &render(&curves, &title)?)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Rows (y) of the pixels of one pure color.
+    fn rows_of(buf: &[u8], color: [u8; 3]) -> Vec<usize> {
+        let close = |p: &[u8]| p.iter().zip(color).all(|(&a, b)| (a as i32 - b as i32).abs() < 40);
+        buf.chunks(3).enumerate().filter(|(_, p)| close(p)).map(|(i, _)| i / WIDTH as usize).collect()
+    }
+
+    #[test]
+    fn a_single_point_is_a_marker_and_only_drawn_series_are_in_the_legend() {
+        let curves = Curves { train: vec![(1.0, 4.2)], eval: Vec::new() };
+        let buf = render(&curves, "one point").unwrap();
+        assert!(rows_of(&buf, [0, 0, 255]).len() > 30, "the single training loss is drawn");
+        assert!(rows_of(&buf, [255, 0, 0]).is_empty(), "no eval series, so no eval legend");
+    }
+
+    #[test]
+    fn the_loss_axis_fits_the_data() {
+        assert_eq!(loss_range([2.0, 4.0].into_iter()), (1.9, 4.1));
+        let (lo, hi) = loss_range([5.0].into_iter());
+        assert!((lo - 4.75).abs() < 1e-12 && (hi - 5.25).abs() < 1e-12);
+        // Losses between 10.0 and 10.2 fill the plot's height, not its top sliver.
+        let curves = Curves { train: (0..20).map(|i| (i as f64, 10.2 - 0.01 * i as f64)).collect(), eval: Vec::new() };
+        let rows = rows_of(&render(&curves, "narrow").unwrap(), [0, 0, 255]);
+        let curve: Vec<usize> = rows.into_iter().filter(|&y| y > MARGIN.0 as usize + 40).collect();
+        let span = curve.iter().max().unwrap() - curve.iter().min().unwrap();
+        assert!(span > (HEIGHT as usize - 200) / 2, "the curve spans {span} pixel rows");
+    }
 }

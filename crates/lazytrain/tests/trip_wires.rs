@@ -149,3 +149,109 @@ fn held_out_files_are_the_eval_split() {
         assert_eq!(results["eval_predictions"], 15 * blocks as u64, "{eval}");
     }
 }
+
+/// Without a terminal the run still shows progress (a line per logging
+/// interval); a resumed run's summary says how many steps ran now; a tie
+/// for the best checkpoint is named.
+#[test]
+fn progress_resume_summary_and_ties_are_reported() {
+    let dir = workspace("report");
+    let base = ["--model", "roberta-tiny", "--tokenizer", "tok", "--train-data", "data", "--output-dir", "run"];
+    let mut first = base.to_vec();
+    first.extend(["--logging-steps", "1", "--save-steps", "1"]);
+    let args: Vec<&str> = ["train", "--max-steps", "2", "--per-device-train-batch-size", "2", "--report-to", "none"]
+        .into_iter()
+        .chain(first.iter().copied())
+        .collect();
+    let (ok, out, err) = lazytrain(&dir, &args);
+    assert!(ok, "{err}");
+    assert!(err.contains("step 1/2: loss") && err.contains("step 2/2: loss"), "{err}");
+    assert!(out.contains("trained 2 steps in"), "{out}");
+    let mut resume = base.to_vec();
+    resume.extend(["--resume-from-checkpoint", "true", "--save-steps", "1"]);
+    let args: Vec<&str> = ["train", "--max-steps", "4", "--per-device-train-batch-size", "2", "--report-to", "none"]
+        .into_iter()
+        .chain(resume.iter().copied())
+        .collect();
+    let (ok, out, err) = lazytrain(&dir, &args);
+    assert!(ok, "{err}");
+    assert!(out.contains("trained 2 steps (resumed at step 2, now at step 4)"), "{out}");
+
+    // A learning rate too small to move f32 weights: every evaluation ties.
+    let (ok, _, err) = lazytrain(
+        &dir,
+        &[
+            "train",
+            "--per-device-train-batch-size",
+            "2",
+            "--report-to",
+            "none",
+            "--model",
+            "roberta-tiny",
+            "--tokenizer",
+            "tok",
+            "--train-data",
+            "data",
+            "--eval-data",
+            "data",
+            "--output-dir",
+            "ties",
+            "--learning-rate",
+            "1e-30",
+            "--eval-strategy",
+            "steps",
+            "--eval-steps",
+            "1",
+            "--save-steps",
+            "1",
+            "--load-best-model-at-end",
+            "true",
+            "--max-steps",
+            "2",
+            "--mlm-probability",
+            "0.5",
+        ],
+    );
+    assert!(ok, "{err}");
+    assert!(err.contains("eval_loss") && err.contains("ties the best so far"), "{err}");
+}
+
+/// `prepare-classification` says when it adds a bucket, and warns about a
+/// validation split too small to compare checkpoints.
+#[test]
+fn classification_preparation_explains_itself() {
+    let dir = common::tmp("trip", "classification");
+    let rows: String = (0..40)
+        .map(|i| {
+            let label = ["good", "bad"][i % 2];
+            format!("{}\n", serde_json::json!({"text": format!("review number {i} was fine"), "label": label}))
+        })
+        .collect();
+    std::fs::write(dir.join("rows.jsonl"), rows).unwrap();
+    let texts: Vec<String> = (0..40).map(|i| format!("review number {i} was fine")).collect();
+    train_tokenizer(&texts, SubwordModel::WordPiece, 100, TokenizerStyle::Bert)
+        .unwrap()
+        .save(&dir.join("tok"), 64)
+        .unwrap();
+    let (ok, _, err) = lazytrain(
+        &dir,
+        &[
+            "prepare-classification",
+            "--tokenizer",
+            "tok",
+            "--files",
+            "rows.jsonl",
+            "--max-length",
+            "32",
+            "--buckets",
+            "8",
+            "--validation-fraction",
+            "0.2",
+            "--output",
+            "data",
+        ],
+    );
+    assert!(ok, "{err}");
+    assert!(err.contains("added a bucket of --max-length 32 tokens"), "{err}");
+    assert!(err.contains("the validation split has only") && err.contains("rows"), "{err}");
+}

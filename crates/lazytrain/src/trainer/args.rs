@@ -17,142 +17,116 @@ pub enum IntervalStrategy {
     Epoch,
 }
 
-/// Training hyperparameters, named and defaulted as in `transformers`.
-#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
-#[serde(deny_unknown_fields, default)]
-pub struct TrainingArguments {
+/// Declares [`TrainingArguments`] (fields, docs and defaults written once)
+/// and [`FIELDS`], the same docs by name, from which the `lazytrain train`
+/// flags and their help are made: the help cannot drift from the struct.
+macro_rules! training_arguments {
+    ($($(#[doc = $doc:literal])+ $name:ident: $ty:ty = $default:expr,)*) => {
+        /// Training hyperparameters, named and defaulted as in `transformers`.
+        #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+        #[serde(deny_unknown_fields, default)]
+        pub struct TrainingArguments {
+            $($(#[doc = $doc])+ pub $name: $ty,)*
+        }
+
+        impl Default for TrainingArguments {
+            fn default() -> TrainingArguments {
+                TrainingArguments { $($name: $default,)* }
+            }
+        }
+
+        /// Every field of [`TrainingArguments`] as `(snake_case name, doc comment)`.
+        pub const FIELDS: &[(&str, &str)] = &[$((stringify!($name), concat!($($doc, "\n"),+)),)*];
+    };
+}
+
+training_arguments! {
     /// Where checkpoints, logs and the final model go.
-    pub output_dir: String,
+    output_dir: String = "lazytrain-output".into(),
     /// Allow writing into a non-empty `output_dir` without resuming.
-    pub overwrite_output_dir: bool,
+    overwrite_output_dir: bool = false,
     /// Train; `false` with `do_eval` only evaluates the model (HF's
     /// `--do_eval` without `--do_train`).
-    pub do_train: bool,
+    do_train: bool = true,
     /// Evaluate on the eval data.
-    pub do_eval: bool,
+    do_eval: bool = false,
     /// Total optimizer steps; overrides `num_train_epochs` when > 0.
-    pub max_steps: i64,
+    max_steps: i64 = -1,
     /// Epochs when `max_steps` is not set.
-    pub num_train_epochs: f64,
+    num_train_epochs: f64 = 3.0,
     /// Sequences per replica per micro-batch.
-    pub per_device_train_batch_size: usize,
+    per_device_train_batch_size: usize = 8,
     /// Sequences per replica per eval batch.
-    pub per_device_eval_batch_size: usize,
+    per_device_eval_batch_size: usize = 8,
     /// Micro-batches per optimizer step.
-    pub gradient_accumulation_steps: usize,
+    gradient_accumulation_steps: usize = 1,
     /// Peak learning rate.
-    pub learning_rate: f64,
+    learning_rate: f64 = 5e-5,
     /// Decoupled weight decay (not applied to biases and LayerNorm weights).
-    pub weight_decay: f64,
+    weight_decay: f64 = 0.0,
     /// AdamW β₁.
-    pub adam_beta1: f64,
+    adam_beta1: f64 = 0.9,
     /// AdamW β₂.
-    pub adam_beta2: f64,
+    adam_beta2: f64 = 0.999,
     /// AdamW ε.
-    pub adam_epsilon: f64,
+    adam_epsilon: f64 = 1e-8,
     /// Global gradient-norm clip (0 disables).
-    pub max_grad_norm: f64,
+    max_grad_norm: f64 = 1.0,
     /// `linear`, `cosine`, `constant` or `constant_with_warmup`.
-    pub lr_scheduler_type: String,
+    lr_scheduler_type: String = "linear".into(),
     /// Warmup steps, or a fraction of the total steps when below 1.
-    pub warmup_steps: f64,
+    warmup_steps: f64 = 0.0,
     /// Log every this many steps.
-    pub logging_steps: u64,
+    logging_steps: u64 = 500,
     /// Log the first step too.
-    pub logging_first_step: bool,
+    logging_first_step: bool = false,
     /// `no`, `steps` or `epoch`.
-    pub eval_strategy: IntervalStrategy,
+    eval_strategy: IntervalStrategy = IntervalStrategy::No,
     /// Evaluate every this many steps (defaults to `logging_steps`).
-    pub eval_steps: Option<u64>,
+    eval_steps: Option<u64> = None,
     /// `no`, `steps` or `epoch`.
-    pub save_strategy: IntervalStrategy,
+    save_strategy: IntervalStrategy = IntervalStrategy::Steps,
     /// Save every this many steps.
-    pub save_steps: u64,
+    save_steps: u64 = 500,
     /// Keep at most this many checkpoints (oldest deleted first, the best kept).
-    pub save_total_limit: Option<usize>,
+    save_total_limit: Option<usize> = None,
     /// After training, load the checkpoint with the best `metric_for_best_model`.
-    pub load_best_model_at_end: bool,
+    load_best_model_at_end: bool = false,
     /// The eval metric that picks the best checkpoint (`loss`, `accuracy`,
     /// `f1`, `perplexity`; the `eval_` prefix is optional).
-    pub metric_for_best_model: String,
+    metric_for_best_model: String = "loss".into(),
     /// Whether a larger metric is better (default: false for losses, true otherwise).
-    pub greater_is_better: Option<bool>,
+    greater_is_better: Option<bool> = None,
     /// Seed of initialisation, data order, masking and dropout.
-    pub seed: u64,
+    seed: u64 = 42,
     /// bf16 mixed precision: the forward pass's matmuls compute in bf16 with
     /// f32 accumulation (their backward too); weights, optimizer state,
     /// softmax, LayerNorm and the loss stay f32.
-    pub bf16: bool,
+    bf16: bool = false,
     /// Keep the f32 activations the backward pass reads in bf16 (half their
     /// memory; gradients carry their bf16 rounding; the forward pass and
     /// the loss are unchanged): `Device::save_activations_as`. Works with
     /// or without `bf16`.
-    pub bf16_saved_activations: bool,
+    bf16_saved_activations: bool = false,
     /// Drop the last partial batch (training batches are always full, as on XLA).
-    pub dataloader_drop_last: bool,
+    dataloader_drop_last: bool = false,
     /// `true` (the latest valid checkpoint in `output_dir`) or a checkpoint path.
-    pub resume_from_checkpoint: Option<String>,
+    resume_from_checkpoint: Option<String> = None,
     /// Any of `jsonl`, `tensorboard`, or `none`.
-    pub report_to: Vec<String>,
+    report_to: Vec<String> = vec!["jsonl".into()],
     /// Data-parallel replicas (in each process, under `mpirun`).
-    pub num_replicas: usize,
+    num_replicas: usize = 1,
     /// Seconds a collective across processes (MPI) may wait for the other
     /// processes before the job is aborted.
-    pub collective_timeout: f64,
+    collective_timeout: f64 = lazytrain_dist::DEFAULT_COLLECTIVE_TIMEOUT.as_secs_f64(),
     /// Fraction of tokens the MLM collator predicts.
-    pub mlm_probability: f64,
+    mlm_probability: f64 = 0.15,
     /// Batches the loader prepares ahead.
-    pub dataloader_prefetch: usize,
+    dataloader_prefetch: usize = 2,
     /// Skip corrupt records instead of failing.
-    pub skip_corrupt: bool,
+    skip_corrupt: bool = false,
     /// Stop when the eval loss has not improved for this many evaluations.
-    pub early_stopping_patience: Option<u64>,
-}
-
-impl Default for TrainingArguments {
-    fn default() -> TrainingArguments {
-        TrainingArguments {
-            output_dir: "lazytrain-output".into(),
-            overwrite_output_dir: false,
-            do_train: true,
-            do_eval: false,
-            max_steps: -1,
-            num_train_epochs: 3.0,
-            per_device_train_batch_size: 8,
-            per_device_eval_batch_size: 8,
-            gradient_accumulation_steps: 1,
-            learning_rate: 5e-5,
-            weight_decay: 0.0,
-            adam_beta1: 0.9,
-            adam_beta2: 0.999,
-            adam_epsilon: 1e-8,
-            max_grad_norm: 1.0,
-            lr_scheduler_type: "linear".into(),
-            warmup_steps: 0.0,
-            logging_steps: 500,
-            logging_first_step: false,
-            eval_strategy: IntervalStrategy::No,
-            eval_steps: None,
-            save_strategy: IntervalStrategy::Steps,
-            save_steps: 500,
-            save_total_limit: None,
-            load_best_model_at_end: false,
-            metric_for_best_model: "loss".into(),
-            greater_is_better: None,
-            seed: 42,
-            bf16: false,
-            bf16_saved_activations: false,
-            dataloader_drop_last: false,
-            resume_from_checkpoint: None,
-            report_to: vec!["jsonl".into()],
-            num_replicas: 1,
-            collective_timeout: lazytrain_dist::DEFAULT_COLLECTIVE_TIMEOUT.as_secs_f64(),
-            mlm_probability: 0.15,
-            dataloader_prefetch: 2,
-            skip_corrupt: false,
-            early_stopping_patience: None,
-        }
-    }
+    early_stopping_patience: Option<u64> = None,
 }
 
 fn invalid(detail: String) -> Error {
@@ -185,7 +159,18 @@ impl TrainingArguments {
             };
             value[key] = parsed;
         }
-        serde_json::from_value(value).map_err(|e| invalid(e.to_string()))
+        serde_json::from_value(value.clone()).map_err(|e| {
+            // Name the flag whose value does not fit its field.
+            let culprit = overrides.iter().find(|(key, _)| {
+                let mut alone = serde_json::to_value(TrainingArguments::default()).unwrap_or_default();
+                alone[key.as_str()] = value[key.as_str()].clone();
+                serde_json::from_value::<TrainingArguments>(alone).is_err()
+            });
+            match culprit {
+                Some((key, raw)) => invalid(format!("{key} = {raw:?}: {e}")),
+                None => invalid(e.to_string()),
+            }
+        })
     }
 
     /// Reject invalid values and combinations. `has_eval_data` says whether

@@ -390,6 +390,14 @@ impl<M: TaskModel> Trainer<M> {
             }
         };
         self.new_best_at = None;
+        if self.args.load_best_model_at_end && self.state.best_metric == Some(value) && self.is_master() {
+            eprintln!(
+                "warning: {key} = {value} at step {} ties the best so far ({}); the earlier checkpoint stays the best, \
+                 as in Hugging Face; ties usually mean the validation split is too small to tell checkpoints apart",
+                self.state.global_step,
+                self.state.best_model_checkpoint.as_deref().unwrap_or("not saved yet")
+            );
+        }
         if self.state.best_metric.is_none_or(better) {
             self.state.best_metric = Some(value);
             self.new_best_at = Some(self.state.global_step);

@@ -16,9 +16,13 @@ use lazytrain_models::TaskModel;
 use lazytrain_nn::optim::{AdamW, LrSchedule};
 use lazytrain_nn::{named_parameters, Context};
 use serde_json::json;
+use std::io::IsTerminal;
 use std::path::PathBuf;
 use std::sync::atomic::Ordering;
 use std::time::Instant;
+
+/// Without a terminal, a progress line is printed at least this often.
+const PROGRESS_EVERY: std::time::Duration = std::time::Duration::from_secs(30);
 
 /// What a training run carries from step to step.
 struct Run {
@@ -33,6 +37,9 @@ struct Run {
     /// Samples per epoch that whole batches cover.
     epoch_samples: usize,
     bar: indicatif::ProgressBar,
+    /// When the progress goes to a log rather than a terminal: the time of
+    /// the last progress line (one per logging interval or 30 s).
+    plain_progress: Option<Instant>,
     start: Instant,
     losses: Vec<f32>,
     /// Loss summed over the steps since the last log entry, and their count.
@@ -132,6 +139,7 @@ impl<M: TaskModel> Trainer<M> {
             params,
             epoch_samples,
             bar,
+            plain_progress: (self.show_progress && rank == 0 && !std::io::stderr().is_terminal()).then(Instant::now),
             start: Instant::now(),
             losses: Vec::new(),
             logged: (0.0, 0),
@@ -229,6 +237,16 @@ impl<M: TaskModel> Trainer<M> {
         run.bar.set_message(format!("loss {:.4} lr {:.2e} {tokens_per_second:.0} tok/s", step.loss, step.lr));
         let due =
             gs.is_multiple_of(self.args.logging_steps) || (self.args.logging_first_step && gs == 1) || gs == run.total;
+        if run.plain_progress.is_some_and(|last| due || last.elapsed() >= PROGRESS_EVERY) {
+            eprintln!(
+                "step {gs}/{}: loss {:.4}, learning rate {:.2e}, {tokens_per_second:.0} tokens/s, {:.0} s",
+                run.total,
+                step.loss,
+                step.lr,
+                run.start.elapsed().as_secs_f64()
+            );
+            run.plain_progress = Some(Instant::now());
+        }
         if due {
             let entry = json!({
                 "loss": run.logged.0 / run.logged.1 as f64, "learning_rate": step.lr, "epoch": self.state.epoch,
