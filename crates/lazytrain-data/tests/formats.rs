@@ -162,3 +162,49 @@ fn validation_files_become_the_validation_split() {
     let err = prepare_with_validation(&tokenizer, &train, &["tiny".into()], &tmp("too-small"), &options);
     assert!(err.unwrap_err().to_string().contains("the validation files have"), "a held-out text shorter than a block");
 }
+
+/// `prepare-classification` reads labelled Parquet files and `datasets`
+/// Arrow streams as it reads JSON Lines: the same shards and labels; a
+/// ClassLabel column gives integer labels.
+#[test]
+fn labelled_tables_prepare_like_json_lines() {
+    use lazytrain_data::classification::{prepare_classification, ClassificationOptions, Columns, LabelOrder};
+    let texts = texts("corpus.txt");
+    let tokenizer = train_tokenizer(&texts, SubwordModel::Bpe, 300, TokenizerStyle::Roberta).unwrap();
+    let options = ClassificationOptions {
+        columns: Columns { text: "text".into(), text_pair: None, label: "label".into() },
+        max_length: 16,
+        buckets: vec![8, 16],
+        label_order: LabelOrder::Sorted,
+        num_shards: 2,
+        validation_fraction: 0.1,
+        seed: 1,
+        skip_bad_rows: false,
+        progress: false,
+    };
+    let prepared = |name: &str| {
+        let out = tmp(&format!("labelled-{name}"));
+        let manifest = prepare_classification(&tokenizer, &[fixture(name)], &[], &out, &options).unwrap();
+        let mut shards: Vec<(String, Vec<u8>)> = std::fs::read_dir(&out)
+            .unwrap()
+            .map(|e| e.unwrap().path())
+            .filter(|p| p.extension().is_some_and(|e| e == "tfrecord"))
+            .map(|p| (p.file_name().unwrap().to_string_lossy().into_owned(), std::fs::read(&p).unwrap()))
+            .collect();
+        shards.sort();
+        (manifest.labels, manifest.rows, shards)
+    };
+    let reference = prepared("labelled.jsonl");
+    assert_eq!(reference.0, ["negative", "positive"]);
+    assert_eq!(reference.1, 150);
+    for name in ["labelled.parquet", "labelled.arrow"] {
+        assert_eq!(prepared(name), reference, "{name}");
+    }
+    let (labels, rows, _) = prepared("classlabel.arrow");
+    assert_eq!((labels, rows), (vec!["0".to_string(), "1".into()], 150), "ClassLabel integers are the labels");
+    let wrong =
+        ClassificationOptions { columns: Columns { label: "stars".into(), ..options.columns.clone() }, ..options };
+    let err = prepare_classification(&tokenizer, &[fixture("labelled.parquet")], &[], &tmp("wrong"), &wrong);
+    let err = err.unwrap_err().to_string();
+    assert!(err.contains("no column `stars`; the file has text, label"), "{err}");
+}

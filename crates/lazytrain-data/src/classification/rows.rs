@@ -71,8 +71,9 @@ impl RowPolicy<'_> {
     }
 }
 
-/// Read the labelled rows of a `.jsonl`/`.json` (JSON Lines), `.csv` or
-/// `.tsv` file. Bad rows are errors naming the file and line, or, with
+/// Read the labelled rows of a `.jsonl`/`.json` (JSON Lines), `.csv`,
+/// `.tsv`, `.parquet` or `datasets` `.arrow` file (row numbers stand in for
+/// lines in the columnar ones). Bad rows are errors naming the file and line, or, with
 /// `skip_bad`, skipped and counted in `counts`.
 pub fn read_labelled_file(
     path: &Path,
@@ -86,9 +87,13 @@ pub fn read_labelled_file(
         "jsonl" | "json" | "ndjson" => read_json_lines(path, columns, &mut policy),
         "csv" => read_delimited(path, b',', columns, &mut policy),
         "tsv" | "tab" => read_delimited(path, b'\t', columns, &mut policy),
+        "parquet" => read_columnar(path, true, columns, &mut policy),
+        "arrow" => read_columnar(path, false, columns, &mut policy),
         other => Err(DataError::Io {
             path: path.display().to_string(),
-            detail: format!("unknown labelled-data format `.{other}`; use .jsonl (JSON Lines), .csv or .tsv"),
+            detail: format!(
+                "unknown labelled-data format `.{other}`; use .jsonl (JSON Lines), .csv, .tsv, .parquet or a `datasets` .arrow file"
+            ),
         }),
     }
 }
@@ -235,6 +240,33 @@ fn read_delimited(path: &Path, delimiter: u8, columns: &Columns, policy: &mut Ro
             continue;
         }
         let mut values = values.into_iter();
+        let (text, label) = (values.next().unwrap_or_default(), values.next().unwrap_or_default());
+        push_row(&mut rows, policy, LabelledRow { text, text_pair: values.next(), label, line })?;
+    }
+    Ok(rows)
+}
+
+/// Rows of a Parquet file or Arrow stream: text (and pair) columns of
+/// strings, a label column of strings, integers (a `datasets` ClassLabel)
+/// or booleans; a null is a missing value.
+fn read_columnar(path: &Path, parquet: bool, columns: &Columns, policy: &mut RowPolicy) -> Result<Vec<LabelledRow>> {
+    use crate::formats::{read_table, ColumnKind};
+    let mut wanted = vec![(columns.text.as_str(), ColumnKind::Text), (columns.label.as_str(), ColumnKind::Label)];
+    wanted.extend(columns.text_pair.as_deref().map(|name| (name, ColumnKind::Text)));
+    let mut rows = Vec::new();
+    for (index, values) in read_table(path, parquet, &wanted)?.into_iter().enumerate() {
+        let line = index as u64 + 1;
+        let missing: Vec<&str> =
+            wanted.iter().zip(&values).filter(|(_, v)| v.is_none()).map(|((n, _), _)| *n).collect();
+        if !missing.is_empty() {
+            policy.reject(
+                BadRowKind::MissingColumn,
+                line,
+                format!("row {line}: `{}` is null", missing.join("`, `")),
+            )?;
+            continue;
+        }
+        let mut values = values.into_iter().flatten();
         let (text, label) = (values.next().unwrap_or_default(), values.next().unwrap_or_default());
         push_row(&mut rows, policy, LabelledRow { text, text_pair: values.next(), label, line })?;
     }

@@ -46,6 +46,104 @@ fn append_strings(path: &Path, batch: &RecordBatch, index: usize, docs: &mut Doc
     Ok(())
 }
 
+/// What a column of a labelled table may hold.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum ColumnKind {
+    /// Strings only (a text).
+    Text,
+    /// Strings, integers or booleans, read as their text (a label).
+    Label,
+}
+
+/// The values of `array` as text (nulls as `None`), or the type it holds
+/// when `kind` does not allow it.
+fn column_values(array: &dyn Array, kind: ColumnKind) -> std::result::Result<Vec<Option<String>>, DataType> {
+    use arrow_array::cast::AsArray;
+    use arrow_array::types::{
+        Int16Type, Int32Type, Int64Type, Int8Type, UInt16Type, UInt32Type, UInt64Type, UInt8Type,
+    };
+    let strings = |it: &mut dyn Iterator<Item = Option<&str>>| it.map(|v| v.map(str::to_string)).collect();
+    let label = kind == ColumnKind::Label;
+    Ok(match array.data_type() {
+        DataType::Utf8 => strings(&mut array.as_string::<i32>().iter()),
+        DataType::LargeUtf8 => strings(&mut array.as_string::<i64>().iter()),
+        DataType::Utf8View => strings(&mut array.as_string_view().iter()),
+        DataType::Boolean if label => array.as_boolean().iter().map(|v| v.map(|b| b.to_string())).collect(),
+        DataType::Int8 if label => array.as_primitive::<Int8Type>().iter().map(|v| v.map(|x| x.to_string())).collect(),
+        DataType::Int16 if label => {
+            array.as_primitive::<Int16Type>().iter().map(|v| v.map(|x| x.to_string())).collect()
+        }
+        DataType::Int32 if label => {
+            array.as_primitive::<Int32Type>().iter().map(|v| v.map(|x| x.to_string())).collect()
+        }
+        DataType::Int64 if label => {
+            array.as_primitive::<Int64Type>().iter().map(|v| v.map(|x| x.to_string())).collect()
+        }
+        DataType::UInt8 if label => {
+            array.as_primitive::<UInt8Type>().iter().map(|v| v.map(|x| x.to_string())).collect()
+        }
+        DataType::UInt16 if label => {
+            array.as_primitive::<UInt16Type>().iter().map(|v| v.map(|x| x.to_string())).collect()
+        }
+        DataType::UInt32 if label => {
+            array.as_primitive::<UInt32Type>().iter().map(|v| v.map(|x| x.to_string())).collect()
+        }
+        DataType::UInt64 if label => {
+            array.as_primitive::<UInt64Type>().iter().map(|v| v.map(|x| x.to_string())).collect()
+        }
+        other => return Err(other.clone()),
+    })
+}
+
+/// Rows of the `columns` (name and kind) of a Parquet file or Arrow
+/// stream, each value as text (`None` for nulls), in file order.
+pub(crate) fn read_table(
+    path: &Path,
+    parquet: bool,
+    columns: &[(&str, ColumnKind)],
+) -> Result<Vec<Vec<Option<String>>>> {
+    let batches: Box<dyn Iterator<Item = std::result::Result<RecordBatch, String>>> = if parquet {
+        use parquet::arrow::arrow_reader::ParquetRecordBatchReaderBuilder;
+        let file = std::fs::File::open(path).map_err(|e| io_error(path, format!("cannot open the input file: {e}")))?;
+        let unreadable = |e: parquet::errors::ParquetError| io_error(path, format!("not a readable Parquet file: {e}"));
+        let reader =
+            ParquetRecordBatchReaderBuilder::try_new(file).map_err(unreadable)?.with_batch_size(BATCH_ROWS).build();
+        Box::new(reader.map_err(unreadable)?.map(|b| b.map_err(|e| format!("a row group cannot be read: {e}"))))
+    } else {
+        let file = std::fs::File::open(path).map_err(|e| io_error(path, format!("cannot open the input file: {e}")))?;
+        let reader = arrow_ipc::reader::StreamReader::try_new(std::io::BufReader::new(file), None)
+            .map_err(|e| io_error(path, format!("not an Arrow IPC stream: {e}")))?;
+        Box::new(reader.map(|b| b.map_err(|e| format!("the stream is truncated or corrupt: {e}"))))
+    };
+    let mut rows = Vec::new();
+    for batch in batches {
+        let batch = batch.map_err(|e| io_error(path, e))?;
+        let schema = batch.schema();
+        let mut values = Vec::with_capacity(columns.len());
+        for &(name, kind) in columns {
+            let Ok(index) = schema.index_of(name) else {
+                let present: Vec<&str> = schema.fields().iter().map(|f| f.name().as_str()).collect();
+                return Err(io_error(
+                    path,
+                    format!("no column `{name}`; the file has {}; name the right one with --text-column, --text-pair-column or --label-column", present.join(", ")),
+                ));
+            };
+            let wanted = match kind {
+                ColumnKind::Text => "strings",
+                ColumnKind::Label => "strings, integers or booleans",
+            };
+            values.push(
+                column_values(batch.column(index).as_ref(), kind)
+                    .map_err(|other| io_error(path, format!("column `{name}` holds {other}, not {wanted}")))?,
+            );
+        }
+        for row in 0..batch.num_rows() {
+            rows.push(values.iter().map(|column| column[row].clone()).collect());
+        }
+    }
+    Ok(rows)
+}
+
 /// The strings of `column` of a Parquet file.
 pub(super) fn read_parquet(path: &Path, column: &str, docs: &mut Documents) -> Result<()> {
     use parquet::arrow::arrow_reader::ParquetRecordBatchReaderBuilder;

@@ -4,6 +4,7 @@
 //! (plain text: its lines), with null rows skipped and counted.
 
 mod columnar;
+pub(crate) use columnar::{read_table, ColumnKind};
 mod rows;
 
 use crate::{DataError, Result};
