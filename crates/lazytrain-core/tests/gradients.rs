@@ -239,3 +239,97 @@ fn no_gradient_flows_through_stop_gradient() {
     assert_eq!(g, [1.5, -2.0, 3.0], "d(c * x)/dx with c = x held constant");
     assert_eq!(y.item::<f64>().unwrap(), 1.5 * 1.5 + 4.0 + 9.0);
 }
+
+/// `detach()` cuts autodiff as PyTorch's does: `w * w.detach()` has
+/// gradient `w` (not `2w`), for a materialised leaf and for a computed
+/// value alike; the detached handle keeps its value when `w` is updated.
+#[test]
+fn detach_stops_gradients() -> Result<()> {
+    let dev = Device::cpu();
+    let w = Tensor::from_vec(vec![1.0f32, -2.0, 3.0], [3], &dev)?;
+    w.set_requires_grad(true);
+    let snapshot = w.detach()?;
+    w.mul(&snapshot)?.sum_all()?.backward()?;
+    dev.sync()?;
+    assert_eq!(w.grad().unwrap().to_vec::<f32>()?, vec![1.0, -2.0, 3.0], "d/dw (w * const) = const");
+    w.set_grad(None);
+    // A computed value: v = 2w, then v * v.detach().
+    let v = w.mul_scalar(2.0)?;
+    let g = grad(&v.mul(&v.detach()?)?.sum_all()?, &[&w])?;
+    assert_eq!(g[0].to_vec::<f32>()?, vec![4.0, -8.0, 12.0], "d/dw (2w * const(2w)) = 2 * 2w");
+    w.assign(&w.add_scalar(10.0)?)?;
+    dev.sync()?;
+    assert_eq!(snapshot.to_vec::<f32>()?, vec![1.0, -2.0, 3.0], "the snapshot keeps its value");
+    assert_eq!(w.to_vec::<f32>()?, vec![11.0, 8.0, 13.0]);
+    Ok(())
+}
+
+/// Two optimizer steps in one graph (no `mark_step` between): the second
+/// backward differentiates through the assigned parameter's new value.
+#[test]
+fn a_second_step_in_one_graph_gets_the_updated_parameters_gradient() -> Result<()> {
+    let dev = Device::cpu();
+    let w = Tensor::from_vec(vec![1.0f32, 2.0], [2], &dev)?;
+    w.set_requires_grad(true);
+    w.square()?.sum_all()?.backward()?;
+    let g1 = w.grad().unwrap();
+    w.assign(&w.sub(&g1.mul_scalar(0.25)?)?)?; // w ← w − 0.25·2w = 0.5w
+    w.set_grad(None);
+    w.square()?.sum_all()?.backward()?;
+    dev.mark_step()?;
+    assert_eq!(w.to_vec::<f32>()?, vec![0.5, 1.0]);
+    assert_eq!(w.grad().unwrap().to_vec::<f32>()?, vec![1.0, 2.0], "2 × the updated w");
+    Ok(())
+}
+
+/// `grad` with respect to a tensor of another device is refused by name.
+#[test]
+fn grad_refuses_a_tensor_of_another_device() -> Result<()> {
+    let (a, b) = (Device::cpu(), Device::cpu());
+    let w = Tensor::from_vec(vec![1.0f32], [1], &a)?;
+    let elsewhere = Tensor::from_vec(vec![1.0f32], [1], &b)?;
+    let err = grad(&w.sum_all()?, &[&w, &elsewhere]).unwrap_err().to_string();
+    assert!(err.contains("lives on another device than the loss"), "{err}");
+    Ok(())
+}
+
+/// A forced read in the middle of a step (between micro-batches) does not
+/// restart the random streams: the next draws differ from the first ones,
+/// and a step without the read draws the same values in the same order.
+#[test]
+fn random_streams_continue_after_a_mid_step_read() -> Result<()> {
+    let draws = |read_between: bool| -> Result<(Vec<f32>, Vec<f32>)> {
+        let dev = Device::cpu();
+        let key = Tensor::scalar(7i64, &dev);
+        let first = Tensor::rand_uniform([64], DType::F32, &key)?;
+        if read_between {
+            first.sum_all()?.item::<f32>()?; // a forced sync
+        }
+        let second = Tensor::rand_uniform([64], DType::F32, &key)?;
+        dev.mark_step()?;
+        Ok((first.to_vec()?, second.to_vec()?))
+    };
+    let (first, second) = draws(true)?;
+    assert_ne!(first, second, "the second micro-batch gets new masks");
+    assert_eq!(draws(false)?, (first, second), "the same values as without the read");
+    Ok(())
+}
+
+/// Autocast applies to the thread that set it; another thread tracing on
+/// the same device sees f32 and may not set its own.
+#[test]
+fn autocast_is_scoped_per_thread() -> Result<()> {
+    let dev = Device::cpu();
+    let guard = dev.autocast(DType::BF16)?;
+    assert_eq!(dev.autocast_dtype(), Some(DType::BF16));
+    let other = dev.clone();
+    let (seen, refused) =
+        std::thread::spawn(move || (other.autocast_dtype(), other.autocast(DType::BF16).err().map(|e| e.to_string())))
+            .join()
+            .unwrap();
+    assert_eq!(seen, None, "another thread traces in f32");
+    assert!(refused.unwrap().contains("another thread holds this setting"));
+    drop(guard);
+    assert_eq!(dev.autocast_dtype(), None);
+    Ok(())
+}

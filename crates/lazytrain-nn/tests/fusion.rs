@@ -91,7 +91,7 @@ fn each_parameter_update_of_adamw_is_one_fused_kernel() -> Result<()> {
     let params = named_parameters(&attention);
     let mut opt = AdamW::new(decay_groups(params.clone(), 0.01), AdamWConfig::default())?;
     for (_, p) in &params {
-        p.set_grad(Some(p.mul_scalar(0.5)?.add_scalar(0.25)?.detach()));
+        p.set_grad(Some(p.mul_scalar(0.5)?.add_scalar(0.25)?.detach()?));
     }
     device.sync()?;
     opt.step()?;

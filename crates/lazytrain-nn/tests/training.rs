@@ -226,7 +226,7 @@ fn step_peak(keep_old_handles: bool) -> Result<(u64, u64)> {
             .iter()
             .map(|(_, p)| p.detach())
             .chain(opt.state_dict().entries().iter().map(|(_, t)| t.detach()))
-            .collect()
+            .collect::<lazytrain_core::Result<_>>()?
     } else {
         Vec::new()
     };

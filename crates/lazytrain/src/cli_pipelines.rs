@@ -29,6 +29,9 @@ fn masks_value(masks: &lazytrain::pipelines::TextPredictions) -> serde_json::Val
 pub fn fill_mask(args: &FillMaskArgs) -> lazytrain::Result<()> {
     let device = Device::cpu();
     let mut pipe = FillMask::from_dir(&args.inputs.model_dir()?, &device)?;
+    for warning in pipe.warnings() {
+        eprintln!("warning: {warning}");
+    }
     if args.inputs.streaming() {
         pipe = pipe.with_batch_size(args.inputs.batch_size);
     }

@@ -306,6 +306,8 @@ fn bad_configs_are_clear_errors() {
     assert!(msg.contains("num_replicas must be at least 1"), "{msg}");
     let msg = invalid("max_steps = -1\nnum_train_epochs = 0.0\n", false);
     assert!(msg.contains("max_steps > 0 or num_train_epochs > 0"), "{msg}");
+    let msg = invalid("dataloader_drop_last = false\n", false);
+    assert!(msg.contains("dataloader_drop_last = false is not supported"), "{msg}");
     let json = tmp("json").join("args.json");
     std::fs::write(&json, "{\"output_dir\": \"x\", \"max_steps\": 10, \"warmup_steps\": 0.1}").unwrap();
     let a = TrainingArguments::from_file(&json).unwrap();

@@ -24,7 +24,7 @@ fn live_node(t: &Tensor, location: &'static Location<'static>) -> Result<Option<
     let state = t.cell().lock_state();
     match &*state {
         TensorState::Pending(id) => Ok(Some(*id)),
-        TensorState::Ready(buffer) => Ok(live.existing_param_node(buffer)),
+        TensorState::Ready(buffer) => Ok(live.existing_param_node(buffer, t.requires_grad())),
         TensorState::Failed(message) => Err(Error::Data {
             what: "grad",
             detail: format!("the tensor has no value because its graph failed: {message}"),
@@ -38,6 +38,18 @@ fn live_node(t: &Tensor, location: &'static Location<'static>) -> Result<Option<
 #[track_caller]
 pub fn grad(loss: &Tensor, wrt: &[&Tensor]) -> Result<Vec<Tensor>> {
     let location = Location::caller();
+    if let Some(other) = wrt.iter().find(|t| t.device() != loss.device()) {
+        return Err(Error::Data {
+            what: "grad",
+            detail: format!(
+                "a tensor in `wrt` ({}{}) lives on another device than the loss; gradients flow only within one \
+                 device's graph (move it with Tensor::from_host first)",
+                other.dtype(),
+                other.shape()
+            ),
+            location,
+        });
+    }
     let ids = wrt.iter().map(|t| live_node(t, location)).collect::<Result<Vec<_>>>()?;
     let found: Vec<NodeId> = ids.iter().flatten().copied().collect();
     let cotangents = backpropagate(loss, &found, location)?;
@@ -58,13 +70,27 @@ impl Tensor {
     pub fn backward(&self) -> Result<()> {
         let location = Location::caller();
         let leaves = self.device().lock_live().leaves();
+        // A leaf assigned earlier in this graph (a second optimizer step
+        // before `mark_step`) is read through its new value's node.
+        let leaves: Vec<(NodeId, Tensor)> = leaves
+            .into_iter()
+            .map(|(id, traced)| {
+                let cell = traced
+                    .as_any()
+                    .downcast::<TensorCell>()
+                    .unwrap_or_else(|_| unreachable!("only tensors are traced"));
+                let leaf = Tensor::from_cell(cell);
+                let current = match &*leaf.cell().lock_state() {
+                    TensorState::Pending(now) => *now,
+                    TensorState::Ready(_) | TensorState::Failed(_) => id,
+                };
+                (current, leaf)
+            })
+            .collect();
         let ids: Vec<NodeId> = leaves.iter().map(|(id, _)| *id).collect();
         let cotangents = backpropagate(self, &ids, location)?;
-        for (id, traced) in leaves {
+        for (id, leaf) in leaves {
             let Some(g) = cotangents.get(&id) else { continue };
-            let cell =
-                traced.as_any().downcast::<TensorCell>().unwrap_or_else(|_| unreachable!("only tensors are traced"));
-            let leaf = Tensor::from_cell(cell);
             let total = match leaf.grad() {
                 Some(previous) => previous.add(g)?,
                 None => g.clone(),

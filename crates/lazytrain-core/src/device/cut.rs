@@ -16,24 +16,30 @@ impl Device {
     /// value. Returns once the values are computed.
     #[track_caller]
     pub fn sync(&self) -> Result<()> {
-        self.sync_at(Location::caller())
+        self.sync_at(Location::caller(), false)
     }
 
     /// PyTorch/XLA's name for [`Device::sync`]: the end of a training step.
     #[track_caller]
     pub fn mark_step(&self) -> Result<()> {
-        self.sync_at(Location::caller())
+        self.sync_at(Location::caller(), false)
     }
 
-    /// A sync caused by reading a pending value at `location`.
+    /// A sync caused by reading a pending value at `location`. It is not a
+    /// step boundary: the random streams of the rest of the step continue
+    /// after the ones already drawn (so a read between micro-batches does
+    /// not make the next one reuse the first one's dropout masks).
     pub(crate) fn forced_sync(&self, location: &'static Location<'static>) -> Result<()> {
         self.inner.metrics.record_forced_sync(&location.to_string());
-        self.sync_at(location)
+        self.sync_at(location, true)
     }
 
-    fn sync_at(&self, location: &'static Location<'static>) -> Result<()> {
+    fn sync_at(&self, location: &'static Location<'static>, mid_step: bool) -> Result<()> {
         let mut live = self.lock_live();
         let taken = std::mem::take(&mut *live);
+        if mid_step {
+            live.next_rng_stream = taken.next_rng_stream;
+        }
         let mut cells = Vec::new();
         let mut outputs = Vec::new();
         for weak in &taken.pending {

@@ -21,7 +21,6 @@ pub use precision::{PrecisionGuard, SAVED_ACTIVATION_MIN_ELEMENTS};
 use crate::backend::{Backend, CpuBackend};
 use crate::cache::CompileCache;
 use crate::collective::ReplicaLink;
-use crate::dtype::DType;
 use crate::error::{Error, Result};
 use crate::metrics::{Metrics, MetricsReport};
 use execution::{Queue, Runner, Worker};
@@ -63,9 +62,9 @@ pub(crate) struct DeviceInner {
     queue: Arc<Queue>,
     worker: Option<Mutex<Worker>>,
     /// The dtype matmuls of f32 values compute in, inside an autocast region.
-    autocast: Mutex<Option<DType>>,
+    autocast: Mutex<Option<precision::Scoped>>,
     /// The dtype autodiff stores the f32 forward values its backward reads in.
-    saved_activations: Mutex<Option<DType>>,
+    saved_activations: Mutex<Option<precision::Scoped>>,
 }
 
 /// A device: where tensors live and graphs run. Cheap to clone.

@@ -1,11 +1,21 @@
-//! Mixed precision scoped per device: autocast (matmuls in bf16) and the
-//! dtype autodiff saves activations in.
+//! Mixed precision scoped per device and thread: autocast (matmuls in
+//! bf16) and the dtype autodiff saves activations in. A setting applies to
+//! the ops the thread that set it traces; another thread tracing on the
+//! same device meanwhile sees f32, and may not set its own.
 
 use super::Device;
 use crate::dtype::DType;
 use crate::error::{Error, Result};
 use std::panic::Location;
 use std::sync::Mutex;
+use std::thread::ThreadId;
+
+/// A precision setting in force and the thread it applies to.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct Scoped {
+    dtype: DType,
+    thread: ThreadId,
+}
 
 /// The fewest elements an f32 activation has for
 /// [`Device::save_activations_as`] to store it narrow: a smaller one costs
@@ -25,7 +35,7 @@ enum PrecisionSetting {
 pub struct PrecisionGuard {
     device: Device,
     setting: PrecisionSetting,
-    previous: Option<DType>,
+    previous: Option<Scoped>,
 }
 
 impl Drop for PrecisionGuard {
@@ -47,9 +57,10 @@ impl Device {
         self.scope_precision(PrecisionSetting::Autocast, dtype)
     }
 
-    /// The dtype matmuls of f32 values compute in right now, if autocasting.
+    /// The dtype matmuls of f32 values traced by this thread compute in
+    /// right now, if it is autocasting.
     pub fn autocast_dtype(&self) -> Option<DType> {
-        *self.precision(PrecisionSetting::Autocast).lock().unwrap_or_else(|p| p.into_inner())
+        self.setting_here(PrecisionSetting::Autocast)
     }
 
     /// Store activations for the backward pass in `dtype` (bf16) while the
@@ -69,12 +80,18 @@ impl Device {
         self.scope_precision(PrecisionSetting::SavedActivations, dtype)
     }
 
-    /// The dtype saved activations are stored in right now, if narrowed.
+    /// The dtype this thread's saved activations are stored in right now, if narrowed.
     pub fn saved_activation_dtype(&self) -> Option<DType> {
-        *self.precision(PrecisionSetting::SavedActivations).lock().unwrap_or_else(|p| p.into_inner())
+        self.setting_here(PrecisionSetting::SavedActivations)
     }
 
-    fn precision(&self, setting: PrecisionSetting) -> &Mutex<Option<DType>> {
+    /// `setting`'s dtype when it applies to the calling thread.
+    fn setting_here(&self, setting: PrecisionSetting) -> Option<DType> {
+        let scoped = *self.precision(setting).lock().unwrap_or_else(|p| p.into_inner());
+        scoped.filter(|s| s.thread == std::thread::current().id()).map(|s| s.dtype)
+    }
+
+    fn precision(&self, setting: PrecisionSetting) -> &Mutex<Option<Scoped>> {
         match setting {
             PrecisionSetting::Autocast => &self.inner.autocast,
             PrecisionSetting::SavedActivations => &self.inner.saved_activations,
@@ -96,7 +113,22 @@ impl Device {
                 location: Location::caller(),
             });
         }
-        let previous = self.precision(setting).lock().unwrap_or_else(|p| p.into_inner()).replace(dtype);
+        let thread = std::thread::current().id();
+        let mut current = self.precision(setting).lock().unwrap_or_else(|p| p.into_inner());
+        if current.is_some_and(|s| s.thread != thread) {
+            let what = match setting {
+                PrecisionSetting::Autocast => "autocast",
+                PrecisionSetting::SavedActivations => "save_activations_as",
+            };
+            return Err(Error::Data {
+                what,
+                detail: "another thread holds this setting on the same device; mixed precision is scoped per \
+                         thread, so trace each thread's steps on its own device (one per replica)"
+                    .into(),
+                location: Location::caller(),
+            });
+        }
+        let previous = current.replace(Scoped { dtype, thread });
         Ok(PrecisionGuard { device: self.clone(), setting, previous })
     }
 }

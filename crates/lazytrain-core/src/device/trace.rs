@@ -50,8 +50,10 @@ pub(crate) struct LiveGraph {
     pub(crate) builder: GraphBuilder,
     /// Device buffers read by the live graph, by parameter number.
     pub(super) params: Vec<Arc<Buffer>>,
-    /// Parameter node of each buffer, by buffer address.
-    pub(super) param_nodes: FxHashMap<usize, NodeId>,
+    /// Parameter node of each buffer, by buffer address and whether it is
+    /// read as a trainable leaf (a detached handle of a leaf's buffer reads
+    /// it through a node of its own, so no gradient reaches the leaf).
+    pub(super) param_nodes: FxHashMap<(usize, bool), NodeId>,
     /// Tensors created since the last sync; the live ones become outputs.
     pub(super) pending: Vec<Weak<dyn Traced>>,
     /// Trainable leaves read by the live graph, by their parameter node.
@@ -63,9 +65,15 @@ pub(crate) struct LiveGraph {
 }
 
 impl LiveGraph {
-    /// The node that reads `buffer` (a new parameter on first use).
-    pub(crate) fn param_node(&mut self, buffer: &Arc<Buffer>, node: impl FnOnce(usize) -> Node) -> NodeId {
-        let key = Arc::as_ptr(buffer) as usize;
+    /// The node that reads `buffer`, as a trainable leaf or not (a new
+    /// parameter on first use).
+    pub(crate) fn param_node(
+        &mut self,
+        buffer: &Arc<Buffer>,
+        trainable: bool,
+        node: impl FnOnce(usize) -> Node,
+    ) -> NodeId {
+        let key = (Arc::as_ptr(buffer) as usize, trainable);
         if let Some(&id) = self.param_nodes.get(&key) {
             return id;
         }
@@ -88,9 +96,10 @@ impl LiveGraph {
         self.leaves.iter().filter_map(|(id, w)| w.upgrade().map(|c| (*id, c))).collect()
     }
 
-    /// The parameter node already reading `buffer`, if the live graph uses it.
-    pub(crate) fn existing_param_node(&self, buffer: &Arc<Buffer>) -> Option<NodeId> {
-        self.param_nodes.get(&(Arc::as_ptr(buffer) as usize)).copied()
+    /// The parameter node already reading `buffer` (as a trainable leaf or
+    /// not), if the live graph uses it.
+    pub(crate) fn existing_param_node(&self, buffer: &Arc<Buffer>, trainable: bool) -> Option<NodeId> {
+        self.param_nodes.get(&(Arc::as_ptr(buffer) as usize, trainable)).copied()
     }
 
     /// Remember a pending tensor so the next sync materialises it. Dropped

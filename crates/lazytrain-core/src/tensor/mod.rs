@@ -205,19 +205,19 @@ impl Tensor {
         Ok(())
     }
 
-    /// A handle with this value that is not a trainable leaf: it has no
-    /// `requires_grad` and no gradient of its own (for snapshots of values).
-    /// It does not cut the traced graph: it reads the same node (or, for a
-    /// computed value, the same buffer) as `self`, so gradients still flow
-    /// through its uses into `self`. To stop them (`torch`'s `detach()`
-    /// inside a step), use [`Tensor::stop_gradient`].
-    pub fn detach(&self) -> Tensor {
+    /// This value cut from autodiff, as PyTorch's `detach()`: no gradient
+    /// flows through the returned handle's uses into `self`, and it has no
+    /// `requires_grad` of its own. A computed value is read through a
+    /// [`Tensor::stop_gradient`] node; a materialised one shares its buffer
+    /// (a snapshot: `self`'s later in-place updates do not change it) and
+    /// is read through a graph input of its own, not the leaf's.
+    #[track_caller]
+    pub fn detach(&self) -> Result<Tensor> {
         let state = self.cell.lock_state().duplicate();
-        let cell = Arc::new(TensorCell::new(self.device(), self.shape().clone(), self.dtype(), state));
-        if let TensorState::Pending(_) = *cell.lock_state() {
-            self.device().lock_live().register(TensorCell::traced(&cell));
+        if let TensorState::Pending(_) = state {
+            return self.stop_gradient();
         }
-        Tensor { cell }
+        Ok(Tensor { cell: Arc::new(TensorCell::new(self.device(), self.shape().clone(), self.dtype(), state)) })
     }
 }
 
@@ -251,13 +251,14 @@ pub(crate) fn trace(
         let id = match &*t.cell.lock_state() {
             TensorState::Pending(id) => *id,
             TensorState::Ready(buffer) => {
-                let id = live.param_node(buffer, |k| Node {
+                let trainable = t.requires_grad();
+                let id = live.param_node(buffer, trainable, |k| Node {
                     op: Op::Parameter(k),
                     inputs: Vec::new(),
                     shape: t.cell.shape.clone(),
                     dtype: t.cell.dtype,
                 });
-                if t.requires_grad() {
+                if trainable {
                     live.record_leaf(id, TensorCell::traced(&t.cell));
                 }
                 id

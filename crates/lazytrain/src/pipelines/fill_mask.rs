@@ -34,6 +34,7 @@ pub struct FillMask {
     mask_id: u32,
     mask_token: &'static str,
     batch_size: Option<usize>,
+    warnings: Vec<String>,
 }
 
 /// The tokenizer's mask token (id and text), or an error for a tokenizer
@@ -53,15 +54,30 @@ impl FillMask {
     /// Load a model folder (config, weights, tokenizer).
     pub fn from_dir(dir: &Path, device: &Device) -> Result<FillMask> {
         let tokenizer = TextTokenizer::from_path(dir)?;
-        let (model, _warnings) = hub::load_masked_lm(dir, device)?;
-        FillMask::new(model, tokenizer, device)
+        let (model, warnings) = hub::load_masked_lm(dir, device)?;
+        let mut pipe = FillMask::new(model, tokenizer, device)?;
+        pipe.warnings = warnings;
+        Ok(pipe)
     }
 
     /// Use an in-memory model and tokenizer.
     pub fn new(model: ForMaskedLM, tokenizer: TextTokenizer, device: &Device) -> Result<FillMask> {
         check_tokenizer_fits(model.config(), &tokenizer)?;
         let (mask_id, mask_token) = mask_of(&tokenizer)?;
-        Ok(FillMask { model, tokenizer, device: device.clone(), mask_id, mask_token, batch_size: None })
+        Ok(FillMask {
+            model,
+            tokenizer,
+            device: device.clone(),
+            mask_id,
+            mask_token,
+            batch_size: None,
+            warnings: Vec::new(),
+        })
+    }
+
+    /// What loading the weights reported (an unused pooler or head, ...).
+    pub fn warnings(&self) -> &[String] {
+        &self.warnings
     }
 
     /// Run texts in batches of `size` rows (HF's `batch_size`) instead of

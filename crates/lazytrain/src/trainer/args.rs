@@ -108,8 +108,9 @@ training_arguments! {
     /// the loss are unchanged): `Device::save_activations_as`. Works with
     /// or without `bf16`.
     bf16_saved_activations: bool = false,
-    /// Drop the last partial batch (training batches are always full, as on XLA).
-    dataloader_drop_last: bool = false,
+    /// Drop the last partial batch of an epoch: always, as on XLA (every
+    /// training batch has the same shape); `false` is refused.
+    dataloader_drop_last: bool = true,
     /// `true` (the latest valid checkpoint in `output_dir`) or a checkpoint path.
     resume_from_checkpoint: Option<String> = None,
     /// Any of `jsonl`, `tensorboard`, or `none`.
@@ -239,6 +240,13 @@ impl TrainingArguments {
                     self.save_steps
                 )));
             }
+        }
+        if !self.dataloader_drop_last {
+            return Err(invalid(
+                "dataloader_drop_last = false is not supported: training batches always have the same shape (as \
+                 on XLA), so an epoch's last partial batch is dropped; leave it true"
+                    .into(),
+            ));
         }
         if self.num_replicas == 0 {
             return Err(invalid("num_replicas must be at least 1".into()));
