@@ -372,3 +372,58 @@ fn a_panicking_step_on_an_asynchronous_device_is_an_error_not_a_hang() -> Result
     assert!(z.to_vec::<f32>().is_err(), "the worker still runs (and fails) the next step");
     Ok(())
 }
+
+/// A group member that only records aborts (its collectives fail).
+#[derive(Default)]
+struct RecordingGroup {
+    aborted: std::sync::Mutex<Option<(usize, String)>>,
+}
+
+impl lazytrain_core::collective::Collective for RecordingGroup {
+    fn world_size(&self) -> usize {
+        2
+    }
+    fn all_reduce(
+        &self,
+        _: usize,
+        _: &mut lazytrain_core::DeviceMemory,
+        _: lazytrain_core::ir::AllReduceOp,
+    ) -> std::result::Result<(), String> {
+        Err("not in this test".into())
+    }
+    fn broadcast(&self, _: usize, _: &mut lazytrain_core::DeviceMemory) -> std::result::Result<(), String> {
+        Err("not in this test".into())
+    }
+    fn agree_on_graph(&self, _: usize, _: u64) -> std::result::Result<(), String> {
+        Ok(())
+    }
+    fn barrier(&self, _: usize) -> std::result::Result<(), String> {
+        Ok(())
+    }
+    fn abort(&self, rank: usize, message: &str) {
+        self.aborted.lock().unwrap().get_or_insert((rank, message.to_string()));
+    }
+    fn finished(&self, _: usize) {}
+    fn abort_reason(&self) -> Option<(usize, String)> {
+        self.aborted.lock().unwrap().clone()
+    }
+}
+
+/// A replica whose asynchronous step panics aborts its group, so the other
+/// replicas stop waiting for it at their collectives and barriers.
+#[test]
+fn a_panicking_asynchronous_step_aborts_the_replica_group() -> Result<()> {
+    let group = std::sync::Arc::new(RecordingGroup::default());
+    let link = lazytrain_core::collective::ReplicaLink { rank: 1, collective: group.clone() };
+    let options = lazytrain_core::DeviceOptions { asynchronous: true, replica: Some(link), ordinal: 1 };
+    let cache = std::sync::Arc::new(lazytrain_core::cache::CompileCache::new());
+    let dev = Device::new(std::sync::Arc::new(PanickingBackend), cache, options)?;
+    let y = Tensor::from_vec(vec![1.0f32, 2.0], [2], &dev)?.exp()?;
+    dev.sync()?;
+    assert!(dev.wait().is_err());
+    let (rank, message) = group.aborted.lock().unwrap().clone().expect("the group was aborted");
+    assert_eq!(rank, 1);
+    assert!(message.contains("the step panicked: a kernel bug"), "{message}");
+    assert!(y.to_vec::<f32>().is_err());
+    Ok(())
+}

@@ -137,14 +137,16 @@ impl Worker {
                 }
                 // A step that panics fails like one that errs: its outputs and
                 // the next `wait` report it (the worker lives on, so nobody
-                // waits forever for a step that will never finish).
+                // waits forever for a step that will never finish), and the
+                // replica group is aborted, so the other replicas stop
+                // waiting for this one in their collectives and barriers.
                 let run = std::panic::AssertUnwindSafe(|| runner.run(&*job.executable, job.inputs, job.agreement));
                 let outcome = std::panic::catch_unwind(run).unwrap_or_else(|panic| {
-                    Err(Error::Execution {
-                        node: 0,
-                        op: "step",
-                        detail: format!("the step panicked: {}", panic_message(&*panic)),
-                    })
+                    let detail = format!("the step panicked: {}", panic_message(&*panic));
+                    if let Some(link) = &runner.replica {
+                        link.collective.abort(link.rank, &detail);
+                    }
+                    Err(Error::Execution { node: 0, op: "step", detail })
                 });
                 let failure = fulfil(&job.outputs, outcome);
                 let mut state = queue.state.lock().unwrap_or_else(|p| p.into_inner());
