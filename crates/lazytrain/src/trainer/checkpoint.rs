@@ -117,10 +117,37 @@ pub fn rotate(output_dir: &Path, limit: usize, best: Option<&str>) -> Result<()>
         if excess == 0 {
             break;
         }
-        std::fs::remove_dir_all(path).map_err(|e| Error::Input(format!("{}: {e}", path.display())))?;
+        let io = |e: std::io::Error| Error::Input(format!("{}: {e}", path.display()));
+        // First make it incomplete (never a checkpoint again, whenever the
+        // process dies), then remove the rest.
+        std::fs::remove_file(path.join("trainer_state.json")).map_err(io)?;
+        if std::env::var("LAZYTRAIN_FAULT_INJECT").is_ok_and(|v| v == "abort-during-rotation") {
+            // Fault injection for the random-kill test: die mid-rotation.
+            std::process::abort();
+        }
+        std::fs::remove_dir_all(path).map_err(io)?;
         excess -= 1;
     }
     Ok(())
+}
+
+/// Remove what a killed run can leave in `output_dir`: temporary
+/// `.checkpoint-*.tmp-*` folders of a checkpoint being written, and
+/// `checkpoint-*` folders without `trainer_state.json` (a rotation cut
+/// short). Returns how many were removed.
+pub fn remove_leftovers(output_dir: &Path) -> Result<usize> {
+    let Ok(entries) = std::fs::read_dir(output_dir) else { return Ok(0) };
+    let mut removed = 0;
+    for path in entries.filter_map(|e| e.ok().map(|e| e.path())).filter(|p| p.is_dir()) {
+        let name = path.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
+        let temporary = name.starts_with(".checkpoint-") && name.contains(".tmp-");
+        let incomplete = step_of(&path).is_some() && !path.join("trainer_state.json").is_file();
+        if temporary || incomplete {
+            std::fs::remove_dir_all(&path).map_err(|e| Error::Input(format!("{}: {e}", path.display())))?;
+            removed += 1;
+        }
+    }
+    Ok(removed)
 }
 
 /// Read a JSON file of a checkpoint.

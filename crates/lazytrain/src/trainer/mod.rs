@@ -314,12 +314,19 @@ impl<M: TaskModel> Trainer<M> {
         let output = Path::new(&self.args.output_dir);
         match self.args.resume_from_checkpoint.as_deref() {
             None | Some("false") => Ok(None),
-            Some("true") => latest_checkpoint(output).map(Some).ok_or_else(|| {
-                Error::Input(format!(
-                    "resume_from_checkpoint = true but {} holds no complete checkpoint",
-                    output.display()
-                ))
-            }),
+            // Nothing to resume yet (a run killed before its first
+            // checkpoint): start from step 0, so a restart loop can always
+            // run the same command.
+            Some("true") => {
+                let latest = latest_checkpoint(output);
+                if latest.is_none() && self.is_master() {
+                    eprintln!(
+                        "note: resume_from_checkpoint = true but {} holds no complete checkpoint yet; starting from step 0",
+                        output.display()
+                    );
+                }
+                Ok(latest)
+            }
             Some(path) => {
                 let dir = PathBuf::from(path);
                 if dir.join("trainer_state.json").is_file() {
@@ -338,6 +345,15 @@ impl<M: TaskModel> Trainer<M> {
     fn check_output_dir(&self) -> Result<()> {
         let output = Path::new(&self.args.output_dir);
         let resuming = !matches!(self.args.resume_from_checkpoint.as_deref(), None | Some("false"));
+        if self.is_master() {
+            let removed = checkpoint::remove_leftovers(output)?;
+            if removed > 0 {
+                eprintln!(
+                    "removed {removed} unfinished checkpoint folder(s) of a killed run from {}",
+                    output.display()
+                );
+            }
+        }
         let earlier = checkpoints(output);
         if !earlier.is_empty() && !resuming {
             if !self.args.overwrite_output_dir {
