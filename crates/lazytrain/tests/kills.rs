@@ -90,3 +90,58 @@ fn a_run_killed_at_random_moments_ends_bit_identical() {
     let checkpoints = lazytrain::trainer::checkpoint::checkpoints(&dir.join("killed"));
     assert_eq!(checkpoints.len(), 2, "rotation keeps two: {checkpoints:?}");
 }
+
+/// A disk that fills up while a checkpoint is written: the run stops with
+/// an error naming the intact previous checkpoint, the temporary folder is
+/// gone, and the previous checkpoint resumes. Needs a small tmpfs (root);
+/// skipped with a printed reason where it cannot be mounted.
+#[test]
+fn a_full_disk_keeps_the_previous_checkpoint() {
+    let dir = common::tmp("kills", "disk");
+    let docs = demo_corpus(3, 4, 800).sentences;
+    let tok = train_tokenizer(&docs, SubwordModel::WordPiece, 150, TokenizerStyle::Bert).unwrap();
+    tok.save(&dir.join("tok"), 512).unwrap();
+    let options = PrepareOptions { block_size: 16, num_shards: 1, validation_fraction: 0.0, seed: 0, progress: false };
+    prepare(&tok, &docs, &dir.join("data"), &options).unwrap();
+    // One checkpoint of this model is about 6 MB: room for one and a half.
+    let disk = dir.join("disk");
+    std::fs::create_dir_all(&disk).unwrap();
+    let mounted = Command::new("mount").args(["-t", "tmpfs", "-o", "size=9m", "tmpfs"]).arg(&disk).output();
+    if !mounted.as_ref().is_ok_and(|m| m.status.success()) {
+        let why = mounted.map_or_else(|e| e.to_string(), |m| String::from_utf8_lossy(&m.stderr).trim().to_string());
+        eprintln!("skipped: cannot mount a small tmpfs here ({why}); the full-disk path needs root");
+        return;
+    }
+    let out = disk.join("run");
+    let run = Command::new(env!("CARGO_BIN_EXE_lazytrain"))
+        .current_dir(&dir)
+        .args(["train", "--model", "bert-tiny", "--tokenizer", "tok", "--train-data", "data", "--output-dir"])
+        .arg(&out)
+        .args(["--max-steps", "6", "--save-steps", "2", "--per-device-train-batch-size", "4", "--report-to", "none"])
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&run.stderr).into_owned();
+    let entries: Vec<String> =
+        std::fs::read_dir(&out).unwrap().map(|e| e.unwrap().file_name().to_string_lossy().into_owned()).collect();
+    let checkpoint = out.join("checkpoint-2");
+    let complete =
+        checkpoint.join("trainer_state.json").is_file() && checkpoint.join("optimizer.safetensors").is_file();
+    // Resume the intact checkpoint from a disk with room.
+    let copy = dir.join("copy");
+    let copied = Command::new("cp").arg("-r").arg(&out).arg(&copy).status().unwrap().success();
+    let _ = Command::new("umount").arg(&disk).status();
+    assert!(!run.status.success(), "the run fails on a full disk");
+    assert!(err.contains("saving checkpoint-4 failed") && err.contains("No space left"), "{err}");
+    assert!(err.contains("checkpoint-2 is intact"), "{err}");
+    assert!(!entries.iter().any(|e| e.contains(".tmp-")), "the temporary folder is removed: {entries:?}");
+    assert!(complete && copied, "checkpoint-2 is complete");
+    let resumed = Command::new(env!("CARGO_BIN_EXE_lazytrain"))
+        .current_dir(&dir)
+        .args(["train", "--model", "bert-tiny", "--tokenizer", "tok", "--train-data", "data", "--output-dir"])
+        .arg(&copy)
+        .args(["--max-steps", "6", "--save-steps", "2", "--per-device-train-batch-size", "4", "--report-to", "none"])
+        .args(["--resume-from-checkpoint", "true"])
+        .output()
+        .unwrap();
+    assert!(resumed.status.success(), "{}", String::from_utf8_lossy(&resumed.stderr));
+}
