@@ -80,6 +80,18 @@ pub struct TextTokenizer {
     special: SpecialTokens,
 }
 
+/// Run `f`, turning a panic into its message without printing it (the
+/// default hook is set aside meanwhile; one caller at a time).
+fn quietly<T>(f: impl FnOnce() -> T) -> std::result::Result<T, String> {
+    static HOOK: std::sync::Mutex<()> = std::sync::Mutex::new(());
+    let _one_at_a_time = HOOK.lock().unwrap_or_else(|p| p.into_inner());
+    let hook = std::panic::take_hook();
+    std::panic::set_hook(Box::new(|_| {}));
+    let outcome = std::panic::catch_unwind(std::panic::AssertUnwindSafe(f));
+    std::panic::set_hook(hook);
+    outcome.map_err(|panic| lazytrain_core::panic_message(&*panic))
+}
+
 fn tokenizer_error(path: &Path, detail: impl Into<String>) -> DataError {
     DataError::Tokenizer { path: path.display().to_string(), detail: detail.into() }
 }
@@ -143,8 +155,12 @@ impl TextTokenizer {
         if !file.exists() {
             return Err(tokenizer_error(&file, "not found; a model folder needs a tokenizer.json"));
         }
-        let inner =
-            Tokenizer::from_file(&file).map_err(|e| tokenizer_error(&file, format!("cannot be parsed: {e}")))?;
+        // The `tokenizers` crate panics on some malformed files (an
+        // `unwrap` in its decoder deserialiser): a parse error all the same,
+        // without the panic's message on stderr.
+        let parsed = quietly(|| Tokenizer::from_file(&file))
+            .unwrap_or_else(|message| Err(format!("the tokenizers library failed: {message}").into()));
+        let inner = parsed.map_err(|e| tokenizer_error(&file, format!("cannot be parsed: {e}")))?;
         TextTokenizer::new(inner, &file)
     }
 
