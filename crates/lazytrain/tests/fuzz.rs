@@ -160,13 +160,16 @@ fn mutate_json(value: &mut serde_json::Value, rng: &mut Rng) {
     }
 }
 
+/// Feeds one input to a parser (errors are fine; panics are not).
+type Parse = Box<dyn Fn(&[u8])>;
+
 /// One parser under test: its valid seed files and how to feed it bytes.
 struct Harness {
     name: &'static str,
     seeds: Vec<Vec<u8>>,
     /// Seeds are JSON: also mutate their structure.
     json: bool,
-    run: Box<dyn Fn(&[u8])>,
+    run: Parse,
 }
 
 fn fixture(path: &str) -> Vec<u8> {
