@@ -235,8 +235,10 @@ fn every_bad_row_class_is_an_error_naming_file_and_line() {
         msg.contains("no column `text` in the header (columns: sentence, label)") && msg.contains("--text-column"),
         "{msg}"
     );
+    let msg = error_for("rows.xml", b"", None);
+    assert!(msg.contains("use .jsonl (JSON Lines), .csv, .tsv, .parquet or a `datasets` .arrow file"), "{msg}");
     let msg = error_for("rows.parquet", b"", None);
-    assert!(msg.contains("use .jsonl (JSON Lines), .csv or .tsv"), "{msg}");
+    assert!(msg.contains("rows.parquet: not a readable Parquet file"), "{msg}");
     let msg = error_for("one.jsonl", b"{\"text\": \"a\", \"label\": \"pos\"}\n", None);
     assert!(msg.contains("1 distinct label(s)") && msg.contains("at least 2"), "{msg}");
 }
