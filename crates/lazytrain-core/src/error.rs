@@ -99,6 +99,33 @@ pub enum Error {
         /// The broken invariant.
         detail: String,
     },
+    /// A step would not fit in memory: found when it was compiled, before
+    /// its first run (see [`Device::plan_next_sync`](crate::Device::plan_next_sync) for a dry run).
+    #[error(
+        "the step needs {} MB more memory at its peak than the {} MB available (largest buffers: {} MB); lower the \
+         batch size, use gradient accumulation or bf16 saved activations",
+        needed_bytes / (1 << 20),
+        available_bytes / (1 << 20),
+        largest_buffers.iter().map(|b| format!("{:.1}", *b as f64 / (1 << 20) as f64)).collect::<Vec<_>>().join(", ")
+    )]
+    OutOfMemory {
+        /// Bytes the run would allocate beyond what is already resident.
+        needed_bytes: u64,
+        /// Bytes the system has available.
+        available_bytes: u64,
+        /// The largest intermediate buffers, in bytes, largest first.
+        largest_buffers: Vec<u64>,
+        /// The compiled step's plan.
+        stats: Box<crate::backend::ExecutableStats>,
+    },
+    /// A dry run: the step was compiled and its memory planned, not run.
+    #[error("dry run: the step was compiled and planned ({} MB at its peak), not run", stats.peak_bytes / (1 << 20))]
+    DryRun {
+        /// The compiled step's plan.
+        stats: Box<crate::backend::ExecutableStats>,
+        /// Bytes of the step's inputs (parameters, optimizer state, the batch).
+        input_bytes: u64,
+    },
     /// File I/O (IR dumps, fixtures).
     #[error("{context}: {source}")]
     Io {

@@ -316,6 +316,11 @@ impl Buffer {
         self.filled.1.notify_all();
     }
 
+    /// Bytes this buffer holds now, without waiting (0 while in flight).
+    pub fn resident_bytes(&self) -> u64 {
+        self.bytes.load(Ordering::Relaxed).max(0) as u64
+    }
+
     /// True once the value (or its failure) is known.
     pub fn is_ready(&self) -> bool {
         self.value.get().is_some()

@@ -427,3 +427,38 @@ fn a_panicking_asynchronous_step_aborts_the_replica_group() -> Result<()> {
     assert!(y.to_vec::<f32>().is_err());
     Ok(())
 }
+
+/// A step whose planned peak exceeds the available memory fails when it is
+/// compiled, before anything is allocated, naming what it needs; a dry run
+/// plans a step and runs nothing.
+#[test]
+fn memory_is_known_before_a_step_runs() -> Result<()> {
+    let dev = Device::cpu();
+    let n = 400_000; // an outer product of 640 GB
+    let a = Tensor::from_vec(vec![1.0f32; n], [n, 1], &dev)?;
+    let b = Tensor::from_vec(vec![1.0f32; n], [1, n], &dev)?;
+    let total = a.matmul(&b)?.sum_all()?;
+    match dev.sync() {
+        Err(lazytrain_core::Error::OutOfMemory { needed_bytes, available_bytes, largest_buffers, .. }) => {
+            assert!(needed_bytes >= 4 * (n * n) as u64 && needed_bytes > available_bytes);
+            assert_eq!(largest_buffers[0], 4 * (n * n) as u64, "the product is the largest buffer");
+        }
+        other => panic!("expected an out-of-memory error before running, got {other:?}"),
+    }
+    assert!(total.to_vec::<f32>().unwrap_err().to_string().contains("more memory at its peak"));
+    // A dry run compiles and plans, runs nothing.
+    let x = Tensor::from_vec(vec![1.0f32; 1024], [32, 32], &dev)?;
+    let y = x.matmul(&x)?.exp()?;
+    dev.plan_next_sync();
+    match dev.sync() {
+        Err(lazytrain_core::Error::DryRun { stats, input_bytes }) => {
+            assert_eq!(input_bytes, 4096);
+            assert!(stats.peak_bytes >= 4096 && stats.kernels >= 1, "{stats:?}");
+        }
+        other => panic!("expected a dry run, got {other:?}"),
+    }
+    assert!(y.to_vec::<f32>().is_err(), "nothing ran");
+    let z = x.exp()?;
+    assert_eq!(z.to_vec::<f32>()?[0], 1f32.exp(), "the next sync runs again");
+    Ok(())
+}

@@ -36,10 +36,15 @@ pub struct BenchArgs {
     /// Print one JSON line.
     #[arg(long)]
     json: bool,
+    /// Compile the step and print its memory plan (`planned_peak_mb`, ...) without running it.
+    #[arg(long)]
+    dry_run: bool,
 }
 
 /// What one replica measured.
 struct ReplicaRun {
+    /// With `--dry-run`: the step's plan (nothing ran).
+    plan: Option<lazytrain::trainer::plan::StepPlan>,
     times: Vec<f64>,
     first_loss: f32,
     last_loss: f32,
@@ -124,13 +129,16 @@ fn bench_replica(
     batch: usize,
     steps: usize,
     precision: (bool, bool),
+    dry_run: bool,
 ) -> lazytrain::Result<ReplicaRun> {
     let mut init = Initializer::new(0, replica.device());
     match config.model_type {
         ModelType::Bert | ModelType::Roberta => {
-            bench_model(replica, ForMaskedLM::new(&mut init, config)?, batch, steps, precision)
+            bench_model(replica, ForMaskedLM::new(&mut init, config)?, batch, (steps, dry_run), precision)
         }
-        ModelType::Gpt2 => bench_model(replica, Gpt2LMHeadModel::new(&mut init, config)?, batch, steps, precision),
+        ModelType::Gpt2 => {
+            bench_model(replica, Gpt2LMHeadModel::new(&mut init, config)?, batch, (steps, dry_run), precision)
+        }
     }
 }
 
@@ -140,7 +148,7 @@ fn bench_model<M: TaskModel>(
     replica: &Replica,
     model: M,
     batch: usize,
-    steps: usize,
+    (steps, dry_run): (usize, bool),
     (bf16, bf16_saved_activations): (bool, bool),
 ) -> lazytrain::Result<ReplicaRun> {
     let device = replica.device();
@@ -175,10 +183,32 @@ fn bench_model<M: TaskModel>(
         }
         let start = Instant::now();
         let ctx = Context::train(device, replica.rank() as i64, step as i64)?;
+        if dry_run {
+            device.plan_next_sync();
+        }
         let output = train_step(device, &mut opt, &[()], &config, &[], |_| -> lazytrain::Result<_> {
             let logits = model.forward(&input_ids, None, None, &ctx)?;
             Ok(logits.cross_entropy(&model.targets(&labels)?, -100)?)
-        })?;
+        });
+        let output = match (output, dry_run) {
+            (Err(e), true) => {
+                let bytes = 4 * n_params as u64;
+                let plan = lazytrain::trainer::plan::StepPlan::from_dry_run(e, batch, bytes, 2 * bytes)?;
+                return Ok(ReplicaRun {
+                    plan: Some(plan),
+                    times: Vec::new(),
+                    first_loss: f32::NAN,
+                    last_loss: f32::NAN,
+                    backend: device.backend_name(),
+                    world: replica.world_size(),
+                    params: n_params,
+                    compiles: 0,
+                    cache_hits: 0,
+                    compile_ms: 0.0,
+                });
+            }
+            (output, _) => output?,
+        };
         let value = output.loss.item::<f32>()?;
         times.push(start.elapsed().as_secs_f64());
         if step == 0 {
@@ -195,6 +225,7 @@ fn bench_model<M: TaskModel>(
         _ => Tensor::from_vec(local, [3], device)?.all_reduce(AllReduceOp::Sum)?.to_vec::<f64>()?,
     };
     Ok(ReplicaRun {
+        plan: None,
         times,
         first_loss,
         last_loss,
@@ -225,8 +256,21 @@ pub fn run(args: &BenchArgs) -> lazytrain::Result<()> {
     config.num_attention_heads = heads;
     config.intermediate_size = 4 * hidden;
     let runs = spawn(&SpawnConfig::new(args.replicas), |replica| {
-        bench_replica(replica, &config, batch, args.steps, (args.bf16, args.bf16_saved_activations))
+        bench_replica(replica, &config, batch, args.steps, (args.bf16, args.bf16_saved_activations), args.dry_run)
     })?;
+    if let Some(plan) = &runs[0].plan {
+        if lazytrain_dist::is_master_process() {
+            let mut report = plan.to_json();
+            report["config"] = serde_json::json!(args.model);
+            report["precision"] = serde_json::json!(if args.bf16 { "bf16" } else { "fp32" });
+            report["params"] = serde_json::json!(runs[0].params);
+            match args.json {
+                true => println!("{report}"),
+                false => println!("{plan}"),
+            }
+        }
+        return Ok(());
+    }
     // The replicas step in lockstep (they meet in every all-reduce): the
     // master's step times are the group's.
     let master = &runs[0];

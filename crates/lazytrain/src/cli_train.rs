@@ -127,6 +127,10 @@ pub struct TrainArgs {
     /// has none, e.g. a folder prepared from a held-out file alone).
     #[arg(long)]
     eval_data: Option<PathBuf>,
+    /// Compile the first training step and print its memory plan (parameters, optimizer state,
+    /// activations, the largest buffers, the batch size that fits) without training.
+    #[arg(long)]
+    dry_run: bool,
     #[command(flatten)]
     flags: TrainingFlags,
 }
@@ -196,8 +200,12 @@ pub fn resolve_args(config: Option<&Path>, flags: &TrainingFlags) -> Result<Trai
 
 /// Run `lazytrain train`.
 pub fn run(args: &TrainArgs) -> Result<()> {
-    let training = resolve_args(args.config.as_deref(), &args.flags)?;
+    let mut training = resolve_args(args.config.as_deref(), &args.flags)?;
     training.validate(args.eval_data.is_some())?;
+    if args.dry_run {
+        // Nothing is trained: no logs either.
+        training.report_to = Vec::new();
+    }
     let revision = args.revision.as_deref();
     let source = ModelSource::resolve(&args.model, revision)?;
     let (tokenizer_dir, tokenizer) = tokenizer_for(&source, args.tokenizer.as_deref(), revision)?;
@@ -231,7 +239,7 @@ pub fn run(args: &TrainArgs) -> Result<()> {
                 let (train, eval) = (train.clone(), eval.clone());
                 let trainer =
                     Trainer::new(training.clone(), model, tokenizer.clone(), train, eval, manifest.block_size, device)?;
-                train_and_evaluate(trainer)
+                train_and_evaluate(trainer, args.dry_run)
             })?
         }
         Task::CausalLm => {
@@ -251,7 +259,7 @@ pub fn run(args: &TrainArgs) -> Result<()> {
                     manifest.block_size,
                     device,
                 )?;
-                train_and_evaluate(trainer)
+                train_and_evaluate(trainer, args.dry_run)
             })?
         }
         Task::SequenceClassification => {
@@ -277,7 +285,7 @@ pub fn run(args: &TrainArgs) -> Result<()> {
                     &manifest,
                     device,
                 )?;
-                train_and_evaluate(trainer)
+                train_and_evaluate(trainer, args.dry_run)
             })?
         }
     };
@@ -357,9 +365,19 @@ fn training_data(args: &TrainArgs, training: &TrainingArguments) -> Result<(Path
 }
 
 /// Train, then evaluate when `do_eval` is set (every replica takes part);
-/// with `do_train` off, only evaluate.
-fn train_and_evaluate<M: TaskModel>(trainer: Trainer<M>) -> Result<(Option<TrainOutput>, Option<EvalMetrics>)> {
-    let mut trainer = trainer.with_progress_bar(true);
+/// with `do_train` off, only evaluate; with `dry_run`, only plan the step.
+fn train_and_evaluate<M: TaskModel>(
+    trainer: Trainer<M>,
+    dry_run: bool,
+) -> Result<(Option<TrainOutput>, Option<EvalMetrics>)> {
+    let mut trainer = trainer.with_progress_bar(!dry_run);
+    if dry_run {
+        let plan = trainer.plan_step()?;
+        if trainer.is_master() {
+            println!("{plan}");
+        }
+        return Ok((None, None));
+    }
     if !trainer.args.do_train {
         return Ok((None, Some(trainer.evaluate()?)));
     }

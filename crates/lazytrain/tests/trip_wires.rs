@@ -255,3 +255,20 @@ fn classification_preparation_explains_itself() {
     assert!(err.contains("added a bucket of --max-length 32 tokens"), "{err}");
     assert!(err.contains("the validation split has only") && err.contains("rows"), "{err}");
 }
+
+/// `train --dry-run` compiles the first step and prints its memory plan
+/// without training or writing a model.
+#[test]
+fn a_dry_run_prints_the_plan_and_trains_nothing() {
+    let dir = workspace("dry-run");
+    let (ok, out, err) = train(
+        &dir,
+        &["--model", "roberta-tiny", "--tokenizer", "tok", "--train-data", "data", "--output-dir", "plan", "--dry-run"],
+    );
+    assert!(ok, "{err}");
+    for part in ["dry run: the training step (batch 2)", "parameters", "optimizer state", "activations and gradients"] {
+        assert!(out.contains(part), "{part}: {out}");
+    }
+    assert!(out.contains("largest buffers") && out.contains("the largest batch that fits is about"), "{out}");
+    assert!(!dir.join("plan/model.safetensors").exists() && !dir.join("plan/checkpoint-1").exists(), "nothing trained");
+}

@@ -139,4 +139,7 @@ pub struct ExecutableStats {
     /// Bytes of intermediate buffers kept for the next run (freed when
     /// another graph runs after this one has run only once).
     pub kept_bytes: u64,
+    /// Bytes of the five largest intermediate buffers, largest first (0
+    /// where there are fewer).
+    pub largest_buffers: [u64; 5],
 }

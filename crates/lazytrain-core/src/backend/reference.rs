@@ -143,6 +143,7 @@ impl Executable for ReferenceExecutable {
             planned_bytes: self.memory.planned_bytes(),
             unplanned_bytes: self.memory.unplanned_bytes,
             peak_bytes: self.memory.peak_bytes(),
+            largest_buffers: self.memory.largest_slots(),
             allocated_bytes: 0,
             kept_bytes: 0,
         }

@@ -71,6 +71,14 @@ impl Device {
             Ok(exe) => exe,
             Err(e) => return Err(fail_cells(&cells, e)),
         };
+        let input_bytes: u64 = inputs.iter().map(|b| b.resident_bytes()).sum();
+        if self.inner.plan_only.swap(false, std::sync::atomic::Ordering::SeqCst) {
+            let e = Error::DryRun { stats: Box::new(executable.stats()), input_bytes };
+            return Err(fail_cells(&cells, e));
+        }
+        if let Err(e) = super::memory::check_fits(&*executable, input_bytes) {
+            return Err(fail_cells(&cells, e));
+        }
         if let Some(worker) = &self.inner.worker {
             // Asynchronous: the outputs become in-flight buffers now and the
             // worker fills them; the host goes on tracing.

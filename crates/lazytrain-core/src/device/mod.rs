@@ -13,6 +13,7 @@
 mod compiling;
 mod cut;
 mod execution;
+mod memory;
 mod precision;
 pub(crate) mod trace;
 
@@ -58,6 +59,8 @@ pub(crate) struct DeviceInner {
     metrics: Arc<Metrics>,
     live: Mutex<LiveGraph>,
     debug: bool,
+    /// The next sync compiles and plans its step without running it.
+    plan_only: std::sync::atomic::AtomicBool,
     runner: Arc<Runner>,
     queue: Arc<Queue>,
     worker: Option<Mutex<Worker>>,
@@ -162,6 +165,7 @@ impl Device {
                 metrics,
                 live: Mutex::new(LiveGraph::default()),
                 debug,
+                plan_only: std::sync::atomic::AtomicBool::new(false),
                 runner,
                 queue,
                 worker,

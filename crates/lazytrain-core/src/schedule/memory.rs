@@ -41,6 +41,13 @@ impl MemoryPlan {
         self.slots.iter().map(|(dt, n)| dt.size_in_bytes() * n).sum()
     }
 
+    /// Bytes of the five largest slots, largest first (0 where there are fewer).
+    pub fn largest_slots(&self) -> [u64; 5] {
+        let mut sizes: Vec<u64> = self.slots.iter().map(|(dt, n)| (dt.size_in_bytes() * n) as u64).collect();
+        sizes.sort_unstable_by(|a, b| b.cmp(a));
+        std::array::from_fn(|i| sizes.get(i).copied().unwrap_or(0))
+    }
+
     /// Bytes alive at the peak of a run: every slot plus the inputs that are
     /// not donated (slots keep their memory for reuse until the run ends).
     pub fn peak_bytes(&self) -> usize {

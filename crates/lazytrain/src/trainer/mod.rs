@@ -11,6 +11,7 @@ pub mod checkpoint;
 mod evaluate;
 pub mod events;
 mod logs;
+pub mod plan;
 mod replicas;
 pub mod state;
 pub mod task;

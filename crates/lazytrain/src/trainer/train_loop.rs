@@ -5,6 +5,7 @@
 use super::callbacks::Control;
 use super::checkpoint::latest_checkpoint;
 use super::logs::LogSinks;
+use super::plan;
 use super::{IntervalStrategy, TrainOutput, Trainer, TrainerState, INTERRUPTED, REPLICA_SEED_STRIDE};
 use crate::{Error, Result};
 use lazytrain_core::{DType, Tensor};
@@ -81,6 +82,25 @@ impl<M: TaskModel> Trainer<M> {
             }
         }
         self.finish_run(run)
+    }
+
+    /// Compile the first training step and plan its memory without running
+    /// it (`--dry-run`): parameters, optimizer state, the rest, the largest
+    /// buffers and the batch size that fits.
+    pub fn plan_step(&mut self) -> Result<plan::StepPlan> {
+        let mut run = self.begin_run()?;
+        let Some(window) = self.next_window(&mut run)? else {
+            return Err(Error::Input("the training data holds no full batch to plan a step with".into()));
+        };
+        let parameter_bytes: u64 = run.params.iter().map(|p| (p.numel() * p.dtype().size_in_bytes()) as u64).sum();
+        self.device.plan_next_sync();
+        let outcome = self.run_step(&mut run, &window);
+        run.bar.finish_and_clear();
+        let error = match outcome {
+            Err(e) => e,
+            Ok(_) => return Err(Error::Input("the step ran instead of being planned".into())),
+        };
+        plan::StepPlan::from_dry_run(error, self.args.per_device_train_batch_size, parameter_bytes, 2 * parameter_bytes)
     }
 
     /// Check the output folder, build the schedule, optimizer and loader,

@@ -200,6 +200,7 @@ impl CpuExecutable {
             planned_bytes: self.plan.planned_bytes(),
             unplanned_bytes: self.plan.unplanned_bytes,
             peak_bytes: self.plan.peak_bytes(),
+            largest_buffers: self.plan.largest_slots(),
             allocated_bytes: self.allocated.load(Ordering::Relaxed),
             kept_bytes: self.pool.sets.lock().map_or(0, |sets| {
                 sets.iter().flatten().flatten().map(|b| (b.capacity() * b.dtype().size_in_bytes()) as u64).sum()
