@@ -16,7 +16,7 @@ use lazytrain_data::train_tokenizer::{train_tokenizer, SubwordModel};
 use lazytrain_data::{TextTokenizer, TokenizerStyle};
 use lazytrain_models::ForMaskedLM;
 use lazytrain_nn::init::Initializer;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::time::Instant;
 
 /// Which demo to run.
@@ -109,39 +109,14 @@ fn run_masked_lm(args: &DemoArgs) -> lazytrain::Result<()> {
     println!("3/5 data: {} training blocks of {block_size} tokens", manifest.train_records());
 
     let device = Device::cpu();
-    let training = TrainingArguments {
-        output_dir: out.join("model").display().to_string(),
-        overwrite_output_dir: true,
-        max_steps: args.max_steps,
-        per_device_train_batch_size: 32,
-        per_device_eval_batch_size: 32,
-        learning_rate: 2e-3,
-        weight_decay: 0.01,
-        warmup_steps: 0.05,
-        mlm_probability: 0.4,
-        logging_steps: 100,
-        eval_strategy: IntervalStrategy::Steps,
-        eval_steps: Some((args.max_steps.max(1) as u64).div_ceil(2)),
-        save_steps: args.max_steps.max(1) as u64,
-        save_total_limit: Some(1),
-        seed: args.seed,
-        report_to: vec!["jsonl".into(), "tensorboard".into()],
-        ..TrainingArguments::default()
-    };
+    let training = TrainingArguments { mlm_probability: 0.4, ..pretraining_args(args, &out.join("model")) };
     let train = open_split(&out.join("data"), "train", false)?;
     let eval = open_split(&out.join("data"), "validation", false)?;
     let model = demo_model(&tokenizer, args.seed, &device)?;
     install_interrupt_handler();
     let mut trainer =
         Trainer::new(training, model, tokenizer, train, Some(eval), block_size, &device)?.with_progress_bar(true);
-    let result = trainer.train()?;
-    let m = trainer.evaluate()?;
-    println!(
-        "4/5 training: {} steps, loss {:.3} -> {:.3}; eval {m}",
-        result.global_step,
-        result.losses.first().copied().unwrap_or(f32::NAN),
-        result.losses.last().copied().unwrap_or(f32::NAN),
-    );
+    let result = train_and_report(&mut trainer)?;
 
     let pipe = FillMask::from_dir(&out.join("model"), &device)?;
     let questions: Vec<_> = corpus.countries.iter().collect();
@@ -169,6 +144,44 @@ fn run_masked_lm(args: &DemoArgs) -> lazytrain::Result<()> {
     print_report(args, start, &result, flops_per_token, &device)?;
     println!("  answers correct    {correct}/{}", questions.len());
     Ok(())
+}
+
+/// The pre-training arguments both language-model demos use: batch 32,
+/// learning rate 2e-3 with 5 % warmup, evaluation halfway and at the end,
+/// one checkpoint kept, JSONL and TensorBoard logs, into `output_dir`.
+pub fn pretraining_args(args: &DemoArgs, output_dir: &Path) -> TrainingArguments {
+    let steps = args.max_steps.max(1) as u64;
+    TrainingArguments {
+        output_dir: output_dir.display().to_string(),
+        overwrite_output_dir: true,
+        max_steps: args.max_steps,
+        per_device_train_batch_size: 32,
+        per_device_eval_batch_size: 32,
+        learning_rate: 2e-3,
+        weight_decay: 0.01,
+        warmup_steps: 0.05,
+        logging_steps: 100,
+        eval_strategy: IntervalStrategy::Steps,
+        eval_steps: Some(steps.div_ceil(2)),
+        save_steps: steps,
+        save_total_limit: Some(1),
+        seed: args.seed,
+        report_to: vec!["jsonl".into(), "tensorboard".into()],
+        ..TrainingArguments::default()
+    }
+}
+
+/// Train, evaluate and print the demo's step 4 line.
+pub fn train_and_report<M: lazytrain_models::TaskModel>(trainer: &mut Trainer<M>) -> lazytrain::Result<TrainOutput> {
+    let result = trainer.train()?;
+    let m = trainer.evaluate()?;
+    println!(
+        "4/5 training: {} steps, loss {:.3} -> {:.3}; eval {m}",
+        result.global_step,
+        result.losses.first().copied().unwrap_or(f32::NAN),
+        result.losses.last().copied().unwrap_or(f32::NAN),
+    );
+    Ok(result)
 }
 
 /// The run report: throughput, share of the GEMM peak, compiles, wall time

@@ -4,9 +4,9 @@
 //! text-generation completing "the capital of X is" from the saved model.
 
 use crate::cli_train::{open_split, preset_config};
-use crate::demo::{print_report, DemoArgs};
+use crate::demo::{pretraining_args, print_report, train_and_report, DemoArgs};
 use lazytrain::pipelines::TextGeneration;
-use lazytrain::trainer::{install_interrupt_handler, IntervalStrategy, Trainer, TrainingArguments};
+use lazytrain::trainer::{install_interrupt_handler, Trainer};
 use lazytrain_core::Device;
 use lazytrain_data::corpus::demo_corpus;
 use lazytrain_data::prepare::{prepare, PrepareOptions};
@@ -36,25 +36,7 @@ pub fn run(args: &DemoArgs) -> lazytrain::Result<()> {
     println!("3/5 data: {} training blocks of {block_size} tokens", manifest.train_records());
 
     let device = Device::cpu();
-    let steps = args.max_steps.max(1) as u64;
-    let training = TrainingArguments {
-        output_dir: out.join("gpt2").display().to_string(),
-        overwrite_output_dir: true,
-        max_steps: args.max_steps,
-        per_device_train_batch_size: 32,
-        per_device_eval_batch_size: 32,
-        learning_rate: 2e-3,
-        weight_decay: 0.01,
-        warmup_steps: 0.05,
-        logging_steps: 100,
-        eval_strategy: IntervalStrategy::Steps,
-        eval_steps: Some(steps.div_ceil(2)),
-        save_steps: steps,
-        save_total_limit: Some(1),
-        seed: args.seed,
-        report_to: vec!["jsonl".into(), "tensorboard".into()],
-        ..TrainingArguments::default()
-    };
+    let training = pretraining_args(args, &out.join("gpt2"));
     // gpt2-tiny (2 layers, 128 hidden) with 4 heads of 32, like the masked-LM demo's model.
     let mut config = preset_config("gpt2-tiny", &tokenizer)?;
     config.num_attention_heads = 4;
@@ -64,14 +46,7 @@ pub fn run(args: &DemoArgs) -> lazytrain::Result<()> {
     install_interrupt_handler();
     let mut trainer = Trainer::for_causal_lm(training, model, tokenizer, train, Some(eval), block_size, &device)?
         .with_progress_bar(true);
-    let result = trainer.train()?;
-    let m = trainer.evaluate()?;
-    println!(
-        "4/5 training: {} steps, loss {:.3} -> {:.3}; eval {m}",
-        result.global_step,
-        result.losses.first().copied().unwrap_or(f32::NAN),
-        result.losses.last().copied().unwrap_or(f32::NAN),
-    );
+    let result = train_and_report(&mut trainer)?;
 
     let pipe = TextGeneration::from_dir(&out.join("gpt2"), &device)?;
     let texts: Vec<String> = corpus.countries.iter().map(|c| format!("the capital of {} is", c.name)).collect();
