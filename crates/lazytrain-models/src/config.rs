@@ -130,6 +130,10 @@ pub struct ModelConfig {
     pub gpt2: Option<Gpt2Options>,
 }
 
+/// Configs describing more parameters than this are refused as a likely
+/// typo (100 billion, far beyond what lazytrain trains).
+pub const MAX_PARAMETERS: usize = 100_000_000_000;
+
 /// The `problem_type` values Hugging Face defines.
 pub const PROBLEM_TYPES: [&str; 3] = ["single_label_classification", "multi_label_classification", "regression"];
 
@@ -268,6 +272,17 @@ impl ModelConfig {
                  decoder always shares the word embeddings"
                 .into());
         }
+        if self.parameter_count().is_none_or(|n| n > MAX_PARAMETERS) {
+            return bad(format!(
+                "the sizes describe more than {MAX_PARAMETERS} parameters (vocab_size {}, hidden_size {}, \
+                 num_hidden_layers {}, intermediate_size {}, max_position_embeddings {}); is one of them wrong?",
+                self.vocab_size,
+                self.hidden_size,
+                self.num_hidden_layers,
+                self.intermediate_size,
+                self.max_position_embeddings
+            ));
+        }
         if let Some(options) = &self.gpt2 {
             crate::gpt2_config::validate(self, options)
                 .map_err(|detail| ModelError::Config { path: path.to_string(), detail })?;
@@ -294,6 +309,17 @@ impl ModelConfig {
         self.id2label = Some(labels.iter().enumerate().map(|(i, l)| (i.to_string(), l.clone())).collect());
         self.label2id = Some(labels.iter().enumerate().map(|(i, l)| (l.clone(), i as i64)).collect());
         self
+    }
+
+    /// About how many parameters the sizes describe (embeddings and the
+    /// layers' matrices), or `None` when that overflows.
+    pub fn parameter_count(&self) -> Option<usize> {
+        let h = self.hidden_size;
+        let embeddings = self.vocab_size.checked_add(self.max_position_embeddings)?.checked_mul(h)?;
+        let attention = h.checked_mul(h)?.checked_mul(4)?;
+        let feed_forward = h.checked_mul(self.intermediate_size)?.checked_mul(2)?;
+        let layers = attention.checked_add(feed_forward)?.checked_mul(self.num_hidden_layers)?;
+        embeddings.checked_add(layers)
     }
 
     /// The longest sequence the position embeddings allow.

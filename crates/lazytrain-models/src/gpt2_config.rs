@@ -121,7 +121,8 @@ pub(crate) fn from_json(value: serde_json::Value) -> serde_json::Result<ModelCon
         hidden_size: json.n_embd,
         num_hidden_layers: json.n_layer,
         num_attention_heads: json.n_head,
-        intermediate_size: json.n_inner.unwrap_or(4 * json.n_embd),
+        // An absurd n_embd gets 0 here and is refused by `validate`.
+        intermediate_size: json.n_inner.unwrap_or(json.n_embd.checked_mul(4).unwrap_or(0)),
         hidden_act: json.activation_function,
         hidden_dropout_prob: json.resid_pdrop,
         attention_probs_dropout_prob: json.attn_pdrop,

@@ -262,3 +262,21 @@ fn presets_follow_hf_gpt2() -> Result<()> {
     assert!((std("transformer.h.0.mlp.c_proj.weight") - 0.01).abs() < 0.0005);
     Ok(())
 }
+
+/// Absurd sizes (a fuzzed `n_embd` of 2^64 − 1) are a config error, not an
+/// overflow or an allocation of the impossible.
+#[test]
+fn absurd_sizes_are_refused() {
+    let err = ModelConfig::from_json(r#"{"model_type": "gpt2", "n_embd": 18446744073709551615, "n_head": 1}"#, "c")
+        .unwrap_err()
+        .to_string();
+    assert!(err.contains("more than 100000000000 parameters"), "{err}");
+    let err = ModelConfig::from_json(
+        r#"{"model_type": "bert", "vocab_size": 1000000000, "hidden_size": 1024, "num_hidden_layers": 1,
+            "num_attention_heads": 1, "intermediate_size": 4}"#,
+        "c",
+    )
+    .unwrap_err()
+    .to_string();
+    assert!(err.contains("is one of them wrong"), "{err}");
+}
