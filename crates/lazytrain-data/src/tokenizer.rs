@@ -145,6 +145,19 @@ impl TextTokenizer {
                 ),
             ));
         }
+        // Some inconsistent files load but panic inside the `tokenizers`
+        // crate on every encode (a template naming a special token the
+        // post-processor does not define): refuse them here, by name.
+        quietly(|| {
+            let _ = inner.encode("a b", true);
+            let _ = inner.encode(("a", "b"), true);
+        })
+        .map_err(|message| {
+            tokenizer_error(
+                origin,
+                format!("cannot encode text ({message}); its post-processor or model is inconsistent"),
+            )
+        })?;
         let [pad, unk, start, end] = ids;
         Ok(TextTokenizer { inner, special: SpecialTokens { style, pad, unk, start, end, mask } })
     }

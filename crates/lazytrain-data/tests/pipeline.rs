@@ -346,3 +346,17 @@ fn replicas_read_disjoint_shares() {
     assert_eq!(unique.len(), all.len(), "no overlap");
     assert_eq!(all.len(), n / 3 * 3, "everything but the remainder");
 }
+
+/// Malformed `tokenizer.json` files the fuzzer found that panic inside the
+/// `tokenizers` crate (at load, or at every encode) are parse errors.
+#[test]
+fn tokenizer_files_that_panic_the_library_are_errors() {
+    let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/bad-tokenizers");
+    for (file, expected) in [
+        ("decoder-key-not-a-string.json", "the tokenizers library failed"),
+        ("undefined-template-token.json", "its post-processor or model is inconsistent"),
+    ] {
+        let err = TextTokenizer::from_path(&dir.join(file)).err().expect("refused").to_string();
+        assert!(err.contains(file) && err.contains(expected), "{file}: {err}");
+    }
+}
