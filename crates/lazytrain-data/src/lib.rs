@@ -24,6 +24,7 @@ pub mod formats;
 pub mod loader;
 pub mod prepare;
 pub mod protobuf;
+mod quiet;
 pub mod text;
 pub mod tfrecord;
 pub mod tokenizer;

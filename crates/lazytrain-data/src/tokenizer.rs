@@ -2,6 +2,7 @@
 //! crate, with the special tokens BERT, RoBERTa and GPT-2 need and the side files
 //! (`tokenizer_config.json`, `special_tokens_map.json`) `AutoTokenizer` reads.
 
+use crate::quiet::quietly;
 use crate::{DataError, Result};
 use lazytrain_core::atomic_file::write_atomically;
 use serde_json::json;
@@ -78,18 +79,6 @@ impl SpecialTokens {
 pub struct TextTokenizer {
     inner: Tokenizer,
     special: SpecialTokens,
-}
-
-/// Run `f`, turning a panic into its message without printing it (the
-/// default hook is set aside meanwhile; one caller at a time).
-fn quietly<T>(f: impl FnOnce() -> T) -> std::result::Result<T, String> {
-    static HOOK: std::sync::Mutex<()> = std::sync::Mutex::new(());
-    let _one_at_a_time = HOOK.lock().unwrap_or_else(|p| p.into_inner());
-    let hook = std::panic::take_hook();
-    std::panic::set_hook(Box::new(|_| {}));
-    let outcome = std::panic::catch_unwind(std::panic::AssertUnwindSafe(f));
-    std::panic::set_hook(hook);
-    outcome.map_err(|panic| lazytrain_core::panic_message(&*panic))
 }
 
 fn tokenizer_error(path: &Path, detail: impl Into<String>) -> DataError {

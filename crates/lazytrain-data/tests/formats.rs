@@ -208,3 +208,12 @@ fn labelled_tables_prepare_like_json_lines() {
     let err = err.unwrap_err().to_string();
     assert!(err.contains("no column `stars`; the file has text, label"), "{err}");
 }
+
+/// A corrupt Parquet file the fuzzer found, on which the `parquet` crate
+/// divides by zero, is an error naming the file.
+#[test]
+fn a_parquet_file_that_panics_the_reader_is_an_error() {
+    let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/bad-tables/divide-by-zero.parquet");
+    let err = error(&path, &TextSource::default());
+    assert!(err.contains("divide-by-zero.parquet") && err.contains("not a readable Parquet file"), "{err}");
+}

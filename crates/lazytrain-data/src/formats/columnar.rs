@@ -102,6 +102,16 @@ pub(crate) fn read_table(
     parquet: bool,
     columns: &[(&str, ColumnKind)],
 ) -> Result<Vec<Vec<Option<String>>>> {
+    // The Arrow libraries panic on some corrupt files: an error all the same.
+    crate::quiet::quietly(|| read_table_unguarded(path, parquet, columns))
+        .unwrap_or_else(|m| Err(io_error(path, format!("not a readable table (the reader failed: {m})"))))
+}
+
+fn read_table_unguarded(
+    path: &Path,
+    parquet: bool,
+    columns: &[(&str, ColumnKind)],
+) -> Result<Vec<Vec<Option<String>>>> {
     let batches: Box<dyn Iterator<Item = std::result::Result<RecordBatch, String>>> = if parquet {
         use parquet::arrow::arrow_reader::ParquetRecordBatchReaderBuilder;
         let file = std::fs::File::open(path).map_err(|e| io_error(path, format!("cannot open the input file: {e}")))?;

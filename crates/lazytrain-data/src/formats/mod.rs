@@ -134,8 +134,13 @@ pub fn read_into(path: &Path, source: &TextSource, docs: &mut Documents) -> Resu
                  decompress the .gz first",
             ))
         }
-        InputFormat::Parquet => columnar::read_parquet(path, column, docs)?,
-        InputFormat::Arrow => columnar::read_arrow_stream(path, column, docs)?,
+        // The Arrow libraries panic on some corrupt files: an error all the same.
+        InputFormat::Parquet => crate::quiet::quietly(|| columnar::read_parquet(path, column, docs))
+            .unwrap_or_else(|m| Err(io_error(path, format!("not a readable Parquet file (the reader failed: {m})"))))?,
+        InputFormat::Arrow => crate::quiet::quietly(|| columnar::read_arrow_stream(path, column, docs))
+            .unwrap_or_else(|m| {
+                Err(io_error(path, format!("the stream is truncated or corrupt (the reader failed: {m})")))
+            })?,
     }
     if docs.texts.len() == before.0 {
         let nulls = docs.null_rows - before.1;
