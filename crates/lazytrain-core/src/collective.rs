@@ -23,6 +23,16 @@ pub trait Collective: Send + Sync {
     /// (host collectives reduce host memory).
     fn all_reduce(&self, rank: usize, data: &mut DeviceMemory, op: AllReduceOp) -> Result<(), String>;
 
+    /// [`Collective::all_reduce`] for the step `tag` (the training step the
+    /// graph was cut in, [`Device::set_step_tag`](crate::Device::set_step_tag)):
+    /// a collective that can compares the replicas' tags and fails, naming
+    /// both steps, when one replica reduces another step's values (it
+    /// skipped or repeated a step). The default ignores the tag.
+    fn all_reduce_tagged(&self, rank: usize, data: &mut DeviceMemory, op: AllReduceOp, tag: u64) -> Result<(), String> {
+        let _ = tag;
+        self.all_reduce(rank, data, op)
+    }
+
     /// Replace `data` on every replica by replica 0's `data` (initial
     /// weights, a seed: so replicas cannot start apart). Every replica calls
     /// it with the same dtype and length; others are an error.
@@ -89,6 +99,8 @@ pub fn graph_disagreement(hashes: &[u64]) -> Option<String> {
 pub struct RunContext<'a> {
     /// The replica group, when the device is one replica of several.
     pub replica: Option<&'a ReplicaLink>,
+    /// The step the graph was cut in, which its collectives carry.
+    pub step_tag: u64,
 }
 
 impl RunContext<'_> {
@@ -96,7 +108,9 @@ impl RunContext<'_> {
     /// where sum and mean over one replica are the identity).
     pub fn all_reduce(&self, data: &mut DeviceMemory, op: AllReduceOp) -> Result<(), String> {
         match self.replica {
-            Some(link) if link.collective.world_size() > 1 => link.collective.all_reduce(link.rank, data, op),
+            Some(link) if link.collective.world_size() > 1 => {
+                link.collective.all_reduce_tagged(link.rank, data, op, self.step_tag)
+            }
             _ => Ok(()),
         }
     }

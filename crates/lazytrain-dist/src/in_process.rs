@@ -13,6 +13,8 @@ struct Published {
     address: usize,
     len: usize,
     dtype: DType,
+    /// The step the all-reduce belongs to.
+    tag: u64,
 }
 
 /// Threads of one process reducing in shared memory.
@@ -207,6 +209,10 @@ impl Collective for InProcessCollective {
     }
 
     fn all_reduce(&self, rank: usize, data: &mut DeviceMemory, op: AllReduceOp) -> Result<(), String> {
+        self.all_reduce_tagged(rank, data, op, 0)
+    }
+
+    fn all_reduce_tagged(&self, rank: usize, data: &mut DeviceMemory, op: AllReduceOp, tag: u64) -> Result<(), String> {
         if self.world_size == 1 {
             return Ok(());
         }
@@ -217,8 +223,8 @@ impl Collective for InProcessCollective {
             return Err(message);
         };
         let mine = match data {
-            HostData::F32(v) => Published { address: v.as_mut_ptr() as usize, len: v.len(), dtype: DType::F32 },
-            HostData::F64(v) => Published { address: v.as_mut_ptr() as usize, len: v.len(), dtype: DType::F64 },
+            HostData::F32(v) => Published { address: v.as_mut_ptr() as usize, len: v.len(), dtype: DType::F32, tag },
+            HostData::F64(v) => Published { address: v.as_mut_ptr() as usize, len: v.len(), dtype: DType::F64, tag },
             other => {
                 let message = format!("all_reduce supports f32 and f64 values, not {}", other.dtype());
                 self.abort(rank, &message);
@@ -229,6 +235,15 @@ impl Collective for InProcessCollective {
         self.barrier.wait().map_err(describe)?;
         let published: Vec<Published> = self.lock().iter().map(|p| p.expect("every replica published")).collect();
         // Every replica sees the same list, so they agree on failing too.
+        if let Some(other) = published.iter().find(|p| p.tag != mine.tag) {
+            let message = format!(
+                "replicas disagree on the step of an all_reduce: step {} here, step {} on another replica (one \
+                 skipped or repeated a step); every replica must run the same steps",
+                mine.tag, other.tag
+            );
+            self.barrier.wait_all();
+            return Err(message);
+        }
         if let Some(other) = published.iter().find(|p| p.len != mine.len || p.dtype != mine.dtype) {
             let message = format!(
                 "replicas disagree on an all_reduce: {} {} elements here, {} {} elsewhere; every replica must run the same step",

@@ -40,6 +40,8 @@ pub struct HierarchicalCollective {
     local_size: usize,
     group: Arc<dyn ProcessGroup>,
     watchdog: Arc<Watchdog>,
+    /// The last step tag the processes were checked to agree on.
+    checked_tag: AtomicU64,
 }
 
 /// Aborts the job when a call across processes has waited longer than the
@@ -102,7 +104,13 @@ impl HierarchicalCollective {
     pub fn new(local_size: usize, group: Arc<dyn ProcessGroup>, timeout: Duration) -> HierarchicalCollective {
         let local_size = local_size.max(1);
         let watchdog = Watchdog::start(timeout, Arc::downgrade(&group));
-        HierarchicalCollective { local: InProcessCollective::new(local_size), local_size, group, watchdog }
+        HierarchicalCollective {
+            local: InProcessCollective::new(local_size),
+            local_size,
+            group,
+            watchdog,
+            checked_tag: AtomicU64::new(u64::MAX),
+        }
     }
 
     /// The global rank of this process's thread `local`.
@@ -148,9 +156,14 @@ impl Collective for HierarchicalCollective {
     }
 
     fn all_reduce(&self, rank: usize, data: &mut DeviceMemory, op: AllReduceOp) -> Result<(), String> {
+        self.all_reduce_tagged(rank, data, op, 0)
+    }
+
+    fn all_reduce_tagged(&self, rank: usize, data: &mut DeviceMemory, op: AllReduceOp, tag: u64) -> Result<(), String> {
         let local = self.local_rank(rank)?;
-        // The threads' sum, on every thread of this process.
-        self.local.all_reduce(local, data, AllReduceOp::Sum)?;
+        // The threads' sum, on every thread of this process (which also
+        // compares their step tags).
+        self.local.all_reduce_tagged(local, data, AllReduceOp::Sum, tag)?;
         let Some(host) = data.host_mut() else {
             return Err("the MPI collective reduces host memory; this buffer is in a backend's device memory".into());
         };
@@ -159,6 +172,26 @@ impl Collective for HierarchicalCollective {
             // to a second shared-memory pass, which hands every thread the
             // leader's result exactly (x + 0 = x).
             if local == 0 {
+                // The first all-reduce of each step compares the processes'
+                // step tags (one small all-gather per step).
+                if self.checked_tag.swap(tag, Ordering::SeqCst) != tag {
+                    let check = || {
+                        let tags = self.group.all_gather(tag)?;
+                        match tags.iter().position(|&t| t != tag) {
+                            Some(process) => Err(format!(
+                                "processes disagree on the step of an all_reduce: step {tag} here (process {}), \
+                                 step {} on process {process}; every rank must run the same steps",
+                                self.group.rank(),
+                                tags[process]
+                            )),
+                            None => Ok(()),
+                        }
+                    };
+                    if let Err(message) = self.watchdog.watch("step check", rank, check) {
+                        self.abort(rank, &message);
+                        return Err(message);
+                    }
+                }
                 let what = format!("all_reduce of {} {} values", host.len(), host.dtype());
                 if let Err(message) = self.watchdog.watch(&what, rank, || self.group.all_reduce_sum(host)) {
                     self.abort(rank, &message);

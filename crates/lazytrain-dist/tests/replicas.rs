@@ -258,3 +258,24 @@ fn replicas_start_from_replica_0s_weights_and_seed() {
     let error = mismatch.unwrap_err().to_string();
     assert!(error.contains("replica 1 has seed 8 but replica 0 has 7"), "{error}");
 }
+
+/// Collectives carry the step tag: a replica that skipped a step reduces
+/// with the others' next step and fails naming both steps instead of
+/// averaging two steps' gradients.
+#[test]
+fn replicas_a_step_apart_fail_naming_both_steps() {
+    let result: Result<Vec<()>, SpawnError<NnError>> = spawn(&SpawnConfig::new(2), |replica| {
+        let x = Tensor::ones([4], DType::F32, replica.device())?;
+        let steps: &[u64] = if replica.rank() == 0 { &[0, 1, 2] } else { &[0, 2, 3] };
+        for &step in steps {
+            replica.device().set_step_tag(step);
+            let _ = x.all_reduce(lazytrain_core::ir::AllReduceOp::Sum)?.to_vec::<f32>()?;
+        }
+        Ok(())
+    });
+    let error = result.unwrap_err().to_string();
+    assert!(
+        error.contains("disagree on the step of an all_reduce") && error.contains("step 1") && error.contains("step 2"),
+        "{error}"
+    );
+}

@@ -8,6 +8,7 @@ use super::Device;
 use crate::error::{Error, Result};
 use crate::storage::Buffer;
 use std::panic::Location;
+use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::Instant;
 
@@ -23,6 +24,19 @@ impl Device {
     #[track_caller]
     pub fn mark_step(&self) -> Result<()> {
         self.sync_at(Location::caller(), false)
+    }
+
+    /// Tag the graphs cut from now on with training step `step`: their
+    /// collectives carry it, so replicas that reduce different steps' values
+    /// (one skipped or repeated a step) fail naming both steps instead of
+    /// silently averaging them. The Trainer sets it every step.
+    pub fn set_step_tag(&self, step: u64) {
+        self.inner.step_tag.store(step, Ordering::SeqCst);
+    }
+
+    /// The step tag of the graphs cut now.
+    pub fn step_tag(&self) -> u64 {
+        self.inner.step_tag.load(Ordering::SeqCst)
     }
 
     /// A sync caused by reading a pending value at `location`. It is not a
@@ -72,7 +86,7 @@ impl Device {
             Err(e) => return Err(fail_cells(&cells, e)),
         };
         let input_bytes: u64 = inputs.iter().map(|b| b.resident_bytes()).sum();
-        if self.inner.plan_only.swap(false, std::sync::atomic::Ordering::SeqCst) {
+        if self.inner.plan_only.swap(false, Ordering::SeqCst) {
             let e = Error::DryRun { stats: Box::new(executable.stats()), input_bytes };
             return Err(fail_cells(&cells, e));
         }
@@ -89,7 +103,8 @@ impl Device {
                 *cell.lock_state() = TensorState::Ready(buffer);
             }
             self.inner.queue.state.lock().unwrap_or_else(|p| p.into_inner()).0 += 1;
-            let job = Job { executable, inputs, outputs, agreement };
+            let step_tag = self.step_tag();
+            let job = Job { executable, inputs, outputs, agreement, step_tag };
             let sent = worker.lock().unwrap_or_else(|p| p.into_inner()).sender.as_ref().map(|s| s.send(job));
             if !matches!(sent, Some(Ok(()))) {
                 self.inner.queue.state.lock().unwrap_or_else(|p| p.into_inner()).0 -= 1;
@@ -99,7 +114,7 @@ impl Device {
             }
             return Ok(());
         }
-        let results = match self.inner.runner.run(&*executable, inputs, agreement) {
+        let results = match self.inner.runner.run(&*executable, inputs, agreement, self.step_tag()) {
             Ok(results) => results,
             Err(e) => return Err(fail_cells(&cells, e)),
         };

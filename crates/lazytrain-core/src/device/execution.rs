@@ -71,6 +71,7 @@ impl Runner {
         exe: &dyn Executable,
         inputs: Vec<Arc<Buffer>>,
         agreement: Option<Agreement>,
+        step_tag: u64,
     ) -> Result<Vec<Arc<Buffer>>> {
         if let (Some(agreement), Some(link)) = (agreement, &self.replica) {
             // Checked when the step runs (steps run in order on a device), so
@@ -87,7 +88,7 @@ impl Runner {
                 self.settled.lock().unwrap_or_else(|p| p.into_inner()).insert(agreement.computation);
             }
         }
-        let context = RunContext { replica: self.replica.as_ref() };
+        let context = RunContext { replica: self.replica.as_ref(), step_tag };
         let start = Instant::now();
         let results = self.backend.execute(exe, inputs, &context)?;
         let ms = start.elapsed().as_secs_f64() * 1e3;
@@ -109,6 +110,8 @@ pub(super) struct Job {
     pub(super) outputs: Vec<Weak<Buffer>>,
     /// What the replicas agree on before the graph runs, the first time.
     pub(super) agreement: Option<Agreement>,
+    /// The step the graph was cut in ([`Device::set_step_tag`]).
+    pub(super) step_tag: u64,
 }
 
 /// Steps enqueued but not finished, and the first failure since the last wait.
@@ -140,7 +143,9 @@ impl Worker {
                 // waits forever for a step that will never finish), and the
                 // replica group is aborted, so the other replicas stop
                 // waiting for this one in their collectives and barriers.
-                let run = std::panic::AssertUnwindSafe(|| runner.run(&*job.executable, job.inputs, job.agreement));
+                let run = std::panic::AssertUnwindSafe(|| {
+                    runner.run(&*job.executable, job.inputs, job.agreement, job.step_tag)
+                });
                 let outcome = std::panic::catch_unwind(run).unwrap_or_else(|panic| {
                     let detail = format!("the step panicked: {}", panic_message(&*panic));
                     if let Some(link) = &runner.replica {

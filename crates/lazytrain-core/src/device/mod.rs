@@ -61,6 +61,8 @@ pub(crate) struct DeviceInner {
     debug: bool,
     /// The next sync compiles and plans its step without running it.
     plan_only: std::sync::atomic::AtomicBool,
+    /// The training step the graphs cut now belong to (their collectives carry it).
+    step_tag: std::sync::atomic::AtomicU64,
     runner: Arc<Runner>,
     queue: Arc<Queue>,
     worker: Option<Mutex<Worker>>,
@@ -166,6 +168,7 @@ impl Device {
                 live: Mutex::new(LiveGraph::default()),
                 debug,
                 plan_only: std::sync::atomic::AtomicBool::new(false),
+                step_tag: std::sync::atomic::AtomicU64::new(0),
                 runner,
                 queue,
                 worker,

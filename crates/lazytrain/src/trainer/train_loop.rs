@@ -185,6 +185,8 @@ impl<M: TaskModel> Trainer<M> {
     /// finite stops training with an error naming the last good checkpoint.
     fn run_step(&mut self, run: &mut Run, window: &[DeviceBatch]) -> Result<StepResult> {
         let step = self.state.global_step;
+        // The step's collectives carry it: replicas a step apart fail by name.
+        self.device.set_step_tag(step);
         let (rank, world) = self.replica_position();
         let labelled: usize = window.iter().map(|b| b.label_count).sum();
         let scale = Tensor::scalar(1.0f32 / labelled.max(1) as f32, &self.device);
