@@ -52,7 +52,7 @@ mod storage;
 mod tensor;
 
 pub use autodiff::grad;
-pub use device::{Device, DeviceOptions, PrecisionGuard, SAVED_ACTIVATION_MIN_ELEMENTS};
+pub use device::{available_memory_bytes, Device, DeviceOptions, PrecisionGuard, SAVED_ACTIVATION_MIN_ELEMENTS};
 pub use dtype::{DType, Literal};
 pub use error::{panic_message, Error, Result, RuleError, RuleKind};
 pub use kernels::MatmulKernel;

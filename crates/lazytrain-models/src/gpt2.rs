@@ -167,8 +167,8 @@ impl Gpt2Model {
     }
 
     /// Check `[batch, seq]` integer ids (and a mask of the same shape)
-    /// against the model's positions, starting at `offset`.
-    fn check_inputs(&self, input_ids: &Tensor, attention_mask: Option<&Tensor>, offset: usize) -> Result<()> {
+    /// against the model's positions.
+    fn check_inputs(&self, input_ids: &Tensor, attention_mask: Option<&Tensor>) -> Result<()> {
         let integer = |t: &Tensor| matches!(t.dtype(), DType::I64 | DType::I32);
         if input_ids.rank() != 2 || !integer(input_ids) || attention_mask.is_some_and(|m| !integer(m)) {
             return Err(ModelError::Config {
@@ -180,7 +180,7 @@ impl Gpt2Model {
                 ),
             });
         }
-        let end = offset + input_ids.dims()[1];
+        let end = input_ids.dims()[1];
         if end > self.config.max_position_embeddings {
             return Err(ModelError::Config {
                 path: "model inputs".into(),
@@ -196,7 +196,7 @@ impl Gpt2Model {
     /// The last hidden state `[batch, seq, hidden]` of `[batch, seq]` ids at
     /// positions `0..seq`; `attention_mask` is 1 for tokens and 0 for padding.
     pub fn forward(&self, input_ids: &Tensor, attention_mask: Option<&Tensor>, ctx: &Context) -> Result<Tensor> {
-        self.check_inputs(input_ids, attention_mask, 0)?;
+        self.check_inputs(input_ids, attention_mask)?;
         let [b, s] = crate::error::dims_of(input_ids, "input_ids", "[batch, seq]")?;
         let dev = input_ids.device();
         let positions = Tensor::iota([b, s], 1, DType::I64, dev)?;
@@ -212,7 +212,7 @@ impl Gpt2Model {
     /// and each other causally; the rows' lengths grow by `seq`.
     pub fn forward_cached(&self, input_ids: &Tensor, cache: &mut KvCache, ctx: &Context) -> Result<Tensor> {
         let [_, s] = crate::error::dims_of(input_ids, "input_ids", "[batch, seq]")?;
-        self.check_inputs(input_ids, None, 0)?;
+        self.check_inputs(input_ids, None)?;
         if cache.layers().len() != self.h.len() || cache.lengths().len() != input_ids.dims()[0] {
             return Err(ModelError::Config {
                 path: "kv cache".into(),

@@ -7,16 +7,22 @@ use crate::backend::Executable;
 use crate::error::{Error, Result};
 use std::sync::atomic::Ordering;
 
-/// Bytes the system can still give this process (`MemAvailable`), when
-/// the platform says; `LAZYTRAIN_MEMORY_CHECK=off` turns the check off.
-fn available_bytes() -> Option<u64> {
-    if std::env::var("LAZYTRAIN_MEMORY_CHECK").is_ok_and(|v| v == "off") {
-        return None;
-    }
+/// Bytes the system can still give this process (`/proc/meminfo`'s
+/// `MemAvailable`), when the platform says.
+pub fn available_memory_bytes() -> Option<u64> {
     let info = std::fs::read_to_string("/proc/meminfo").ok()?;
     let line = info.lines().find(|l| l.starts_with("MemAvailable:"))?;
     let kib: u64 = line.split_whitespace().nth(1)?.parse().ok()?;
     Some(kib * 1024)
+}
+
+/// The available memory to check a step against; `LAZYTRAIN_MEMORY_CHECK=off`
+/// turns the check off.
+fn memory_to_check_against() -> Option<u64> {
+    if std::env::var("LAZYTRAIN_MEMORY_CHECK").is_ok_and(|v| v == "off") {
+        return None;
+    }
+    available_memory_bytes()
 }
 
 /// Refuse to run `exe` for the first time when its planned peak, beyond the
@@ -27,7 +33,7 @@ pub(super) fn check_fits(exe: &dyn Executable, resident: u64) -> Result<()> {
         return Ok(()); // it ran before: its memory is known to fit
     }
     let needed = (stats.peak_bytes as u64).saturating_sub(resident);
-    match available_bytes() {
+    match memory_to_check_against() {
         Some(available) if needed > available => Err(Error::OutOfMemory {
             needed_bytes: needed,
             available_bytes: available,

@@ -14,6 +14,7 @@ mod compiling;
 mod cut;
 mod execution;
 mod memory;
+pub use memory::available_memory_bytes;
 mod precision;
 pub(crate) mod trace;
 

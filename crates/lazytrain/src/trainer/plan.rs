@@ -41,7 +41,7 @@ impl StepPlan {
                 optimizer_bytes,
                 input_bytes,
                 stats: *stats,
-                available_bytes: available_bytes(),
+                available_bytes: lazytrain_core::available_memory_bytes(),
             }),
             other => Err(other),
         }
@@ -107,11 +107,4 @@ impl std::fmt::Display for StepPlan {
             _ => write!(f, "  available memory           unknown on this platform"),
         }
     }
-}
-
-/// `MemAvailable` of `/proc/meminfo`, in bytes.
-fn available_bytes() -> Option<u64> {
-    let info = std::fs::read_to_string("/proc/meminfo").ok()?;
-    let kib: u64 = info.lines().find(|l| l.starts_with("MemAvailable:"))?.split_whitespace().nth(1)?.parse().ok()?;
-    Some(kib * 1024)
 }
