@@ -2,11 +2,10 @@
 //! seeded shuffles, disjoint per-replica shares, and O(1) seeking.
 
 use crate::example::decode_int64_example;
-use crate::tfrecord::{CorruptPolicy, RecordIndex};
+use crate::tfrecord::{index_path, CorruptPolicy, LocalShard, RecordIndex, RemoteShard, ShardSource};
 use crate::{DataError, Result};
-use std::fs::File;
+use lazytrain_storage::{RangedObject, StorageError, StorageUrl};
 use std::path::{Path, PathBuf};
-use std::sync::Mutex;
 
 /// The shard files matching `spec`: a directory (its `{split}-*.tfrecord`
 /// files), a file name pattern with `*` in the last component, or a file.
@@ -46,6 +45,53 @@ pub fn find_shards(spec: &Path, split: &str) -> Result<Vec<PathBuf>> {
     Ok(files)
 }
 
+/// The shards matching `spec`, a local path (see [`find_shards`]) or a
+/// bucket URL: a prepared prefix (the shards its `manifest.json` lists, so
+/// no listing is needed), a pattern with `*`/`?` (`gs://b/data/train-*`),
+/// or one object.
+pub fn find_shard_urls(spec: &StorageUrl, split: &str) -> Result<Vec<StorageUrl>> {
+    let StorageUrl::Remote { .. } = spec else {
+        let path = spec.local_path().expect("a local URL has a path");
+        return Ok(find_shards(path, split)?.into_iter().map(StorageUrl::Local).collect());
+    };
+    let text = spec.to_string();
+    if text.contains(['*', '?']) {
+        let found = lazytrain_storage::glob(spec)?;
+        if found.is_empty() {
+            return Err(DataError::Io { path: text, detail: "no shards match; check the pattern".into() });
+        }
+        return Ok(found);
+    }
+    match lazytrain_storage::read(&spec.join("manifest.json")) {
+        Ok(bytes) => {
+            let manifest: serde_json::Value = serde_json::from_slice(&bytes)
+                .map_err(|e| DataError::Io { path: spec.join("manifest.json").to_string(), detail: e.to_string() })?;
+            let files: Vec<StorageUrl> = manifest[split]
+                .as_array()
+                .into_iter()
+                .flatten()
+                .filter_map(|shard| shard["file"].as_str().map(|file| spec.join(file)))
+                .collect();
+            if files.is_empty() {
+                return Err(DataError::Io {
+                    path: text,
+                    detail: format!("the manifest lists no {split} shards; run `lazytrain prepare` with this output"),
+                });
+            }
+            Ok(files)
+        }
+        Err(StorageError::NotFound { .. }) if lazytrain_storage::exists(spec)? => Ok(vec![spec.clone()]),
+        Err(StorageError::NotFound { .. }) => Err(DataError::Io {
+            path: text,
+            detail:
+                "neither a prepared folder (no manifest.json) nor a shard object; run `lazytrain prepare --output` \
+                     with this URL or check it"
+                    .into(),
+        }),
+        Err(e) => Err(e.into()),
+    }
+}
+
 /// A folder's `{split}-{i}-of-{n}` shards must be exactly one preparation's
 /// `0..n` (a missing shard, or leftovers of a run with another shard count,
 /// would silently train on the wrong data).
@@ -72,7 +118,7 @@ fn check_one_preparation(dir: &Path, split: &str, files: &[PathBuf]) -> Result<(
 
 struct Shard {
     index: RecordIndex,
-    file: Mutex<File>,
+    source: Box<dyn ShardSource>,
 }
 
 /// Every record of a set of shards, addressable by a global index.
@@ -85,21 +131,38 @@ pub struct ShardedDataset {
 }
 
 impl ShardedDataset {
-    /// Index `files` (reading every record header).
+    /// Index the local `files` (reading every record header).
     pub fn open(files: &[PathBuf], policy: CorruptPolicy) -> Result<ShardedDataset> {
-        let mut shards = Vec::with_capacity(files.len());
-        let mut starts = Vec::with_capacity(files.len());
+        let urls: Vec<StorageUrl> = files.iter().cloned().map(StorageUrl::Local).collect();
+        ShardedDataset::open_urls(&urls, policy)
+    }
+
+    /// Index local files or bucket objects. A local file's headers are all
+    /// read now; a bucket object is indexed from its `.idx` sidecar (written
+    /// by `prepare`) without reading the records — or, without a sidecar,
+    /// scanned through the block cache — and its records' CRCs are checked
+    /// as they are read.
+    pub fn open_urls(urls: &[StorageUrl], policy: CorruptPolicy) -> Result<ShardedDataset> {
+        let mut shards = Vec::with_capacity(urls.len());
+        let mut starts = Vec::with_capacity(urls.len());
         let mut len = 0;
         let (mut skipped, mut unframed_bytes) = (0, 0);
-        for path in files {
-            let index = RecordIndex::scan(path, policy)?;
-            let file = File::open(path)
-                .map_err(|e| DataError::Io { path: path.display().to_string(), detail: e.to_string() })?;
+        for url in urls {
+            let (index, source) = match url {
+                StorageUrl::Local(path) => {
+                    let source = LocalShard::open(path)?;
+                    (RecordIndex::scan_source(&source, policy)?, Box::new(source) as Box<dyn ShardSource>)
+                }
+                StorageUrl::Remote { .. } => {
+                    let source = RemoteShard(RangedObject::open(url)?);
+                    (remote_index(&source, url, policy)?, Box::new(source) as Box<dyn ShardSource>)
+                }
+            };
             starts.push(len);
             len += index.spans.len();
             skipped += index.skipped;
             unframed_bytes += index.unframed_bytes;
-            shards.push(Shard { index, file: Mutex::new(file) });
+            shards.push(Shard { index, source });
         }
         Ok(ShardedDataset { shards, starts, len, skipped, unframed_bytes })
     }
@@ -132,22 +195,51 @@ impl ShardedDataset {
 
     /// The int64 features `names` of record `k`, in that order (one read).
     pub fn features(&self, k: usize, names: &[&str]) -> Result<Vec<Vec<i64>>> {
-        let shard = self.starts.partition_point(|&s| s <= k).saturating_sub(1);
-        let s = &self.shards[shard];
-        let bytes = {
-            let mut file = s.file.lock().unwrap_or_else(|p| p.into_inner());
-            s.index.read(&mut file, k - self.starts[shard])?
-        };
+        let (s, local) = self.locate(k);
+        let bytes = s.index.read_from(s.source.as_ref(), local)?;
         let mut decoded = decode_int64_example(&bytes)?;
         names
             .iter()
             .map(|name| {
                 let at = decoded.iter().position(|(n, _)| n == name).ok_or_else(|| {
-                    DataError::Invalid(format!("record {k} of {} has no feature `{name}`", s.index.path.display()))
+                    DataError::Invalid(format!("record {k} of {} has no feature `{name}`", s.index.name))
                 })?;
                 Ok(std::mem::take(&mut decoded[at].1))
             })
             .collect()
+    }
+
+    /// Start fetching `records` (global indices) from bucket shards, ahead
+    /// of reading them; nothing for local files.
+    pub fn prefetch(&self, records: &[usize]) {
+        for &k in records.iter().filter(|&&k| k < self.len) {
+            let (s, local) = self.locate(k);
+            s.index.prefetch(s.source.as_ref(), local);
+        }
+    }
+
+    fn locate(&self, k: usize) -> (&Shard, usize) {
+        let shard = self.starts.partition_point(|&s| s <= k).saturating_sub(1);
+        (&self.shards[shard], k - self.starts[shard])
+    }
+}
+
+/// The index of a bucket shard: from its sidecar when there is one, else
+/// by scanning it (every block read once, then cached).
+fn remote_index(source: &RemoteShard, url: &StorageUrl, policy: CorruptPolicy) -> Result<RecordIndex> {
+    let StorageUrl::Remote { cloud, bucket, key } = url else { unreachable!("called for bucket URLs") };
+    let sidecar = StorageUrl::Remote {
+        cloud: *cloud,
+        bucket: bucket.clone(),
+        key: index_path(Path::new(key)).to_string_lossy().into_owned(),
+    };
+    match lazytrain_storage::read(&sidecar) {
+        Ok(bytes) => RecordIndex::from_sidecar(source, &sidecar.to_string(), &String::from_utf8_lossy(&bytes)),
+        Err(StorageError::NotFound { .. }) => {
+            eprintln!("note: {url} has no index sidecar ({sidecar}); scanning it once");
+            RecordIndex::scan_source(source, policy)
+        }
+        Err(e) => Err(e.into()),
     }
 }
 

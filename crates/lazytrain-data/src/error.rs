@@ -44,6 +44,9 @@ pub enum DataError {
     /// Bad input text or arguments.
     #[error("{0}")]
     Invalid(String),
+    /// A bucket or file that cannot be reached (the error names the URL).
+    #[error(transparent)]
+    Storage(#[from] lazytrain_storage::StorageError),
     /// An error from the tensor engine.
     #[error(transparent)]
     Core(#[from] lazytrain_core::Error),

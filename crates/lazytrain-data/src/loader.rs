@@ -10,6 +10,9 @@ use std::sync::mpsc::{sync_channel, Receiver};
 use std::sync::Arc;
 use std::thread::JoinHandle;
 
+/// Batches whose records are fetched ahead from bucket shards.
+const LOOKAHEAD_BATCHES: usize = 2;
+
 /// A batch on the device.
 pub struct DeviceBatch {
     /// `[batch, seq]` i64 inputs.
@@ -108,6 +111,11 @@ impl DeviceLoader {
                     }
                     let records: Vec<usize> =
                         (sample..sample + plan.batch_size).map(|k| sampler.record(epoch, k)).collect();
+                    // Bucket shards: start fetching the next batches' records now.
+                    let ahead = (sample + plan.batch_size)
+                        ..usize::min(sample + plan.batch_size * (1 + LOOKAHEAD_BATCHES), sampler.samples_per_epoch());
+                    let upcoming: Vec<usize> = ahead.map(|k| sampler.record(epoch, k)).collect();
+                    dataset.prefetch(&upcoming);
                     let batch = collator
                         .collate_records(&dataset, &records, epoch)
                         .and_then(|host| upload(host, &dev, epoch, sample));

@@ -6,6 +6,7 @@ use crate::example::encode_int64_example;
 use crate::tfrecord::RecordWriter;
 use crate::tokenizer::TextTokenizer;
 use crate::{DataError, Result};
+use lazytrain_storage::StorageUrl;
 use serde::{Deserialize, Serialize};
 use std::path::Path;
 
@@ -59,6 +60,11 @@ pub struct Manifest {
 impl Manifest {
     /// Read `manifest.json` from a prepared folder.
     pub fn read(dir: &Path) -> Result<Manifest> {
+        Manifest::read_url(&StorageUrl::Local(dir.to_path_buf()))
+    }
+
+    /// Read `manifest.json` from a prepared folder or bucket prefix.
+    pub fn read_url(dir: &StorageUrl) -> Result<Manifest> {
         read_manifest(
             dir,
             None,
@@ -256,13 +262,15 @@ fn validation_blocks(blocks: usize, fraction: f64, seed: u64) -> Result<Vec<bool
 }
 
 /// Remove the shards of an earlier preparation from `out_dir` (files named
-/// like [`shard_writers`]' output), so a folder never mixes two of them.
+/// like [`shard_writers`]' output, and their index sidecars), so a folder
+/// never mixes two of them.
 pub(crate) fn remove_shards(out_dir: &Path) -> Result<()> {
     let io = |p: &Path, e: std::io::Error| DataError::Io { path: p.display().to_string(), detail: e.to_string() };
     for entry in std::fs::read_dir(out_dir).map_err(|e| io(out_dir, e))? {
         let path = entry.map_err(|e| io(out_dir, e))?.path();
         let name = path.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
-        let ours = ["train", "validation"].iter().any(|split| shard_position(&name, split).is_some());
+        let shard = name.strip_suffix(".idx").unwrap_or(&name);
+        let ours = ["train", "validation"].iter().any(|split| shard_position(shard, split).is_some());
         if ours && path.is_file() {
             std::fs::remove_file(&path).map_err(|e| io(&path, e))?;
         }
@@ -281,20 +289,28 @@ pub(crate) fn shard_position(name: &str, split: &str) -> Option<(usize, usize)> 
     Some((i.parse().ok()?, n.parse().ok()?))
 }
 
-/// Read `manifest.json` in `dir`, written by `command`, whose `task` field
-/// must be `task` (absent for masked-LM blocks); a folder of the other kind
-/// is refused with `mismatch`.
+/// Read `manifest.json` in `dir` (a folder or bucket prefix), written by
+/// `command`, whose `task` field must be `task` (absent for masked-LM
+/// blocks); a folder of the other kind is refused with `mismatch`.
 pub(crate) fn read_manifest<T: serde::de::DeserializeOwned>(
-    dir: &Path,
+    dir: &StorageUrl,
     task: Option<&str>,
     command: &str,
     mismatch: &str,
 ) -> Result<T> {
-    let path = dir.join("manifest.json");
-    let io = |detail: String| DataError::Io { path: path.display().to_string(), detail };
-    let text = std::fs::read_to_string(&path)
-        .map_err(|e| io(format!("cannot read the manifest ({e}); run `{command}` first")))?;
-    let value: serde_json::Value = serde_json::from_str(&text).map_err(|e| io(e.to_string()))?;
+    let url = dir.join("manifest.json");
+    let io = |detail: String| DataError::Io { path: url.to_string(), detail };
+    let bytes = match lazytrain_storage::read(&url) {
+        Ok(bytes) => bytes,
+        Err(lazytrain_storage::StorageError::NotFound { .. }) => {
+            return Err(io(format!("cannot read the manifest (no such file); run `{command}` first")))
+        }
+        Err(lazytrain_storage::StorageError::Other { detail, .. }) => {
+            return Err(io(format!("cannot read the manifest ({detail}); run `{command}` first")))
+        }
+        Err(e) => return Err(e.into()),
+    };
+    let value: serde_json::Value = serde_json::from_slice(&bytes).map_err(|e| io(e.to_string()))?;
     if value.get("task").and_then(serde_json::Value::as_str) != task {
         return Err(io(mismatch.to_string()));
     }
@@ -313,7 +329,7 @@ pub(crate) fn shard_writers(out_dir: &Path, split: &str, n: usize) -> Result<Vec
 
 /// Close shard writers, returning each file's record count.
 pub(crate) fn finish_shards(writers: Vec<(String, RecordWriter)>) -> Result<Vec<ShardInfo>> {
-    writers.into_iter().map(|(file, w)| w.finish().map(|records| ShardInfo { file, records })).collect()
+    writers.into_iter().map(|(file, w)| w.finish_with_index().map(|records| ShardInfo { file, records })).collect()
 }
 
 /// The hash that ties prepared data to the tokenizer that made it

@@ -2,6 +2,7 @@
 //! `u64 length (LE) | masked CRC32C of the length | data | masked CRC32C of the data`.
 
 use crate::{DataError, Result};
+use lazytrain_storage::RangedObject;
 use std::fs::File;
 use std::io::{BufWriter, Read, Seek, SeekFrom, Write};
 use std::path::{Path, PathBuf};
@@ -29,13 +30,22 @@ pub struct RecordWriter {
     out: BufWriter<File>,
     path: PathBuf,
     records: u64,
+    /// `(offset, size)` of every record, for the index sidecar.
+    spans: Vec<(u64, u64)>,
+    written: u64,
 }
 
 impl RecordWriter {
     /// Create (truncate) `path`.
     pub fn create(path: &Path) -> Result<RecordWriter> {
         let file = File::create(path).map_err(|e| io_error(path, format!("cannot create: {e}")))?;
-        Ok(RecordWriter { out: BufWriter::new(file), path: path.to_path_buf(), records: 0 })
+        Ok(RecordWriter {
+            out: BufWriter::new(file),
+            path: path.to_path_buf(),
+            records: 0,
+            spans: Vec::new(),
+            written: 0,
+        })
     }
 
     /// Append one record.
@@ -46,6 +56,9 @@ impl RecordWriter {
         self.out.write_all(&masked_crc32c(&len).to_le_bytes()).map_err(io)?;
         self.out.write_all(data).map_err(io)?;
         self.out.write_all(&masked_crc32c(data).to_le_bytes()).map_err(io)?;
+        let size = FRAMING + data.len() as u64;
+        self.spans.push((self.written, size));
+        self.written += size;
         self.records += 1;
         Ok(())
     }
@@ -67,10 +80,102 @@ impl RecordWriter {
         file.sync_all().map_err(|e| io_error(&path, format!("cannot sync: {e}")))?;
         Ok(self.records)
     }
+
+    /// [`finish`](Self::finish), then write the index sidecar
+    /// [`index_path`]`(path)`: one `offset size` line per record (NVIDIA
+    /// DALI's `tfrecord2idx` format), so a reader of a bucket object can
+    /// seek to any record without first reading every header.
+    pub fn finish_with_index(self) -> Result<u64> {
+        let index = index_path(&self.path);
+        let text: String = self.spans.iter().map(|(offset, size)| format!("{offset} {size}\n")).collect();
+        let records = self.finish()?;
+        lazytrain_core::atomic_file::write_atomically(&index, text.as_bytes())
+            .map_err(|e| io_error(&index, format!("cannot write the index: {e}")))?;
+        Ok(records)
+    }
+}
+
+/// Header (length + its CRC) plus the data CRC: the bytes of a record
+/// besides its data.
+pub const FRAMING: u64 = 16;
+
+/// The index sidecar of a shard: `train-00000-of-00002.tfrecord.idx`.
+pub fn index_path(shard: &Path) -> PathBuf {
+    let mut name = shard.as_os_str().to_owned();
+    name.push(".idx");
+    PathBuf::from(name)
 }
 
 fn io_error(path: &Path, detail: String) -> DataError {
     DataError::Io { path: path.display().to_string(), detail }
+}
+
+/// Bytes read at any offset: a local file or a bucket object.
+pub trait ShardSource: Send + Sync {
+    /// The file or URL, for messages.
+    fn name(&self) -> String;
+    /// Size in bytes.
+    fn size(&self) -> u64;
+    /// Fill `buf` from byte `offset`.
+    fn read_at(&self, offset: u64, buf: &mut [u8]) -> Result<()>;
+    /// Start fetching `offset..offset + len` ahead of a read (no-op locally).
+    fn prefetch(&self, offset: u64, len: u64);
+}
+
+/// A local shard file, read with positional reads (no shared cursor).
+pub struct LocalShard {
+    file: File,
+    path: PathBuf,
+    size: u64,
+}
+
+impl LocalShard {
+    /// Open `path`.
+    pub fn open(path: &Path) -> Result<LocalShard> {
+        let file = File::open(path).map_err(|e| io_error(path, format!("cannot open: {e}")))?;
+        let size = file.metadata().map_err(|e| io_error(path, e.to_string()))?.len();
+        Ok(LocalShard { file, path: path.to_path_buf(), size })
+    }
+}
+
+impl ShardSource for LocalShard {
+    fn name(&self) -> String {
+        self.path.display().to_string()
+    }
+
+    fn size(&self) -> u64 {
+        self.size
+    }
+
+    fn read_at(&self, offset: u64, buf: &mut [u8]) -> Result<()> {
+        use std::os::unix::fs::FileExt;
+        self.file
+            .read_exact_at(buf, offset)
+            .map_err(|e| io_error(&self.path, format!("cannot read at byte {offset}: {e}")))
+    }
+
+    fn prefetch(&self, _offset: u64, _len: u64) {}
+}
+
+/// A shard in a bucket, read through [`RangedObject`]'s block cache.
+pub struct RemoteShard(pub RangedObject);
+
+impl ShardSource for RemoteShard {
+    fn name(&self) -> String {
+        self.0.url().to_string()
+    }
+
+    fn size(&self) -> u64 {
+        self.0.size()
+    }
+
+    fn read_at(&self, offset: u64, buf: &mut [u8]) -> Result<()> {
+        Ok(self.0.read_at(offset, buf)?)
+    }
+
+    fn prefetch(&self, offset: u64, len: u64) {
+        self.0.prefetch_range(offset, len);
+    }
 }
 
 /// Where a record's data lies in its file.
@@ -95,8 +200,8 @@ pub enum CorruptPolicy {
 /// checks its CRC) so later reads can seek straight to record `k`.
 #[derive(Clone, Debug)]
 pub struct RecordIndex {
-    /// The file.
-    pub path: PathBuf,
+    /// The file or object URL.
+    pub name: String,
     /// Every readable record.
     pub spans: Vec<RecordSpan>,
     /// Records skipped as corrupt (with [`CorruptPolicy::Skip`]).
@@ -106,20 +211,25 @@ pub struct RecordIndex {
     pub unframed_bytes: u64,
 }
 
-fn corrupt(path: &Path, record: usize, offset: u64, what: &str) -> DataError {
-    DataError::Corrupt { path: path.display().to_string(), record, offset, detail: what.to_string() }
+fn corrupt(name: &str, record: usize, offset: u64, what: &str) -> DataError {
+    DataError::Corrupt { path: name.to_string(), record, offset, detail: what.to_string() }
 }
 
 impl RecordIndex {
-    /// Scan `path`, checking every header and data CRC. A truncated last
+    /// Scan the file `path` (see [`RecordIndex::scan_source`]).
+    pub fn scan(path: &Path, policy: CorruptPolicy) -> Result<RecordIndex> {
+        RecordIndex::scan_source(&LocalShard::open(path)?, policy)
+    }
+
+    /// Scan `source`, checking every header and data CRC. A truncated last
     /// record is always an error (a shard cut short by a crash must not
     /// silently lose data). A record whose data CRC fails is an error or,
     /// with [`CorruptPolicy::Skip`], skipped and counted; a header whose CRC
     /// fails is an error or, with `Skip`, ends the scan of this file (nothing
     /// after it can be framed) and is counted.
-    pub fn scan(path: &Path, policy: CorruptPolicy) -> Result<RecordIndex> {
-        let mut file = File::open(path).map_err(|e| io_error(path, format!("cannot open: {e}")))?;
-        let size = file.metadata().map_err(|e| io_error(path, e.to_string()))?.len();
+    pub fn scan_source(source: &dyn ShardSource, policy: CorruptPolicy) -> Result<RecordIndex> {
+        let name = source.name();
+        let size = source.size();
         let mut spans = Vec::new();
         let mut skipped = 0;
         let mut unframed_bytes = 0;
@@ -129,15 +239,14 @@ impl RecordIndex {
         while offset < size {
             let record = spans.len() + skipped as usize;
             if size - offset < 12 {
-                return Err(corrupt(path, record, offset, "truncated record header (the file ends mid-record)"));
+                return Err(corrupt(&name, record, offset, "truncated record header (the file ends mid-record)"));
             }
-            file.seek(SeekFrom::Start(offset)).map_err(|e| io_error(path, e.to_string()))?;
-            file.read_exact(&mut header).map_err(|e| io_error(path, e.to_string()))?;
+            source.read_at(offset, &mut header)?;
             let len_bytes: [u8; 8] = header[..8].try_into().expect("8 bytes");
             let stored = u32::from_le_bytes(header[8..].try_into().expect("4 bytes"));
             if masked_crc32c(&len_bytes) != stored {
                 match policy {
-                    CorruptPolicy::Fail => return Err(corrupt(path, record, offset, "length checksum mismatch")),
+                    CorruptPolicy::Fail => return Err(corrupt(&name, record, offset, "length checksum mismatch")),
                     CorruptPolicy::Skip => {
                         skipped += 1;
                         unframed_bytes = size - offset;
@@ -149,35 +258,103 @@ impl RecordIndex {
             // `len` comes from the file: compare without overflowing.
             let room = size - offset - 12;
             if room < 4 || len > room - 4 {
-                return Err(corrupt(path, record, offset, "truncated record data (the file ends mid-record)"));
+                return Err(corrupt(&name, record, offset, "truncated record data (the file ends mid-record)"));
             }
             data.resize(len as usize + 4, 0);
-            file.read_exact(&mut data).map_err(|e| io_error(path, e.to_string()))?;
+            source.read_at(offset + 12, &mut data)?;
             let stored = u32::from_le_bytes(data[len as usize..].try_into().expect("4 bytes"));
             if masked_crc32c(&data[..len as usize]) == stored {
                 spans.push(RecordSpan { offset, len });
             } else if policy == CorruptPolicy::Fail {
-                return Err(corrupt(path, record, offset, "data checksum mismatch"));
+                return Err(corrupt(&name, record, offset, "data checksum mismatch"));
             } else {
                 skipped += 1;
             }
-            offset += 12 + len + 4;
+            offset += FRAMING + len;
         }
-        Ok(RecordIndex { path: path.to_path_buf(), spans, skipped, unframed_bytes })
+        Ok(RecordIndex { name, spans, skipped, unframed_bytes })
     }
 
-    /// Read record `k`, checking its data CRC.
+    /// Build the index of `source` from its sidecar's text (see
+    /// [`RecordWriter::finish_with_index`]) without reading the records;
+    /// their CRCs are checked as each is read. `index_name` names the
+    /// sidecar in errors.
+    pub fn from_sidecar(source: &dyn ShardSource, index_name: &str, text: &str) -> Result<RecordIndex> {
+        let bad = |line: usize, what: String| DataError::Io {
+            path: index_name.to_string(),
+            detail: format!("line {}: {what}; delete the index to have the shard scanned instead", line + 1),
+        };
+        let mut spans = Vec::new();
+        let mut expected = 0u64;
+        for (line, text) in text.lines().enumerate() {
+            let mut fields = text.split_ascii_whitespace().map(str::parse::<u64>);
+            let (Some(Ok(offset)), Some(Ok(size)), None) = (fields.next(), fields.next(), fields.next()) else {
+                return Err(bad(line, format!("expected `offset size`, found `{text}`")));
+            };
+            if offset != expected || size < FRAMING {
+                return Err(bad(
+                    line,
+                    format!("record at byte {offset} of {size} bytes does not follow the previous one"),
+                ));
+            }
+            spans.push(RecordSpan { offset, len: size - FRAMING });
+            expected = offset + size;
+        }
+        if expected != source.size() {
+            return Err(DataError::Io {
+                path: index_name.to_string(),
+                detail: format!(
+                    "the index covers {expected} bytes but {} has {}; the shard was rewritten after its index \
+                     (prepare the data again)",
+                    source.name(),
+                    source.size()
+                ),
+            });
+        }
+        Ok(RecordIndex { name: source.name(), spans, skipped: 0, unframed_bytes: 0 })
+    }
+
+    /// Read record `k` of the file it indexes (opened by the caller).
     pub fn read(&self, file: &mut File, k: usize) -> Result<Vec<u8>> {
         let span = self.spans[k];
         let mut buf = vec![0u8; span.len as usize + 4];
-        file.seek(SeekFrom::Start(span.offset + 12)).map_err(|e| io_error(&self.path, e.to_string()))?;
-        file.read_exact(&mut buf).map_err(|e| io_error(&self.path, format!("cannot read record {k}: {e}")))?;
+        file.seek(SeekFrom::Start(span.offset + 12))
+            .map_err(|e| DataError::Io { path: self.name.clone(), detail: e.to_string() })?;
+        file.read_exact(&mut buf)
+            .map_err(|e| DataError::Io { path: self.name.clone(), detail: format!("cannot read record {k}: {e}") })?;
         let stored = u32::from_le_bytes(buf[span.len as usize..].try_into().expect("4 bytes"));
         buf.truncate(span.len as usize);
         if masked_crc32c(&buf) != stored {
-            return Err(corrupt(&self.path, k, span.offset, "data checksum mismatch"));
+            return Err(corrupt(&self.name, k, span.offset, "data checksum mismatch"));
         }
         Ok(buf)
+    }
+
+    /// Read record `k` from `source` in one read (header, data and CRC),
+    /// checking the header against the index and both CRCs.
+    pub fn read_from(&self, source: &dyn ShardSource, k: usize) -> Result<Vec<u8>> {
+        let span = self.spans[k];
+        let mut buf = vec![0u8; (span.len + FRAMING) as usize];
+        source.read_at(span.offset, &mut buf)?;
+        let len_bytes: [u8; 8] = buf[..8].try_into().expect("8 bytes");
+        let stored = u32::from_le_bytes(buf[8..12].try_into().expect("4 bytes"));
+        if masked_crc32c(&len_bytes) != stored || u64::from_le_bytes(len_bytes) != span.len {
+            return Err(corrupt(&self.name, k, span.offset, "record header does not match the index"));
+        }
+        let data_end = 12 + span.len as usize;
+        let stored = u32::from_le_bytes(buf[data_end..].try_into().expect("4 bytes"));
+        if masked_crc32c(&buf[12..data_end]) != stored {
+            return Err(corrupt(&self.name, k, span.offset, "data checksum mismatch"));
+        }
+        buf.truncate(data_end);
+        buf.drain(..12);
+        Ok(buf)
+    }
+
+    /// Start fetching record `k` (remote sources).
+    pub fn prefetch(&self, source: &dyn ShardSource, k: usize) {
+        let span = self.spans[k];
+        source.prefetch(span.offset, span.len + FRAMING);
     }
 }
 

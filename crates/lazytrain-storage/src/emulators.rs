@@ -57,7 +57,16 @@ impl Emulator {
                 let python = bin.parent().map(|dir| dir.join("python3")).filter(|p| p.is_file());
                 let script = concat!(env!("CARGO_MANIFEST_DIR"), "/../../scripts/gcs_emulator.py");
                 let mut command = Command::new(python.unwrap_or_else(|| "python3".into()));
-                command.args([script, "start", "--host", "127.0.0.1", "--port", &port.to_string(), "--in-memory", "-q"]);
+                command.args([
+                    script,
+                    "start",
+                    "--host",
+                    "127.0.0.1",
+                    "--port",
+                    &port.to_string(),
+                    "--in-memory",
+                    "-q",
+                ]);
                 command
             }
         };
@@ -89,7 +98,10 @@ impl Emulator {
     pub fn create_bucket(&self, bucket: &str) {
         let request = match self.kind {
             EmulatorKind::Moto => {
-                format!("PUT /{bucket} HTTP/1.1\r\nHost: 127.0.0.1:{}\r\nContent-Length: 0\r\nConnection: close\r\n\r\n", self.port)
+                format!(
+                    "PUT /{bucket} HTTP/1.1\r\nHost: 127.0.0.1:{}\r\nContent-Length: 0\r\nConnection: close\r\n\r\n",
+                    self.port
+                )
             }
             EmulatorKind::Gcs => {
                 let body = format!("{{\"name\": \"{bucket}\"}}");
@@ -116,7 +128,10 @@ impl Emulator {
         let head = match self.kind {
             EmulatorKind::Moto => format!("PUT /{bucket}/{name} HTTP/1.1\r\n"),
             EmulatorKind::Gcs => {
-                format!("POST /upload/storage/v1/b/{bucket}/o?uploadType=media&name={} HTTP/1.1\r\n", name.replace('/', "%2F"))
+                format!(
+                    "POST /upload/storage/v1/b/{bucket}/o?uploadType=media&name={} HTTP/1.1\r\n",
+                    name.replace('/', "%2F")
+                )
             }
         };
         let request = format!(

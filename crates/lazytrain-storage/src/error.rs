@@ -22,8 +22,10 @@ pub enum StorageError {
         hint: String,
     },
     /// The store refused the credentials or the operation.
-    #[error("{url}: access denied ({detail}); check the credentials (AWS_ACCESS_KEY_ID/AWS_SECRET_ACCESS_KEY, \
-             GOOGLE_APPLICATION_CREDENTIALS) and the bucket's permissions")]
+    #[error(
+        "{url}: access denied ({detail}); check the credentials (AWS_ACCESS_KEY_ID/AWS_SECRET_ACCESS_KEY, \
+             GOOGLE_APPLICATION_CREDENTIALS) and the bucket's permissions"
+    )]
     Denied {
         /// The URL.
         url: String,

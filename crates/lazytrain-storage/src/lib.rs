@@ -12,6 +12,7 @@
 
 pub mod emulators;
 mod error;
+mod folders;
 mod metrics;
 mod ops;
 mod ranged;
@@ -21,6 +22,7 @@ mod uploader;
 mod url;
 
 pub use error::{Result, StorageError};
+pub use folders::{cache_root, fetch_folder, upload_folder};
 pub use metrics::{storage_metrics, StorageMetrics};
 pub use object_store;
 pub use ops::{

@@ -59,9 +59,8 @@ pub fn head(url: &StorageUrl) -> Result<ObjectInfo> {
         StorageUrl::Remote { .. } => {
             let (store, path) = locate(url)?;
             let name = url.to_string();
-            let meta = block_on(async move {
-                with_retries(&name, "", RetryPolicy::from_env(), || store.head(&path)).await
-            })?;
+            let meta =
+                block_on(async move { with_retries(&name, "", RetryPolicy::from_env(), || store.head(&path)).await })?;
             Ok(ObjectInfo { url: url.clone(), size: meta.size, version: meta.e_tag.or(meta.version) })
         }
     }
@@ -84,10 +83,8 @@ pub fn read(url: &StorageUrl) -> Result<Vec<u8>> {
             let (store, path) = locate(url)?;
             let name = url.to_string();
             let bytes = block_on(async move {
-                with_retries(&name, "", RetryPolicy::from_env(), || async {
-                    store.get(&path).await?.bytes().await
-                })
-                .await
+                with_retries(&name, "", RetryPolicy::from_env(), || async { store.get(&path).await?.bytes().await })
+                    .await
             })?;
             metrics::count_read(bytes.len() as u64);
             Ok(bytes.to_vec())
@@ -188,7 +185,8 @@ fn wildcard_match(pattern: &[u8], name: &[u8]) -> bool {
     match (pattern.first(), name.first()) {
         (None, None) => true,
         (Some(b'*'), _) => {
-            wildcard_match(&pattern[1..], name) || (name.first().is_some_and(|&c| c != b'/') && wildcard_match(pattern, &name[1..]))
+            wildcard_match(&pattern[1..], name)
+                || (name.first().is_some_and(|&c| c != b'/') && wildcard_match(pattern, &name[1..]))
         }
         (Some(b'?'), Some(&c)) => c != b'/' && wildcard_match(&pattern[1..], &name[1..]),
         (Some(p), Some(c)) => p == c && wildcard_match(&pattern[1..], &name[1..]),
@@ -271,8 +269,9 @@ pub fn delete(url: &StorageUrl) -> Result<()> {
         StorageUrl::Remote { .. } => {
             let (store, path) = locate(url)?;
             let name = url.to_string();
-            match block_on(async move { with_retries(&name, "", RetryPolicy::from_env(), || store.delete(&path)).await })
-            {
+            match block_on(
+                async move { with_retries(&name, "", RetryPolicy::from_env(), || store.delete(&path)).await },
+            ) {
                 Err(StorageError::NotFound { .. }) => Ok(()),
                 other => other,
             }

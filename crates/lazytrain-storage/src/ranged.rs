@@ -54,8 +54,11 @@ impl BlockCache {
             return block.clone();
         }
         self.evict(&mut blocks);
-        let block =
-            Arc::new(Block { state: Mutex::new(BlockState::Pending), ready: Condvar::new(), last_used: AtomicU64::new(tick) });
+        let block = Arc::new(Block {
+            state: Mutex::new(BlockState::Pending),
+            ready: Condvar::new(),
+            last_used: AtomicU64::new(tick),
+        });
         blocks.insert((object.id, index), block.clone());
         drop(blocks);
         let (url, start) = (object.url.clone(), index * BLOCK_SIZE);
@@ -183,12 +186,9 @@ impl RangedObject {
 
 fn copy_error(error: &StorageError) -> StorageError {
     match error {
-        StorageError::Unavailable { url, at, attempts, detail } => StorageError::Unavailable {
-            url: url.clone(),
-            at: at.clone(),
-            attempts: *attempts,
-            detail: detail.clone(),
-        },
+        StorageError::Unavailable { url, at, attempts, detail } => {
+            StorageError::Unavailable { url: url.clone(), at: at.clone(), attempts: *attempts, detail: detail.clone() }
+        }
         StorageError::NotFound { url, hint } => StorageError::NotFound { url: url.clone(), hint: hint.clone() },
         StorageError::Denied { url, detail } => StorageError::Denied { url: url.clone(), detail: detail.clone() },
         other => StorageError::Other { url: String::new(), detail: other.to_string() },

@@ -91,16 +91,14 @@ fn build_store(cloud: Cloud, bucket: &str) -> Result<Arc<dyn ObjectStore>> {
             Ok(Arc::new(builder.build().map_err(config)?))
         }
         Cloud::Gcs => {
-            let mut builder =
-                GoogleCloudStorageBuilder::from_env().with_bucket_name(bucket).with_retry(no_retries());
+            let mut builder = GoogleCloudStorageBuilder::from_env().with_bucket_name(bucket).with_retry(no_retries());
             if let Ok(path) = std::env::var("GOOGLE_APPLICATION_CREDENTIALS") {
                 builder = builder.with_application_credentials(path);
             }
             if let Some(base) = emulator_base_url() {
-                builder = builder
-                    .with_base_url(&base)
-                    .with_credentials(emulator_credentials())
-                    .with_client_options(object_store::ClientOptions::new().with_allow_http(base.starts_with("http://")));
+                builder = builder.with_base_url(&base).with_credentials(emulator_credentials()).with_client_options(
+                    object_store::ClientOptions::new().with_allow_http(base.starts_with("http://")),
+                );
             }
             Ok(Arc::new(builder.build().map_err(config)?))
         }

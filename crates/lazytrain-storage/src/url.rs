@@ -121,6 +121,14 @@ impl StorageUrl {
     }
 }
 
+impl std::str::FromStr for StorageUrl {
+    type Err = StorageError;
+
+    fn from_str(text: &str) -> Result<StorageUrl> {
+        StorageUrl::parse(text)
+    }
+}
+
 impl fmt::Display for StorageUrl {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {

@@ -1,27 +1,29 @@
 //! `lazytrain prepare-classification` and `lazytrain text-classification`.
 
+use crate::cli_storage::{input_files, tokenizer_path, OutputFolder, Staging};
 use crate::cli_texts::TextInputs;
 use clap::Args;
 use lazytrain::pipelines::{LabelScore, TextClassification};
 use lazytrain_core::Device;
 use lazytrain_data::classification::{prepare_classification, ClassificationOptions, Columns, LabelOrder};
 use lazytrain_data::TextTokenizer;
-use std::path::PathBuf;
+use lazytrain_storage::StorageUrl;
 use std::time::Instant;
 
 /// Options for `lazytrain prepare-classification`.
 #[derive(Args)]
 pub struct PrepareClassificationArgs {
-    /// A tokenizer folder (or tokenizer.json).
+    /// A tokenizer folder (or tokenizer.json), or a gs://, s3:// folder.
     #[arg(long)]
-    tokenizer: PathBuf,
-    /// Labelled training files: .jsonl (JSON Lines), .csv or .tsv with a header.
+    tokenizer: StorageUrl,
+    /// Labelled training files: .jsonl (JSON Lines), .csv or .tsv with a header; paths, or gs://, s3://
+    /// objects and patterns.
     #[arg(long, required = true, num_args = 1..)]
-    files: Vec<PathBuf>,
+    files: Vec<StorageUrl>,
     /// Labelled validation files (labels must occur in the training files);
     /// without them --validation-fraction of the training rows are held out.
     #[arg(long, num_args = 1..)]
-    validation_files: Vec<PathBuf>,
+    validation_files: Vec<StorageUrl>,
     /// The text column.
     #[arg(long, default_value = "text")]
     text_column: String,
@@ -52,15 +54,18 @@ pub struct PrepareClassificationArgs {
     /// Skip and count bad rows instead of stopping at the first.
     #[arg(long)]
     skip_bad_rows: bool,
-    /// Output folder.
+    /// Output folder, or a gs://, s3:// prefix.
     #[arg(long)]
-    output: PathBuf,
+    output: StorageUrl,
 }
 
 /// Tokenize, pad and shard labelled rows.
 pub fn prepare(args: &PrepareClassificationArgs) -> lazytrain::Result<()> {
     let start = Instant::now();
-    let tokenizer = TextTokenizer::from_path(&args.tokenizer)?;
+    let tokenizer = TextTokenizer::from_path(&tokenizer_path(&args.tokenizer)?)?;
+    let staging = Staging::new("inputs")?;
+    let files = input_files(&args.files, &staging)?;
+    let validation_files = input_files(&args.validation_files, &staging)?;
     let options = ClassificationOptions {
         columns: Columns {
             text: args.text_column.clone(),
@@ -76,7 +81,9 @@ pub fn prepare(args: &PrepareClassificationArgs) -> lazytrain::Result<()> {
         skip_bad_rows: args.skip_bad_rows,
         progress: true,
     };
-    let m = prepare_classification(&tokenizer, &args.files, &args.validation_files, &args.output, &options)?;
+    let output = OutputFolder::new(&args.output)?;
+    let m = prepare_classification(&tokenizer, &files, &validation_files, &output.path(), &options)?;
+    output.publish(&["manifest.json"])?;
     let records = |shards: &[lazytrain_data::prepare::ShardInfo]| shards.iter().map(|s| s.records).sum::<u64>();
     println!(
         "{} rows -> {} train and {} validation, {} labels ({}), {} truncated to {} tokens, buckets {:?} in {:.1} s -> {}",
@@ -89,7 +96,7 @@ pub fn prepare(args: &PrepareClassificationArgs) -> lazytrain::Result<()> {
         m.max_length,
         m.buckets,
         start.elapsed().as_secs_f64(),
-        args.output.display()
+        args.output
     );
     for (kind, count) in &m.skipped_rows {
         println!("skipped {count} bad rows: {kind:?}");

@@ -1,12 +1,13 @@
 //! `lazytrain train-tokenizer` and `lazytrain prepare`.
 
+use crate::cli_storage::{input_files, tokenizer_path, OutputFolder, Staging};
 use clap::Args;
 use lazytrain_data::formats::{Documents, InputFormat, TextSource};
 use lazytrain_data::prepare::{prepare_with_validation, PrepareOptions};
 use lazytrain_data::text::read_all_documents;
 use lazytrain_data::train_tokenizer::{train_tokenizer, SubwordModel};
 use lazytrain_data::{TextTokenizer, TokenizerStyle};
-use std::path::PathBuf;
+use lazytrain_storage::StorageUrl;
 use std::time::Instant;
 
 /// Where the texts of input files are: their format and column.
@@ -22,10 +23,11 @@ pub struct InputColumns {
 
 impl InputColumns {
     /// The documents of `files`, with a notice of skipped null rows.
-    fn read(&self, files: &[PathBuf]) -> lazytrain::Result<Documents> {
+    fn read(&self, files: &[StorageUrl]) -> lazytrain::Result<Documents> {
         let format = self.format.as_deref().map(InputFormat::parse).transpose()?;
         let source = TextSource { format, text_column: self.text_column.clone() };
-        let docs = read_all_documents(files, &source)?;
+        let staging = Staging::new("inputs")?;
+        let docs = read_all_documents(&input_files(files, &staging)?, &source)?;
         if docs.null_rows > 0 {
             eprintln!("note: skipped {} rows whose `{}` is null", docs.null_rows, self.text_column);
         }
@@ -37,9 +39,9 @@ impl InputColumns {
 #[derive(Args)]
 pub struct TrainTokenizerArgs {
     /// Text files: .txt (one document per line), .jsonl, .csv, .tsv, .parquet or a `datasets` .arrow
-    /// file (`.gz` for the line formats).
+    /// file (`.gz` for the line formats); paths, or gs://, s3:// objects and patterns (gs://b/texts/*.txt).
     #[arg(long, required = true, num_args = 1..)]
-    files: Vec<PathBuf>,
+    files: Vec<StorageUrl>,
     #[command(flatten)]
     input: InputColumns,
     /// unigram, wordpiece or bpe.
@@ -55,9 +57,9 @@ pub struct TrainTokenizerArgs {
     /// Maximum sequence length recorded in tokenizer_config.json.
     #[arg(long, default_value_t = 512)]
     model_max_length: usize,
-    /// Output folder.
+    /// Output folder, or a gs://, s3:// prefix.
     #[arg(long)]
-    output: PathBuf,
+    output: StorageUrl,
 }
 
 /// Train and save a tokenizer.
@@ -67,7 +69,9 @@ pub fn train(args: &TrainTokenizerArgs) -> lazytrain::Result<()> {
     let style = TokenizerStyle::parse(&args.style)?;
     let docs = args.input.read(&args.files)?.texts;
     let tokenizer = train_tokenizer(&docs, model, args.vocab_size, style)?;
-    tokenizer.save(&args.output, args.model_max_length)?;
+    let output = OutputFolder::new(&args.output)?;
+    tokenizer.save(&output.path(), args.model_max_length)?;
+    output.publish(&["tokenizer.json"])?;
     println!(
         "trained a {} {:?}-style tokenizer ({} tokens) on {} documents in {:.1} s -> {}",
         args.model,
@@ -75,7 +79,7 @@ pub fn train(args: &TrainTokenizerArgs) -> lazytrain::Result<()> {
         tokenizer.vocab_size(),
         docs.len(),
         start.elapsed().as_secs_f64(),
-        args.output.display()
+        args.output
     );
     Ok(())
 }
@@ -83,17 +87,17 @@ pub fn train(args: &TrainTokenizerArgs) -> lazytrain::Result<()> {
 /// Options for `lazytrain prepare`.
 #[derive(Args)]
 pub struct PrepareArgs {
-    /// A tokenizer folder (or tokenizer.json).
+    /// A tokenizer folder (or tokenizer.json), or a gs://, s3:// folder.
     #[arg(long)]
-    tokenizer: PathBuf,
+    tokenizer: StorageUrl,
     /// Text files: .txt (one document per line), .jsonl, .csv, .tsv, .parquet or a `datasets` .arrow
-    /// file (`.gz` for the line formats).
+    /// file (`.gz` for the line formats); paths, or gs://, s3:// objects and patterns (gs://b/texts/*.txt).
     #[arg(long, required = true, num_args = 1..)]
-    files: Vec<PathBuf>,
+    files: Vec<StorageUrl>,
     /// Held-out files whose blocks are all validation blocks (HF's --validation_file); the
     /// --validation-fraction of the training files is then 0 unless given.
     #[arg(long, num_args = 1..)]
-    validation_files: Vec<PathBuf>,
+    validation_files: Vec<StorageUrl>,
     #[command(flatten)]
     input: InputColumns,
     /// Tokens per block.
@@ -109,15 +113,15 @@ pub struct PrepareArgs {
     /// Seed of the split.
     #[arg(long, default_value_t = 42)]
     seed: u64,
-    /// Output folder.
+    /// Output folder, or a gs://, s3:// prefix.
     #[arg(long)]
-    output: PathBuf,
+    output: StorageUrl,
 }
 
 /// Tokenize, pack and shard.
 pub fn run_prepare(args: &PrepareArgs) -> lazytrain::Result<()> {
     let start = Instant::now();
-    let tokenizer = TextTokenizer::from_path(&args.tokenizer)?;
+    let tokenizer = TextTokenizer::from_path(&tokenizer_path(&args.tokenizer)?)?;
     let docs = args.input.read(&args.files)?.texts;
     let held_out = match args.validation_files.is_empty() {
         true => Vec::new(),
@@ -131,7 +135,9 @@ pub fn run_prepare(args: &PrepareArgs) -> lazytrain::Result<()> {
         seed: args.seed,
         progress: true,
     };
-    let manifest = prepare_with_validation(&tokenizer, &docs, &held_out, &args.output, &options)?;
+    let output = OutputFolder::new(&args.output)?;
+    let manifest = prepare_with_validation(&tokenizer, &docs, &held_out, &output.path(), &options)?;
+    output.publish(&["manifest.json"])?;
     println!(
         "{} documents, {} tokens -> {} train and {} validation blocks of {} ({} tokens dropped) in {:.1} s -> {}",
         manifest.documents,
@@ -141,7 +147,7 @@ pub fn run_prepare(args: &PrepareArgs) -> lazytrain::Result<()> {
         manifest.block_size,
         manifest.dropped_tokens,
         start.elapsed().as_secs_f64(),
-        args.output.display()
+        args.output
     );
     Ok(())
 }
@@ -149,12 +155,12 @@ pub fn run_prepare(args: &PrepareArgs) -> lazytrain::Result<()> {
 /// Options for `lazytrain bench-loader`.
 #[derive(Args)]
 pub struct BenchLoaderArgs {
-    /// A prepared folder (shards + manifest).
+    /// A prepared folder (shards + manifest), or a gs://, s3:// prefix.
     #[arg(long)]
-    data: PathBuf,
+    data: StorageUrl,
     /// The tokenizer the data was prepared with.
     #[arg(long)]
-    tokenizer: PathBuf,
+    tokenizer: StorageUrl,
     /// Rows per batch.
     #[arg(long, default_value_t = 32)]
     batch_size: usize,
@@ -168,11 +174,12 @@ pub struct BenchLoaderArgs {
 pub fn bench_loader(args: &BenchLoaderArgs) -> lazytrain::Result<()> {
     use lazytrain::trainer::task::TaskCollator;
     use lazytrain_data::collator::{CausalLmCollator, MlmCollator};
-    use lazytrain_data::dataset::{find_shards, EpochSampler, ShardedDataset};
+    use lazytrain_data::dataset::{find_shard_urls, EpochSampler, ShardedDataset};
     use lazytrain_data::loader::{DeviceLoader, LoaderPlan};
     use lazytrain_data::tfrecord::CorruptPolicy;
-    let tokenizer = TextTokenizer::from_path(&args.tokenizer)?;
-    let data = std::sync::Arc::new(ShardedDataset::open(&find_shards(&args.data, "train")?, CorruptPolicy::Fail)?);
+    let tokenizer = TextTokenizer::from_path(&tokenizer_path(&args.tokenizer)?)?;
+    let data =
+        std::sync::Arc::new(ShardedDataset::open_urls(&find_shard_urls(&args.data, "train")?, CorruptPolicy::Fail)?);
     let collator = match tokenizer.special().mask {
         Some(_) => TaskCollator::MaskedLm(MlmCollator::for_tokenizer(&tokenizer, 0.15, 0)?),
         None => TaskCollator::CausalLm(CausalLmCollator { pad_id: tokenizer.special().pad, pad_to_multiple_of: 8 }),

@@ -7,6 +7,7 @@ use lazytrain::hub_cache;
 use lazytrain::{Error, Result};
 use lazytrain_data::TextTokenizer;
 use lazytrain_models::PRESETS;
+use lazytrain_storage::StorageUrl;
 use std::path::{Path, PathBuf};
 
 /// What `--model` names.
@@ -22,6 +23,10 @@ impl ModelSource {
     /// Resolve `spec`: a folder with `config.json`, a preset, or a Hub id
     /// in the local cache at `revision`.
     pub fn resolve(spec: &str, revision: Option<&str>) -> Result<ModelSource> {
+        let url = lazytrain_storage::StorageUrl::parse(spec)?;
+        if url.is_remote() {
+            return Ok(ModelSource::Folder(lazytrain_storage::fetch_folder(&url)?));
+        }
         let path = Path::new(spec);
         if path.join("config.json").is_file() {
             return Ok(ModelSource::Folder(path.to_path_buf()));
@@ -97,7 +102,9 @@ pub fn tokenizer_for(
 /// Refuse a path that is not a `prepare`/`prepare-classification` output
 /// (a folder without `manifest.json`, or a file that is not a shard):
 /// raw text given as data would otherwise fail as a corrupt shard.
-pub fn check_prepared(path: &Path) -> Result<()> {
+pub fn check_prepared(url: &StorageUrl) -> Result<()> {
+    // A bucket prefix is checked by reading its manifest (find_shard_urls).
+    let Some(path) = url.local_path() else { return Ok(()) };
     let shard = path.is_file() && path.extension().is_some_and(|e| e == "tfrecord");
     let pattern = path.to_string_lossy().contains('*');
     if shard || pattern || path.join("manifest.json").is_file() {
@@ -121,7 +128,7 @@ pub fn check_prepared(path: &Path) -> Result<()> {
 /// Refuse data prepared by another tokenizer than the one training reads
 /// it with (the manifest records the tokenizer's hash and size).
 pub fn check_data_tokenizer(
-    data: &Path,
+    data: &StorageUrl,
     (hash, vocab_size): (&str, usize),
     tokenizer: &TextTokenizer,
     tokenizer_dir: &Path,
@@ -134,7 +141,7 @@ pub fn check_data_tokenizer(
         "{} was prepared with another tokenizer (hash {hash}, {vocab_size} tokens) than {} (hash {ours}, {} tokens): \
          its ids would mean other words; prepare the data again with --tokenizer {}, or train with the tokenizer it \
          was prepared with",
-        data.display(),
+        data,
         tokenizer_dir.display(),
         tokenizer.vocab_size(),
         tokenizer_dir.display()

@@ -9,12 +9,13 @@ use lazytrain::trainer::{
 use lazytrain::{Error, Result};
 use lazytrain_core::Device;
 use lazytrain_data::classification::ClassificationManifest;
-use lazytrain_data::dataset::{find_shards, ShardedDataset};
+use lazytrain_data::dataset::{find_shard_urls, ShardedDataset};
 use lazytrain_data::prepare::Manifest;
 use lazytrain_data::tfrecord::CorruptPolicy;
 use lazytrain_data::TextTokenizer;
 use lazytrain_models::{hub, ForMaskedLM, ForSequenceClassification, Gpt2LMHeadModel, ModelConfig, TaskModel};
 use lazytrain_nn::init::Initializer;
+use lazytrain_storage::StorageUrl;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
@@ -122,11 +123,11 @@ pub struct TrainArgs {
     /// Prepared training data (a `prepare` or `prepare-classification` output
     /// folder); not needed with `--do-train false --do-eval true`, which only evaluates.
     #[arg(long)]
-    train_data: Option<PathBuf>,
+    train_data: Option<StorageUrl>,
     /// Prepared data whose validation shards are used for evaluation (its training shards when it
     /// has none, e.g. a folder prepared from a held-out file alone).
     #[arg(long)]
-    eval_data: Option<PathBuf>,
+    eval_data: Option<StorageUrl>,
     /// Compile the first training step and print its memory plan (parameters, optimizer state,
     /// activations, the largest buffers, the batch size that fits) without training.
     #[arg(long)]
@@ -175,16 +176,16 @@ pub fn preset_config(preset: &str, tokenizer: &TextTokenizer) -> Result<ModelCon
 
 /// Open prepared shards of `split` in `dir` (refusing what `prepare` did
 /// not write).
-pub fn open_split(dir: &Path, split: &str, skip_corrupt: bool) -> Result<Arc<ShardedDataset>> {
+pub fn open_split(dir: &StorageUrl, split: &str, skip_corrupt: bool) -> Result<Arc<ShardedDataset>> {
     crate::cli_inputs::check_prepared(dir)?;
     let policy = if skip_corrupt { CorruptPolicy::Skip } else { CorruptPolicy::Fail };
-    let data = ShardedDataset::open(&find_shards(dir, split)?, policy)?;
+    let data = ShardedDataset::open_urls(&find_shard_urls(dir, split)?, policy)?;
     if data.skipped() > 0 {
         let lost = match data.unframed_bytes() {
             0 => String::new(),
             bytes => format!(", and {bytes} bytes after corrupt record headers (the records in them cannot be read)"),
         };
-        eprintln!("warning: skipped {} corrupt records in {}{lost}", data.skipped(), dir.display());
+        eprintln!("warning: skipped {} corrupt records in {dir}{lost}", data.skipped());
     }
     Ok(Arc::new(data))
 }
@@ -202,6 +203,9 @@ pub fn resolve_args(config: Option<&Path>, flags: &TrainingFlags) -> Result<Trai
 pub fn run(args: &TrainArgs) -> Result<()> {
     let mut training = resolve_args(args.config.as_deref(), &args.flags)?;
     training.validate(args.eval_data.is_some())?;
+    // A checkpoint in a bucket (named, or the newest under --push-to when
+    // this machine has none) is downloaded into the output folder first.
+    training.resume_from_checkpoint = lazytrain::trainer::push::fetch_resume_checkpoint(&training)?;
     if args.dry_run {
         // Nothing is trained: no logs either.
         training.report_to = Vec::new();
@@ -218,9 +222,9 @@ pub fn run(args: &TrainArgs) -> Result<()> {
     let data_dirs = std::iter::once(&data_dir).chain(args.eval_data.as_ref());
     for dir in data_dirs {
         let recorded = match args.task {
-            Task::MaskedLm | Task::CausalLm => Manifest::read(dir).map(|m| (m.tokenizer_hash, m.vocab_size))?,
+            Task::MaskedLm | Task::CausalLm => Manifest::read_url(dir).map(|m| (m.tokenizer_hash, m.vocab_size))?,
             Task::SequenceClassification => {
-                ClassificationManifest::read(dir).map(|m| (m.tokenizer_hash, m.vocab_size))?
+                ClassificationManifest::read_url(dir).map(|m| (m.tokenizer_hash, m.vocab_size))?
             }
         };
         check_data_tokenizer(dir, (&recorded.0, recorded.1), &tokenizer, &tokenizer_dir)?;
@@ -233,7 +237,7 @@ pub fn run(args: &TrainArgs) -> Result<()> {
             if args.num_labels.is_some() {
                 return Err(Error::Input("--num-labels is for --task sequence-classification".into()));
             }
-            let manifest = Manifest::read(&data_dir)?;
+            let manifest = Manifest::read_url(&data_dir)?;
             run_replicas_for(&training, |device| {
                 let model = build_model(&model_spec, &tokenizer, training.seed, device)?;
                 let (train, eval) = (train.clone(), eval.clone());
@@ -246,7 +250,7 @@ pub fn run(args: &TrainArgs) -> Result<()> {
             if args.num_labels.is_some() {
                 return Err(Error::Input("--num-labels is for --task sequence-classification".into()));
             }
-            let manifest = Manifest::read(&data_dir)?;
+            let manifest = Manifest::read_url(&data_dir)?;
             run_replicas_for(&training, |device| {
                 let model = build_causal_lm(&model_spec, &tokenizer, training.seed, device)?;
                 let (train, eval) = (train.clone(), eval.clone());
@@ -263,11 +267,11 @@ pub fn run(args: &TrainArgs) -> Result<()> {
             })?
         }
         Task::SequenceClassification => {
-            let manifest = ClassificationManifest::read(&data_dir)?;
+            let manifest = ClassificationManifest::read_url(&data_dir)?;
             if let Some(n) = args.num_labels.filter(|&n| n != manifest.labels.len()) {
                 return Err(Error::Input(format!(
                     "--num-labels {n} but {} has {} labels ({}); pass --num-labels {} or re-prepare the data",
-                    data_dir.display(),
+                    data_dir,
                     manifest.labels.len(),
                     manifest.labels.join(", "),
                     manifest.labels.len()
@@ -333,10 +337,10 @@ pub fn build_classifier(
 
 /// The validation shards of `dir`, or, when it has none (a folder prepared
 /// from a held-out file alone), its training shards, with a notice.
-fn open_eval(dir: &Path, skip_corrupt: bool) -> Result<Arc<ShardedDataset>> {
+fn open_eval(dir: &StorageUrl, skip_corrupt: bool) -> Result<Arc<ShardedDataset>> {
     crate::cli_inputs::check_prepared(dir)?;
-    if find_shards(dir, "validation").is_err() && find_shards(dir, "train").is_ok() {
-        eprintln!("note: {} has no validation shards; evaluating on its training shards", dir.display());
+    if find_shard_urls(dir, "validation").is_err() && find_shard_urls(dir, "train").is_ok() {
+        eprintln!("note: {dir} has no validation shards; evaluating on its training shards");
         return open_split(dir, "train", skip_corrupt);
     }
     open_split(dir, "validation", skip_corrupt)
@@ -345,7 +349,7 @@ fn open_eval(dir: &Path, skip_corrupt: bool) -> Result<Arc<ShardedDataset>> {
 /// The folder whose manifest describes the data, and the training split:
 /// `--train-data`'s, or with `--do-train false` (evaluation only) the eval
 /// data's validation split, which is then never trained on.
-fn training_data(args: &TrainArgs, training: &TrainingArguments) -> Result<(PathBuf, Arc<ShardedDataset>)> {
+fn training_data(args: &TrainArgs, training: &TrainingArguments) -> Result<(StorageUrl, Arc<ShardedDataset>)> {
     if !training.do_train && !training.do_eval {
         return Err(Error::Input(
             "--do-train false and --do-eval false leave nothing to do; pass --do-eval true".into(),

@@ -110,8 +110,8 @@ fn run_masked_lm(args: &DemoArgs) -> lazytrain::Result<()> {
 
     let device = Device::cpu();
     let training = TrainingArguments { mlm_probability: 0.4, ..pretraining_args(args, &out.join("model")) };
-    let train = open_split(&out.join("data"), "train", false)?;
-    let eval = open_split(&out.join("data"), "validation", false)?;
+    let train = open_split(&lazytrain_storage::StorageUrl::Local(out.join("data")), "train", false)?;
+    let eval = open_split(&lazytrain_storage::StorageUrl::Local(out.join("data")), "validation", false)?;
     let model = demo_model(&tokenizer, args.seed, &device)?;
     install_interrupt_handler();
     let mut trainer =

@@ -41,8 +41,8 @@ pub fn run(args: &DemoArgs) -> lazytrain::Result<()> {
     let mut config = preset_config("gpt2-tiny", &tokenizer)?;
     config.num_attention_heads = 4;
     let model = Gpt2LMHeadModel::new(&mut Initializer::new(args.seed, &device), &config)?;
-    let train = open_split(&out.join("gpt2-data"), "train", false)?;
-    let eval = open_split(&out.join("gpt2-data"), "validation", false)?;
+    let train = open_split(&lazytrain_storage::StorageUrl::Local(out.join("gpt2-data")), "train", false)?;
+    let eval = open_split(&lazytrain_storage::StorageUrl::Local(out.join("gpt2-data")), "validation", false)?;
     install_interrupt_handler();
     let mut trainer = Trainer::for_causal_lm(training, model, tokenizer, train, Some(eval), block_size, &device)?
         .with_progress_bar(true);

@@ -90,8 +90,8 @@ pub fn run(args: &DemoArgs, pretrained: &Path) -> Result<()> {
         ..TrainingArguments::default()
     };
     let model = build_classifier(&pretrained.display().to_string(), &tokenizer, &manifest.labels, args.seed, &device)?;
-    let train = open_split(&out.join("data"), "train", false)?;
-    let eval = open_split(&out.join("data"), "validation", false)?;
+    let train = open_split(&lazytrain_storage::StorageUrl::Local(out.join("data")), "train", false)?;
+    let eval = open_split(&lazytrain_storage::StorageUrl::Local(out.join("data")), "validation", false)?;
     install_interrupt_handler();
     let mut trainer = Trainer::for_classification(training, model, tokenizer, train, Some(eval), &manifest, &device)?
         .with_progress_bar(true);

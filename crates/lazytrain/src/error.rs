@@ -12,6 +12,9 @@ pub enum Error {
     /// Model configs and checkpoints.
     #[error(transparent)]
     Model(#[from] lazytrain_models::ModelError),
+    /// Buckets and files (the error names the URL).
+    #[error(transparent)]
+    Storage(#[from] lazytrain_storage::StorageError),
     /// Tokenizers and data.
     #[error(transparent)]
     Data(#[from] lazytrain_data::DataError),

@@ -58,6 +58,10 @@ pub fn resolve(repo_id: &str, revision: Option<&str>) -> Result<PathBuf> {
 /// The folder `spec` names: a folder as it is, else a Hub id resolved in
 /// the cache at `revision`.
 pub fn model_folder(spec: &str, revision: Option<&str>) -> Result<PathBuf> {
+    let url = lazytrain_storage::StorageUrl::parse(spec)?;
+    if url.is_remote() {
+        return Ok(lazytrain_storage::fetch_folder(&url)?);
+    }
     let path = Path::new(spec);
     if path.is_dir() || !is_hub_id(spec) {
         return Ok(path.to_path_buf());

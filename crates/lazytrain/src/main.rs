@@ -7,6 +7,7 @@ mod cli_data;
 mod cli_export;
 mod cli_inputs;
 mod cli_pipelines;
+mod cli_storage;
 mod cli_texts;
 mod cli_train;
 mod demo;

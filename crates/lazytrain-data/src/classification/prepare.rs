@@ -80,6 +80,11 @@ pub struct ClassificationManifest {
 impl ClassificationManifest {
     /// Read `manifest.json` of a `prepare-classification` folder.
     pub fn read(dir: &Path) -> Result<ClassificationManifest> {
+        ClassificationManifest::read_url(&lazytrain_storage::StorageUrl::Local(dir.to_path_buf()))
+    }
+
+    /// Read `manifest.json` of a `prepare-classification` folder or bucket prefix.
+    pub fn read_url(dir: &lazytrain_storage::StorageUrl) -> Result<ClassificationManifest> {
         read_manifest(
             dir,
             Some(SEQUENCE_CLASSIFICATION),

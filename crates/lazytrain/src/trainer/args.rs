@@ -17,6 +17,24 @@ pub enum IntervalStrategy {
     Epoch,
 }
 
+/// What `push_to` uploads, and when (Hugging Face's `hub_strategy` names).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum HubStrategy {
+    /// The final model folder, when training ends.
+    End,
+    /// Every checkpoint folder as it is saved (rotated remotely by
+    /// `save_total_limit`), then the final model: a preempted run resumes
+    /// from the newest complete one.
+    EverySave,
+    /// The model at the top of `push_to` at each save, and the newest
+    /// checkpoint as `last-checkpoint/` (resume from it).
+    Checkpoint,
+    /// The model at the top of `push_to` at each save, and every checkpoint
+    /// folder, never rotated.
+    AllCheckpoints,
+}
+
 /// Declares [`TrainingArguments`] (fields, docs and defaults written once)
 /// and [`FIELDS`], the same docs by name, from which the `lazytrain train`
 /// flags and their help are made: the help cannot drift from the struct.
@@ -111,8 +129,15 @@ training_arguments! {
     /// Drop the last partial batch of an epoch: always, as on XLA (every
     /// training batch has the same shape); `false` is refused.
     dataloader_drop_last: bool = true,
-    /// `true` (the latest valid checkpoint in `output_dir`) or a checkpoint path.
+    /// `true` (the latest valid checkpoint in `output_dir`, else in
+    /// `push_to`), a checkpoint path, or a checkpoint's gs://, s3:// URL.
     resume_from_checkpoint: Option<String> = None,
+    /// A gs://, s3:// (or local) folder the checkpoints and the final model
+    /// are uploaded to in the background, as `hub_strategy` says (the
+    /// PushToHub role; credentials come from the environment).
+    push_to: Option<String> = None,
+    /// `end`, `every_save`, `checkpoint` or `all_checkpoints`.
+    hub_strategy: HubStrategy = HubStrategy::EverySave,
     /// Any of `jsonl`, `tensorboard`, or `none`.
     report_to: Vec<String> = vec!["jsonl".into()],
     /// Data-parallel replicas (in each process, under `mpirun`).
@@ -153,7 +178,10 @@ impl TrainingArguments {
         for (key, raw) in overrides {
             let parsed = match (key.as_str(), raw.as_str()) {
                 ("report_to", r) => serde_json::json!(r.split(',').map(str::trim).collect::<Vec<_>>()),
-                ("resume_from_checkpoint" | "output_dir" | "lr_scheduler_type" | "metric_for_best_model", r) => {
+                (
+                    "resume_from_checkpoint" | "output_dir" | "lr_scheduler_type" | "metric_for_best_model" | "push_to",
+                    r,
+                ) => {
                     serde_json::json!(r)
                 }
                 (_, r) => serde_json::from_str(r).unwrap_or_else(|_| serde_json::json!(r)),
@@ -184,6 +212,9 @@ impl TrainingArguments {
                 self.lr_scheduler_type,
                 schedulers.join(", ")
             )));
+        }
+        if let Some(url) = &self.push_to {
+            lazytrain_storage::StorageUrl::parse(url).map_err(|e| invalid(format!("push_to: {e}")))?;
         }
         for r in &self.report_to {
             if !["jsonl", "tensorboard", "none"].contains(&r.as_str()) {

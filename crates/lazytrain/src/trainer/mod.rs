@@ -12,12 +12,13 @@ mod evaluate;
 pub mod events;
 mod logs;
 pub mod plan;
+pub mod push;
 mod replicas;
 pub mod state;
 pub mod task;
 mod train_loop;
 
-pub use args::{IntervalStrategy, TrainingArguments};
+pub use args::{HubStrategy, IntervalStrategy, TrainingArguments};
 pub use callbacks::{Control, EarlyStopping, TrainerCallback};
 pub use replicas::{run_replicas, run_replicas_for};
 pub use state::{RngState, SchedulerState, TrainerState};
@@ -91,6 +92,8 @@ pub struct Trainer<M: TaskModel = ForMaskedLM> {
     show_progress: bool,
     /// The step of the last evaluation that set a new best metric.
     new_best_at: Option<u64>,
+    /// Uploads to `push_to` (the master replica, while training).
+    sync: Option<push::CheckpointSync>,
 }
 
 impl Trainer<ForMaskedLM> {
@@ -223,6 +226,7 @@ impl<M: TaskModel> Trainer<M> {
             task,
             show_progress: false,
             new_best_at: None,
+            sync: None,
         })
     }
 
@@ -478,6 +482,9 @@ impl<M: TaskModel> Trainer<M> {
         let path = save_checkpoint(output_dir, &contents)?;
         if let Some(limit) = self.args.save_total_limit {
             rotate(output_dir, limit, self.state.best_model_checkpoint.as_deref())?;
+        }
+        if let Some(sync) = &mut self.sync {
+            sync.checkpoint_saved(&path, output_dir)?;
         }
         for cb in &mut self.callbacks {
             cb.on_save(&self.state, &path);

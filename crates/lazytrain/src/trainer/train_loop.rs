@@ -123,6 +123,9 @@ impl<M: TaskModel> Trainer<M> {
         if let Some(dir) = self.resume_dir()? {
             self.restore(&dir, &mut optimizer)?;
         }
+        if self.is_master() {
+            self.sync = super::push::CheckpointSync::for_args(&self.args)?;
+        }
         let (rank, world) = self.replica_position();
         // Replicas start from replica 0's weights and must share its seed
         // (the data order and dropout derive from it).
@@ -335,6 +338,9 @@ impl<M: TaskModel> Trainer<M> {
             crate::folder::save_folder(&run.output_dir, &self.model, self.model.config(), &self.tokenizer)?;
             let text = serde_json::to_string_pretty(&self.state).map_err(|e| Error::Input(e.to_string()))?;
             lazytrain_nn::state::write_atomically(&run.output_dir.join("trainer_state.json"), text.as_bytes())?;
+        }
+        if let Some(sync) = self.sync.take() {
+            sync.finish(&run.output_dir, !run.interrupted)?;
         }
         let training_loss = run.losses.iter().map(|&l| l as f64).sum::<f64>() / run.losses.len().max(1) as f64;
         Ok(TrainOutput {

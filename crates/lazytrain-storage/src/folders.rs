@@ -1,0 +1,93 @@
+//! Whole folders to and from buckets: publishing a prepared dataset or a
+//! tokenizer, and fetching a model folder into a local cache once.
+
+use crate::ops::{download_file, list, upload_file, ObjectInfo};
+use crate::url::StorageUrl;
+use crate::{Result, StorageError};
+use std::path::{Path, PathBuf};
+
+/// Upload every file of the local folder `from` (recursively) under `to`,
+/// the files named in `last` after all others: a reader that waits for
+/// them (`manifest.json`, `trainer_state.json`) never sees a half-uploaded
+/// folder.
+pub fn upload_folder(from: &Path, to: &StorageUrl, last: &[&str]) -> Result<()> {
+    let mut files = Vec::new();
+    collect_files(from, from, &mut files)?;
+    files.sort_by_key(|relative| (last.contains(&relative.as_str()), relative.clone()));
+    for relative in files {
+        upload_file(&from.join(&relative), &to.join(&relative))?;
+    }
+    Ok(())
+}
+
+fn collect_files(root: &Path, dir: &Path, out: &mut Vec<String>) -> Result<()> {
+    let io = |e: std::io::Error| StorageError::Other { url: dir.display().to_string(), detail: e.to_string() };
+    for entry in std::fs::read_dir(dir).map_err(io)? {
+        let path = entry.map_err(io)?.path();
+        if path.is_dir() {
+            collect_files(root, &path, out)?;
+        } else if let Ok(relative) = path.strip_prefix(root) {
+            out.push(relative.to_string_lossy().into_owned());
+        }
+    }
+    Ok(())
+}
+
+/// Where fetched folders are cached: `LAZYTRAIN_CACHE`, else
+/// `$XDG_CACHE_HOME/lazytrain`, else `~/.cache/lazytrain`.
+pub fn cache_root() -> PathBuf {
+    if let Some(dir) = std::env::var_os("LAZYTRAIN_CACHE").filter(|d| !d.is_empty()) {
+        return PathBuf::from(dir);
+    }
+    let base = std::env::var_os("XDG_CACHE_HOME")
+        .filter(|d| !d.is_empty())
+        .map(PathBuf::from)
+        .or_else(|| std::env::var_os("HOME").map(|h| PathBuf::from(h).join(".cache")))
+        .unwrap_or_else(std::env::temp_dir);
+    base.join("lazytrain")
+}
+
+/// The files directly under `url` (not in sub-folders such as
+/// `checkpoint-N/`), as a local folder: a local URL is returned as it is;
+/// a bucket folder is downloaded into [`cache_root`]`/remote/…` once and
+/// reused while every object's version (ETag) is unchanged.
+pub fn fetch_folder(url: &StorageUrl) -> Result<PathBuf> {
+    if let StorageUrl::Local(path) = url {
+        return Ok(path.clone());
+    }
+    let prefix = url.to_string();
+    let objects: Vec<ObjectInfo> = list(url)?
+        .into_iter()
+        .filter(|o| {
+            o.url.to_string().strip_prefix(&prefix).is_some_and(|rest| !rest.trim_start_matches('/').contains('/'))
+        })
+        .collect();
+    if objects.is_empty() {
+        return Err(StorageError::NotFound { url: prefix, hint: "; expected a folder with config.json".into() });
+    }
+    let fingerprint: String =
+        objects.iter().map(|o| format!("{} {} {}\n", o.url, o.size, o.version.as_deref().unwrap_or("-"))).collect();
+    let dir = cache_root().join("remote").join(format!("{:016x}", fnv1a(prefix.as_bytes())));
+    let stamp = dir.join(".lazytrain-source");
+    if std::fs::read_to_string(&stamp).is_ok_and(|seen| seen == fingerprint) {
+        return Ok(dir);
+    }
+    let io =
+        |path: &Path, e: std::io::Error| StorageError::Other { url: path.display().to_string(), detail: e.to_string() };
+    let staging = dir.with_extension(format!("tmp-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&staging);
+    std::fs::create_dir_all(&staging).map_err(|e| io(&staging, e))?;
+    for object in &objects {
+        let name = object.url.file_name().unwrap_or_default();
+        download_file(&object.url, &staging.join(name))?;
+    }
+    std::fs::write(staging.join(".lazytrain-source"), &fingerprint).map_err(|e| io(&staging, e))?;
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::rename(&staging, &dir).map_err(|e| io(&dir, e))?;
+    Ok(dir)
+}
+
+/// 64-bit FNV-1a: a stable folder name for a URL.
+fn fnv1a(bytes: &[u8]) -> u64 {
+    bytes.iter().fold(0xcbf2_9ce4_8422_2325, |hash, &b| (hash ^ b as u64).wrapping_mul(0x0100_0000_01b3))
+}

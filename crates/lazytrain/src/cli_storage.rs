@@ -1,0 +1,96 @@
+//! Bucket URLs on the command line: `--files` and `--tokenizer` read from
+//! `gs://`/`s3://` (fetched to local files first), and `--output` folders
+//! written locally then published to the bucket, the manifest last.
+
+use lazytrain::{Error, Result};
+use lazytrain_storage::{fetch_folder, glob, upload_folder, StorageUrl};
+use std::path::{Path, PathBuf};
+
+/// A temporary local folder, removed on drop.
+pub struct Staging(PathBuf);
+
+impl Staging {
+    /// A new empty folder under the system's temporary directory.
+    pub fn new(purpose: &str) -> Result<Staging> {
+        use std::sync::atomic::{AtomicU64, Ordering};
+        static COUNT: AtomicU64 = AtomicU64::new(0);
+        let n = COUNT.fetch_add(1, Ordering::Relaxed);
+        let dir = std::env::temp_dir().join(format!("lazytrain-{purpose}-{}-{n}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).map_err(|e| Error::Input(format!("{}: {e}", dir.display())))?;
+        Ok(Staging(dir))
+    }
+
+    /// The folder.
+    pub fn path(&self) -> &Path {
+        &self.0
+    }
+}
+
+impl Drop for Staging {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
+/// Local files for `--files`: plain paths as given; bucket objects and
+/// bucket patterns (`gs://b/texts/*.txt`, matched as `tf.io.gfile.glob`
+/// does) downloaded into `staging`, keeping their names (the format comes
+/// from the extension).
+pub fn input_files(specs: &[StorageUrl], staging: &Staging) -> Result<Vec<PathBuf>> {
+    let mut files = Vec::new();
+    for spec in specs {
+        let StorageUrl::Remote { .. } = spec else {
+            files.push(spec.local_path().expect("local").to_path_buf());
+            continue;
+        };
+        let matched = if spec.to_string().contains(['*', '?']) { glob(spec)? } else { vec![spec.clone()] };
+        if matched.is_empty() {
+            return Err(Error::Input(format!("--files {spec} matches no objects")));
+        }
+        for url in matched {
+            let name = url.file_name().unwrap_or_default();
+            let local = staging.path().join(format!("{}-{name}", files.len()));
+            lazytrain_storage::download_file(&url, &local)?;
+            files.push(local);
+        }
+    }
+    Ok(files)
+}
+
+/// A tokenizer folder (or file) given as a path or a bucket URL.
+pub fn tokenizer_path(spec: &StorageUrl) -> Result<PathBuf> {
+    Ok(fetch_folder(spec)?)
+}
+
+/// Where a command writes its output folder: the folder itself, or for a
+/// bucket URL a staging folder published by [`OutputFolder::publish`].
+pub struct OutputFolder {
+    target: StorageUrl,
+    staging: Option<Staging>,
+}
+
+impl OutputFolder {
+    /// Prepare to write `target`.
+    pub fn new(target: &StorageUrl) -> Result<OutputFolder> {
+        let staging = target.is_remote().then(|| Staging::new("output")).transpose()?;
+        Ok(OutputFolder { target: target.clone(), staging })
+    }
+
+    /// The local folder to write into.
+    pub fn path(&self) -> PathBuf {
+        match (&self.staging, &self.target) {
+            (Some(staging), _) => staging.path().to_path_buf(),
+            (None, target) => target.local_path().expect("a local target").to_path_buf(),
+        }
+    }
+
+    /// Upload a staged folder to its bucket (`last` after every other file,
+    /// so readers never see it half-written); nothing for a local target.
+    pub fn publish(self, last: &[&str]) -> Result<()> {
+        if let Some(staging) = &self.staging {
+            upload_folder(staging.path(), &self.target, last)?;
+        }
+        Ok(())
+    }
+}

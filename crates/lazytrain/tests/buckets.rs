@@ -1,0 +1,279 @@
+//! Data and checkpoints in buckets, end to end through the CLI, against
+//! real-protocol emulators started here (moto for S3, gcp-storage-emulator
+//! for GCS; skipped with a printed reason where they are not installed):
+//! prepare into a bucket, train from it, push checkpoints, resume on an
+//! empty machine from the newest remote checkpoint, and load a pushed
+//! model into a pipeline.
+
+use lazytrain::trainer::push::remote_checkpoints;
+use lazytrain_data::corpus::demo_corpus;
+use lazytrain_storage::emulators::{Emulator, EmulatorKind};
+use lazytrain_storage::{list, read, write, StorageUrl};
+use std::path::Path;
+use std::process::{Command, Output};
+
+mod common;
+
+fn url(text: &str) -> StorageUrl {
+    StorageUrl::parse(text).unwrap()
+}
+
+fn lazytrain(dir: &Path, emulator: &Emulator, args: &[&str]) -> Output {
+    let mut cmd = Command::new(env!("CARGO_BIN_EXE_lazytrain"));
+    cmd.current_dir(dir).args(args).envs(emulator.env()).env("LAZYTRAIN_CACHE", dir.join("cache"));
+    cmd.output().unwrap()
+}
+
+fn ok(out: Output) -> String {
+    let text = format!("{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
+    assert!(out.status.success(), "{text}");
+    text
+}
+
+/// Flags of every training run here: a constant learning rate, so a run cut
+/// at step 4 and resumed to 8 is the 8-step run.
+const TRAIN: &[&str] = &[
+    "train",
+    "--model",
+    "bert-tiny",
+    "--tokenizer",
+    "s3://lt-run/tok",
+    "--save-steps",
+    "2",
+    "--save-total-limit",
+    "2",
+    "--logging-steps",
+    "1",
+    "--per-device-train-batch-size",
+    "4",
+    "--learning-rate",
+    "1e-3",
+    "--seed",
+    "5",
+    "--lr-scheduler-type",
+    "constant",
+    "--report-to",
+    "none",
+];
+
+fn train(dir: &Path, emulator: &Emulator, extra: &[&str]) -> Output {
+    let args: Vec<&str> = TRAIN.iter().chain(extra).copied().collect();
+    lazytrain(dir, emulator, &args)
+}
+
+#[test]
+fn prepare_train_push_and_resume_through_s3() {
+    let Some(moto) = Emulator::start(EmulatorKind::Moto) else { return };
+    moto.create_bucket("lt-run");
+    moto.register("lt-run");
+    let dir = common::tmp("buckets", "s3");
+    let docs = demo_corpus(3, 4, 800).sentences;
+    for (i, part) in docs.chunks(400).enumerate() {
+        write(&url(&format!("s3://lt-run/texts/part-{i}.txt")), part.join("\n").into_bytes()).unwrap();
+    }
+    write(&url("s3://lt-run/texts/notes.md"), b"not matched by the glob".to_vec()).unwrap();
+
+    ok(lazytrain(
+        &dir,
+        &moto,
+        &[
+            "train-tokenizer",
+            "--files",
+            "s3://lt-run/texts/*.txt",
+            "--model",
+            "wordpiece",
+            "--vocab-size",
+            "150",
+            "--output",
+            "s3://lt-run/tok",
+        ],
+    ));
+    let prepare = |output: &str| {
+        ok(lazytrain(
+            &dir,
+            &moto,
+            &[
+                "prepare",
+                "--tokenizer",
+                "s3://lt-run/tok",
+                "--files",
+                "s3://lt-run/texts/*.txt",
+                "--block-size",
+                "16",
+                "--num-shards",
+                "2",
+                "--validation-fraction",
+                "0",
+                "--output",
+                output,
+            ],
+        ))
+    };
+    prepare("s3://lt-run/data");
+    prepare("local-data");
+    // The bucket holds what the local folder holds, byte for byte (shards,
+    // their index sidecars, the manifest).
+    for entry in std::fs::read_dir(dir.join("local-data")).unwrap() {
+        let path = entry.unwrap().path();
+        let name = path.file_name().unwrap().to_string_lossy().into_owned();
+        let remote = read(&url(&format!("s3://lt-run/data/{name}"))).unwrap();
+        assert!(remote == std::fs::read(&path).unwrap(), "{name} differs");
+    }
+
+    // The uninterrupted reference: local data, no bucket.
+    ok(train(&dir, &moto, &["--train-data", "local-data", "--output-dir", "full", "--max-steps", "8"]));
+    let expected = std::fs::read(dir.join("full/model.safetensors")).unwrap();
+
+    // A run on bucket data that pushes every save, cut at step 4 (the VM is
+    // preempted: its disk is gone).
+    ok(train(
+        &dir,
+        &moto,
+        &[
+            "--train-data",
+            "s3://lt-run/data",
+            "--output-dir",
+            "first-vm",
+            "--max-steps",
+            "4",
+            "--push-to",
+            "s3://lt-run/run",
+            "--hub-strategy",
+            "every_save",
+        ],
+    ));
+    std::fs::remove_dir_all(dir.join("first-vm")).unwrap();
+    let steps: Vec<u64> = remote_checkpoints(&url("s3://lt-run/run")).unwrap().iter().map(|c| c.0).collect();
+    assert_eq!(steps, [2, 4]);
+
+    // A new machine: empty output dir, same command plus resume.
+    let out = ok(train(
+        &dir,
+        &moto,
+        &[
+            "--train-data",
+            "s3://lt-run/data",
+            "--output-dir",
+            "second-vm",
+            "--max-steps",
+            "8",
+            "--push-to",
+            "s3://lt-run/run",
+            "--hub-strategy",
+            "every_save",
+            "--resume-from-checkpoint",
+            "true",
+        ],
+    ));
+    assert!(out.contains("resuming from s3://lt-run/run/checkpoint-4"), "{out}");
+    assert!(std::fs::read(dir.join("second-vm/model.safetensors")).unwrap() == expected, "resumed weights differ");
+    // Rotation applied remotely; the final model at the top, bit-identical.
+    let steps: Vec<u64> = remote_checkpoints(&url("s3://lt-run/run")).unwrap().iter().map(|c| c.0).collect();
+    assert_eq!(steps, [6, 8]);
+    assert!(read(&url("s3://lt-run/run/model.safetensors")).unwrap() == expected);
+    assert!(read(&url("s3://lt-run/run/checkpoint-8/optimizer.safetensors")).is_ok());
+    let args = String::from_utf8(read(&url("s3://lt-run/run/checkpoint-8/training_args.json")).unwrap()).unwrap();
+    assert!(!args.contains("test"), "no credentials in training_args.json: {args}");
+
+    // A pipeline straight from the bucket: downloaded once, then cached.
+    let fill = ["fill-mask", "--model", "s3://lt-run/run", "the capital of [MASK] is", "--json"];
+    let first = ok(lazytrain(&dir, &moto, &fill));
+    // The cache holds the tokenizer folder (from --tokenizer) and the model.
+    let cached: Vec<_> = std::fs::read_dir(dir.join("cache/remote"))
+        .unwrap()
+        .map(|e| e.unwrap().path().join("model.safetensors"))
+        .filter(|p| p.is_file())
+        .collect();
+    assert_eq!(cached.len(), 1);
+    let weights = &cached[0];
+    let fetched_at = std::fs::metadata(weights).unwrap().modified().unwrap();
+    assert_eq!(ok(lazytrain(&dir, &moto, &fill)), first);
+    assert_eq!(std::fs::metadata(weights).unwrap().modified().unwrap(), fetched_at, "downloaded again");
+
+    // A checkpoint folder whose trainer_state.json never arrived is not a
+    // checkpoint: resume takes the newest complete one.
+    for name in ["model.safetensors", "optimizer.safetensors"] {
+        write(&url(&format!("s3://lt-run/run/checkpoint-10/{name}")), b"partial".to_vec()).unwrap();
+    }
+    let steps: Vec<u64> = remote_checkpoints(&url("s3://lt-run/run")).unwrap().iter().map(|c| c.0).collect();
+    assert_eq!(steps, [6, 8]);
+    let out = ok(train(
+        &dir,
+        &moto,
+        &[
+            "--train-data",
+            "s3://lt-run/data",
+            "--output-dir",
+            "third-vm",
+            "--max-steps",
+            "8",
+            "--push-to",
+            "s3://lt-run/run2",
+            "--resume-from-checkpoint",
+            "s3://lt-run/run/checkpoint-8",
+        ],
+    ));
+    assert!(out.contains("resuming from s3://lt-run/run/checkpoint-8"), "{out}");
+    assert!(std::fs::read(dir.join("third-vm/model.safetensors")).unwrap() == expected);
+    let names: Vec<String> = list(&url("s3://lt-run/run2")).unwrap().iter().map(|o| o.url.to_string()).collect();
+    assert!(names.contains(&"s3://lt-run/run2/model.safetensors".to_string()), "{names:?}");
+
+    // Bad URLs name themselves.
+    let out =
+        train(&dir, &moto, &["--train-data", "s3://lt-run/nothing-here", "--output-dir", "x", "--max-steps", "1"]);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success() && err.contains("s3://lt-run/nothing-here"), "{err}");
+}
+
+#[test]
+fn a_store_that_dies_mid_run_fails_the_push_not_the_training() {
+    let Some(mut moto) = Emulator::start(EmulatorKind::Moto) else { return };
+    moto.create_bucket("lt-dying");
+    moto.register("lt-dying");
+    let dir = common::tmp("buckets", "dying");
+    let docs = demo_corpus(3, 4, 800).sentences;
+    let tok = lazytrain_data::train_tokenizer::train_tokenizer(
+        &docs,
+        lazytrain_data::train_tokenizer::SubwordModel::WordPiece,
+        150,
+        lazytrain_data::TokenizerStyle::Bert,
+    )
+    .unwrap();
+    tok.save(&dir.join("tok"), 512).unwrap();
+    let options = lazytrain_data::prepare::PrepareOptions {
+        block_size: 16,
+        num_shards: 2,
+        validation_fraction: 0.0,
+        seed: 0,
+        progress: false,
+    };
+    lazytrain_data::prepare::prepare(&tok, &docs, &dir.join("data"), &options).unwrap();
+    let mut run = Command::new(env!("CARGO_BIN_EXE_lazytrain"))
+        .current_dir(&dir)
+        .args(["train", "--model", "bert-tiny", "--tokenizer", "tok", "--train-data", "data", "--output-dir", "out"])
+        .args(["--max-steps", "60", "--save-steps", "2", "--per-device-train-batch-size", "4", "--report-to", "none"])
+        .args(["--push-to", "s3://lt-dying/run"])
+        .envs(moto.env())
+        .env("LAZYTRAIN_STORAGE_ATTEMPTS", "2")
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    // The store dies once the first checkpoint is up.
+    let first = url("s3://lt-dying/run/checkpoint-2/trainer_state.json");
+    while !lazytrain_storage::exists(&first).unwrap() {
+        assert!(run.try_wait().unwrap().is_none(), "the run ended before its first upload");
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+    moto.stop();
+    let out = run.wait_with_output().unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    // Training went on to the end and saved everything locally; the push
+    // failures are reported, each naming its checkpoint and the URL.
+    assert!(!out.status.success(), "{err}");
+    assert!(dir.join("out/model.safetensors").is_file() && dir.join("out/checkpoint-60").is_dir(), "{err}");
+    assert!(err.contains("training finished and everything is saved in out"), "{err}");
+    assert!(err.contains("checkpoint-60 -> s3://lt-dying/run/checkpoint-60"), "{err}");
+    assert!(err.contains("gave up after 2 attempts"), "{err}");
+    assert!(!err.contains("panicked"), "{err}");
+}
