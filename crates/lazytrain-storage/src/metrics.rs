@@ -23,6 +23,20 @@ pub struct StorageMetrics {
     pub failed_uploads: u64,
 }
 
+impl std::fmt::Display for StorageMetrics {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "{} requests, {} transient failures retried, {:.1} MB read, {:.1} MB written, {} uploads failed",
+            self.requests,
+            self.retries,
+            self.bytes_read as f64 / 1e6,
+            self.bytes_written as f64 / 1e6,
+            self.failed_uploads
+        )
+    }
+}
+
 /// The counters now.
 pub fn storage_metrics() -> StorageMetrics {
     StorageMetrics {

@@ -53,7 +53,7 @@ impl BlockCache {
             block.last_used.store(tick, Ordering::Relaxed);
             return block.clone();
         }
-        self.evict(&mut blocks);
+        self.evict(&mut blocks, 1);
         let block = Arc::new(Block {
             state: Mutex::new(BlockState::Pending),
             ready: Condvar::new(),
@@ -71,13 +71,18 @@ impl BlockCache {
             };
             *fetching.state.lock().unwrap_or_else(|p| p.into_inner()) = state;
             fetching.ready.notify_all();
+            // Blocks in flight cannot be evicted, so the cache may have gone
+            // over its budget while this one was fetched: trim it now (a
+            // reader waiting for a block holds it, evicted or not).
+            let cache = cache();
+            cache.evict(&mut cache.blocks.lock().unwrap_or_else(|p| p.into_inner()), 0);
         });
         block
     }
 
-    /// Drop least recently used ready blocks until one more fits.
-    fn evict(&self, blocks: &mut HashMap<(u64, u64), Arc<Block>>) {
-        while (blocks.len() as u64 + 1) * BLOCK_SIZE > self.budget {
+    /// Drop least recently used ready blocks until `room` more fit.
+    fn evict(&self, blocks: &mut HashMap<(u64, u64), Arc<Block>>, room: u64) {
+        while (blocks.len() as u64 + room) * BLOCK_SIZE > self.budget {
             let oldest = blocks
                 .iter()
                 .filter(|(_, b)| matches!(*b.state.lock().unwrap_or_else(|p| p.into_inner()), BlockState::Ready(_)))

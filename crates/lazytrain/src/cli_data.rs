@@ -200,6 +200,14 @@ pub fn bench_loader(args: &BenchLoaderArgs) -> lazytrain::Result<()> {
         rows += batch?.input_ids.dims()[0];
     }
     let secs = start.elapsed().as_secs_f64();
-    println!("{{\"sequences\": {rows}, \"seconds\": {secs:.3}, \"sequences_per_s\": {:.1}}}", rows as f64 / secs);
+    let io = lazytrain_storage::storage_metrics();
+    println!(
+        "{{\"sequences\": {rows}, \"seconds\": {secs:.3}, \"sequences_per_s\": {:.1}, \"bucket_requests\": {}, \
+         \"bucket_retries\": {}, \"bucket_mb_read\": {:.1}}}",
+        rows as f64 / secs,
+        io.requests,
+        io.retries,
+        io.bytes_read as f64 / 1e6
+    );
     Ok(())
 }

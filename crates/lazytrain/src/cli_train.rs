@@ -416,4 +416,8 @@ fn report((out, eval): &(Option<TrainOutput>, Option<EvalMetrics>), output_dir: 
     if let Some(eval) = eval {
         println!("eval: {eval}");
     }
+    let io = lazytrain_storage::storage_metrics();
+    if io.requests > 0 {
+        println!("buckets: {io}");
+    }
 }

@@ -218,6 +218,31 @@ fn prepare_train_push_and_resume_through_s3() {
     let names: Vec<String> = list(&url("s3://lt-run/run2")).unwrap().iter().map(|o| o.url.to_string()).collect();
     assert!(names.contains(&"s3://lt-run/run2/model.safetensors".to_string()), "{names:?}");
 
+    // hub_strategy checkpoint: the model at the top, the newest checkpoint
+    // as last-checkpoint/, which a new machine resumes from.
+    ok(train(&dir, &moto, &[
+        "--train-data", "s3://lt-run/data", "--output-dir", "fourth-vm", "--max-steps", "4", "--push-to",
+        "s3://lt-run/run3", "--hub-strategy", "checkpoint",
+    ]));
+    let names: Vec<String> = list(&url("s3://lt-run/run3")).unwrap().iter().map(|o| o.url.to_string()).collect();
+    assert!(names.contains(&"s3://lt-run/run3/last-checkpoint/trainer_state.json".to_string()), "{names:?}");
+    assert!(names.contains(&"s3://lt-run/run3/model.safetensors".to_string()), "{names:?}");
+    assert!(!names.iter().any(|n| n.contains("/checkpoint-")), "{names:?}");
+    let out = ok(train(&dir, &moto, &[
+        "--train-data", "s3://lt-run/data", "--output-dir", "fifth-vm", "--max-steps", "8", "--push-to",
+        "s3://lt-run/run3", "--hub-strategy", "checkpoint", "--resume-from-checkpoint", "true",
+    ]));
+    assert!(out.contains("resuming from s3://lt-run/run3/last-checkpoint"), "{out}");
+    assert!(std::fs::read(dir.join("fifth-vm/model.safetensors")).unwrap() == expected);
+
+    // hub_strategy all_checkpoints: every checkpoint stays, save_total_limit or not.
+    ok(train(&dir, &moto, &[
+        "--train-data", "s3://lt-run/data", "--output-dir", "sixth-vm", "--max-steps", "6", "--push-to",
+        "s3://lt-run/run4", "--hub-strategy", "all_checkpoints",
+    ]));
+    let steps: Vec<u64> = remote_checkpoints(&url("s3://lt-run/run4")).unwrap().iter().map(|c| c.0).collect();
+    assert_eq!(steps, [2, 4, 6]);
+
     // Bad URLs name themselves.
     let out =
         train(&dir, &moto, &["--train-data", "s3://lt-run/nothing-here", "--output-dir", "x", "--max-steps", "1"]);
@@ -225,12 +250,8 @@ fn prepare_train_push_and_resume_through_s3() {
     assert!(!out.status.success() && err.contains("s3://lt-run/nothing-here"), "{err}");
 }
 
-#[test]
-fn a_store_that_dies_mid_run_fails_the_push_not_the_training() {
-    let Some(mut moto) = Emulator::start(EmulatorKind::Moto) else { return };
-    moto.create_bucket("lt-dying");
-    moto.register("lt-dying");
-    let dir = common::tmp("buckets", "dying");
+/// A WordPiece tokenizer in `dir/tok` and its shards in `dir/data`.
+fn local_data(dir: &Path) {
     let docs = demo_corpus(3, 4, 800).sentences;
     let tok = lazytrain_data::train_tokenizer::train_tokenizer(
         &docs,
@@ -248,6 +269,54 @@ fn a_store_that_dies_mid_run_fails_the_push_not_the_training() {
         progress: false,
     };
     lazytrain_data::prepare::prepare(&tok, &docs, &dir.join("data"), &options).unwrap();
+}
+
+/// The loss lines of a run's `log.jsonl`.
+fn losses(dir: &Path) -> Vec<String> {
+    let log = std::fs::read_to_string(dir.join("logs/log.jsonl")).unwrap();
+    log.lines().filter(|l| l.contains("\"loss\"")).map(str::to_string).collect()
+}
+
+#[test]
+fn training_from_gcs_equals_training_from_disk() {
+    let Some(gcs) = Emulator::start(EmulatorKind::Gcs) else { return };
+    gcs.create_bucket("ltgcs");
+    gcs.register("ltgcs");
+    let dir = common::tmp("buckets", "gcs");
+    local_data(&dir);
+    lazytrain_storage::upload_folder(&dir.join("data"), &url("gs://ltgcs/data"), &["manifest.json"]).unwrap();
+    let run = |data: &str, out: &str| {
+        ok(lazytrain(&dir, &gcs, &[
+            "train", "--model", "bert-tiny", "--tokenizer", "tok", "--train-data", data, "--output-dir", out,
+            "--max-steps", "6", "--logging-steps", "1", "--per-device-train-batch-size", "4", "--seed", "3",
+        ]))
+    };
+    run("data", "from-disk");
+    run("gs://ltgcs/data", "from-gcs");
+    let disk = losses(&dir.join("from-disk"));
+    let without_time = |lines: Vec<String>| -> Vec<serde_json::Value> {
+        lines
+            .iter()
+            .map(|l| {
+                let mut v: serde_json::Value = serde_json::from_str(l).unwrap();
+                v.as_object_mut().unwrap().retain(|k, _| k == "loss" || k == "step" || k == "grad_norm");
+                v
+            })
+            .collect()
+    };
+    assert_eq!(disk.len(), 6);
+    assert_eq!(without_time(disk), without_time(losses(&dir.join("from-gcs"))));
+    let weights = |run: &str| std::fs::read(dir.join(run).join("model.safetensors")).unwrap();
+    assert!(weights("from-disk") == weights("from-gcs"));
+}
+
+#[test]
+fn a_store_that_dies_mid_run_fails_the_push_not_the_training() {
+    let Some(mut moto) = Emulator::start(EmulatorKind::Moto) else { return };
+    moto.create_bucket("lt-dying");
+    moto.register("lt-dying");
+    let dir = common::tmp("buckets", "dying");
+    local_data(&dir);
     let mut run = Command::new(env!("CARGO_BIN_EXE_lazytrain"))
         .current_dir(&dir)
         .args(["train", "--model", "bert-tiny", "--tokenizer", "tok", "--train-data", "data", "--output-dir", "out"])

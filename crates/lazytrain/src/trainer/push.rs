@@ -237,8 +237,8 @@ pub fn fetch_resume_checkpoint(args: &TrainingArguments) -> Result<Option<String
     let remote = match args.resume_from_checkpoint.as_deref() {
         Some("true") if checkpoints(output_dir).is_empty() => {
             let Some(url) = &args.push_to else { return Ok(args.resume_from_checkpoint.clone()) };
-            match remote_checkpoints(&StorageUrl::parse(url)?)?.pop() {
-                Some((_, folder)) => folder,
+            match newest_remote_checkpoint(&StorageUrl::parse(url)?)? {
+                Some(folder) => folder,
                 None => return Ok(args.resume_from_checkpoint.clone()),
             }
         }
@@ -248,10 +248,10 @@ pub fn fetch_resume_checkpoint(args: &TrainingArguments) -> Result<Option<String
         },
         None => return Ok(None),
     };
-    if !lazytrain_storage::exists(&remote.join(MARKER))? {
-        return Err(Error::Input(format!("{remote} is not a complete checkpoint (no {MARKER})")));
-    }
-    let name = remote.file_name().unwrap_or_else(|| "checkpoint".into());
+    let step = remote_step(&remote)?
+        .ok_or_else(|| Error::Input(format!("{remote} is not a complete checkpoint (no {MARKER})")))?;
+    // Named by its step locally (`last-checkpoint` too), where checkpoints live.
+    let name = format!("checkpoint-{step}");
     let local = output_dir.join(&name);
     if !local.join(MARKER).is_file() {
         // Named like a checkpoint being written, so a killed download is
@@ -267,4 +267,28 @@ pub fn fetch_resume_checkpoint(args: &TrainingArguments) -> Result<Option<String
         eprintln!("resuming from {remote} (downloaded to {})", local.display());
     }
     Ok(Some(local.display().to_string()))
+}
+
+/// The global step in a remote checkpoint's marker (`None` without one).
+fn remote_step(folder: &StorageUrl) -> Result<Option<u64>> {
+    let bytes = match lazytrain_storage::read(&folder.join(MARKER)) {
+        Ok(bytes) => bytes,
+        Err(StorageError::NotFound { .. }) => return Ok(None),
+        Err(e) => return Err(e.into()),
+    };
+    let state: serde_json::Value = serde_json::from_slice(&bytes)
+        .map_err(|e| Error::Input(format!("{}: {e}", folder.join(MARKER))))?;
+    Ok(state["global_step"].as_u64())
+}
+
+/// The newest complete checkpoint under `target`: its `checkpoint-N/`
+/// folders and `last-checkpoint/` (hub_strategy `checkpoint`) compared by step.
+fn newest_remote_checkpoint(target: &StorageUrl) -> Result<Option<StorageUrl>> {
+    let numbered = remote_checkpoints(target)?.pop();
+    let last = target.join("last-checkpoint");
+    let last = remote_step(&last)?.map(|step| (step, last));
+    Ok(match (numbered, last) {
+        (Some(a), Some(b)) => Some(if b.0 > a.0 { b.1 } else { a.1 }),
+        (a, b) => a.or(b).map(|(_, folder)| folder),
+    })
 }
