@@ -4,7 +4,7 @@
 use crate::example::decode_int64_example;
 use crate::tfrecord::{index_path, CorruptPolicy, LocalShard, RecordIndex, RemoteShard, ShardSource};
 use crate::{DataError, Result};
-use lazytrain_storage::{RangedObject, StorageError, StorageUrl};
+use lazytrain_storage::{RangedObject, ReadMode, StorageError, StorageUrl};
 use std::path::{Path, PathBuf};
 
 /// The shard files matching `spec`: a directory (its `{split}-*.tfrecord`
@@ -147,14 +147,20 @@ impl ShardedDataset {
         let mut starts = Vec::with_capacity(urls.len());
         let mut len = 0;
         let (mut skipped, mut unframed_bytes) = (0, 0);
-        for url in urls {
-            let (index, source) = match url {
-                StorageUrl::Local(path) => {
+        let mut objects = urls
+            .iter()
+            .map(|url| url.is_remote().then(|| RangedObject::open(url)).transpose())
+            .collect::<Result<Vec<_>, _>>()?;
+        let remote_bytes: u64 = objects.iter().flatten().map(RangedObject::size).sum();
+        let mode = read_mode(remote_bytes);
+        for (url, object) in urls.iter().zip(&mut objects) {
+            let (index, source) = match (url, object.take()) {
+                (StorageUrl::Local(path), _) => {
                     let source = LocalShard::open(path)?;
                     (RecordIndex::scan_source(&source, policy)?, Box::new(source) as Box<dyn ShardSource>)
                 }
-                StorageUrl::Remote { .. } => {
-                    let source = RemoteShard(RangedObject::open(url)?);
+                (StorageUrl::Remote { .. }, object) => {
+                    let source = RemoteShard(object.expect("opened above").with_mode(mode));
                     (remote_index(&source, url, policy)?, Box::new(source) as Box<dyn ShardSource>)
                 }
             };
@@ -222,6 +228,23 @@ impl ShardedDataset {
         let shard = self.starts.partition_point(|&s| s <= k).saturating_sub(1);
         (&self.shards[shard], k - self.starts[shard])
     }
+}
+
+/// Blocks while the bucket shards fit the block cache (each block is then
+/// fetched once); beyond it, records are read in random order, so a block
+/// would be fetched for one record and evicted: fetch exactly each record.
+fn read_mode(remote_bytes: u64) -> ReadMode {
+    let budget = lazytrain_storage::block_cache_budget();
+    if remote_bytes <= budget {
+        return ReadMode::Blocks;
+    }
+    eprintln!(
+        "note: the bucket shards ({:.0} MB) exceed the block cache ({:.0} MB): each record is fetched with its own \
+         ranged GET, ahead of the loader; raise LAZYTRAIN_STORAGE_CACHE_MB to cache them in 8 MiB blocks",
+        remote_bytes as f64 / 1e6,
+        budget as f64 / 1e6
+    );
+    ReadMode::Exact
 }
 
 /// The index of a bucket shard: from its sidecar when there is one, else

@@ -29,7 +29,7 @@ pub use ops::{
     delete, download_file, exists, glob, head, list, read, upload_file, write, ObjectInfo, MULTIPART_THRESHOLD,
     PART_SIZE,
 };
-pub use ranged::{RangedObject, BLOCK_SIZE};
+pub use ranged::{block_cache_budget, RangedObject, ReadMode, BLOCK_SIZE};
 pub use retry::RetryPolicy;
 pub use stores::register_store;
 pub use uploader::{UploadJob, UploadReport, Uploader};

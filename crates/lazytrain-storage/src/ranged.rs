@@ -40,7 +40,7 @@ fn cache() -> &'static BlockCache {
     static CACHE: OnceLock<BlockCache> = OnceLock::new();
     CACHE.get_or_init(|| {
         let mb = std::env::var("LAZYTRAIN_STORAGE_CACHE_MB").ok().and_then(|v| v.parse::<u64>().ok()).unwrap_or(512);
-        BlockCache { blocks: Mutex::default(), clock: AtomicU64::new(0), budget: mb.max(2 * BLOCK_SIZE >> 20) << 20 }
+        BlockCache { blocks: Mutex::default(), clock: AtomicU64::new(0), budget: mb.max((2 * BLOCK_SIZE) >> 20) << 20 }
     })
 }
 
@@ -54,30 +54,18 @@ impl BlockCache {
             return block.clone();
         }
         self.evict(&mut blocks, 1);
-        let block = Arc::new(Block {
-            state: Mutex::new(BlockState::Pending),
-            ready: Condvar::new(),
-            last_used: AtomicU64::new(tick),
-        });
+        let start = index * BLOCK_SIZE;
+        let block = fetch(object.url.clone(), start, u64::min(start + BLOCK_SIZE, object.size));
+        block.last_used.store(tick, Ordering::Relaxed);
         blocks.insert((object.id, index), block.clone());
-        drop(blocks);
-        let (url, start) = (object.url.clone(), index * BLOCK_SIZE);
-        let end = u64::min(start + BLOCK_SIZE, object.size);
-        let fetching = block.clone();
-        runtime().spawn(async move {
-            let state = match read_range_async(&url, start..end).await {
-                Ok(bytes) => BlockState::Ready(bytes),
-                Err(error) => BlockState::Failed(error),
-            };
-            *fetching.state.lock().unwrap_or_else(|p| p.into_inner()) = state;
-            fetching.ready.notify_all();
-            // Blocks in flight cannot be evicted, so the cache may have gone
-            // over its budget while this one was fetched: trim it now (a
-            // reader waiting for a block holds it, evicted or not).
-            let cache = cache();
-            cache.evict(&mut cache.blocks.lock().unwrap_or_else(|p| p.into_inner()), 0);
-        });
         block
+    }
+
+    /// Trim the cache after a fetch completed: blocks in flight cannot be
+    /// evicted, so it may have gone over its budget meanwhile (a reader
+    /// waiting for an evicted block still holds it).
+    fn trim(&self) {
+        self.evict(&mut self.blocks.lock().unwrap_or_else(|p| p.into_inner()), 0);
     }
 
     /// Drop least recently used ready blocks until `room` more fit.
@@ -100,11 +88,31 @@ impl BlockCache {
     }
 }
 
+/// How a [`RangedObject`] fetches what is read.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ReadMode {
+    /// Aligned 8 MiB blocks through the shared cache: for data that fits
+    /// the cache (every block is fetched once).
+    Blocks,
+    /// Exactly the bytes asked for, one ranged GET per read (or per
+    /// prefetch): for data much larger than the cache, read in random
+    /// order, where a block would be fetched for one record and evicted.
+    Exact,
+}
+
+/// The block cache's budget in bytes (`LAZYTRAIN_STORAGE_CACHE_MB`, default 512).
+pub fn block_cache_budget() -> u64 {
+    cache().budget
+}
+
 /// A bucket object read at arbitrary offsets (see the module docs).
 pub struct RangedObject {
     url: StorageUrl,
     size: u64,
     id: u64,
+    mode: ReadMode,
+    /// [`ReadMode::Exact`]: ranges fetched ahead, taken by the read of exactly that range.
+    ahead: Mutex<HashMap<(u64, u64), Arc<Block>>>,
 }
 
 impl RangedObject {
@@ -117,7 +125,19 @@ impl RangedObject {
     /// Open `url` whose size is already known.
     pub fn with_size(url: &StorageUrl, size: u64) -> RangedObject {
         static IDS: AtomicU64 = AtomicU64::new(0);
-        RangedObject { url: url.clone(), size, id: IDS.fetch_add(1, Ordering::Relaxed) }
+        RangedObject {
+            url: url.clone(),
+            size,
+            id: IDS.fetch_add(1, Ordering::Relaxed),
+            mode: ReadMode::Blocks,
+            ahead: Mutex::default(),
+        }
+    }
+
+    /// This object read in `mode`.
+    pub fn with_mode(mut self, mode: ReadMode) -> RangedObject {
+        self.mode = mode;
+        self
     }
 
     /// The object's URL.
@@ -142,27 +162,26 @@ impl RangedObject {
         if buf.is_empty() {
             return Ok(());
         }
+        if self.mode == ReadMode::Exact {
+            let fetched = self.ahead.lock().unwrap_or_else(|p| p.into_inner()).remove(&(offset, buf.len() as u64));
+            let block = fetched.unwrap_or_else(|| fetch(self.url.clone(), offset, end));
+            let bytes = wait(&block)?;
+            buf.copy_from_slice(&bytes);
+            return Ok(());
+        }
         let (first, last) = (offset / BLOCK_SIZE, (end - 1) / BLOCK_SIZE);
         self.prefetch(last + 1, READ_AHEAD);
         let mut written = 0usize;
         for index in first..=last {
             let block = cache().get(self, index);
-            let mut state = block.state.lock().unwrap_or_else(|p| p.into_inner());
-            while matches!(*state, BlockState::Pending) {
-                state = block.ready.wait(state).unwrap_or_else(|p| p.into_inner());
-            }
-            let bytes = match &*state {
-                BlockState::Ready(bytes) => bytes.clone(),
-                BlockState::Failed(error) => {
-                    let error = copy_error(error);
-                    drop(state);
+            let bytes = match wait(&block) {
+                Ok(bytes) => bytes,
+                Err(error) => {
                     // A later read tries again instead of meeting the same failure.
                     cache().forget(self, index);
                     return Err(error);
                 }
-                BlockState::Pending => unreachable!("waited until the block left Pending"),
             };
-            drop(state);
             let block_start = index * BLOCK_SIZE;
             let from = (offset + written as u64 - block_start) as usize;
             let take = usize::min(bytes.len() - from, buf.len() - written);
@@ -180,12 +199,50 @@ impl RangedObject {
         }
     }
 
-    /// Start fetching the blocks holding bytes `offset..offset + len`.
+    /// Start fetching bytes `offset..offset + len` (the blocks holding
+    /// them, or in [`ReadMode::Exact`] that range, for a read of it).
     pub fn prefetch_range(&self, offset: u64, len: u64) {
+        if self.mode == ReadMode::Exact {
+            if len > 0 && offset.checked_add(len).is_some_and(|end| end <= self.size) {
+                let mut ahead = self.ahead.lock().unwrap_or_else(|p| p.into_inner());
+                ahead.entry((offset, len)).or_insert_with(|| fetch(self.url.clone(), offset, offset + len));
+            }
+            return;
+        }
         if len > 0 && offset < self.size {
             let last = (offset + len - 1).min(self.size - 1) / BLOCK_SIZE;
             self.prefetch(offset / BLOCK_SIZE, last - offset / BLOCK_SIZE + 1);
         }
+    }
+}
+
+/// Start fetching `start..end` of `url` on the I/O runtime.
+fn fetch(url: StorageUrl, start: u64, end: u64) -> Arc<Block> {
+    let block =
+        Arc::new(Block { state: Mutex::new(BlockState::Pending), ready: Condvar::new(), last_used: AtomicU64::new(0) });
+    let fetching = block.clone();
+    runtime().spawn(async move {
+        let state = match read_range_async(&url, start..end).await {
+            Ok(bytes) => BlockState::Ready(bytes),
+            Err(error) => BlockState::Failed(error),
+        };
+        *fetching.state.lock().unwrap_or_else(|p| p.into_inner()) = state;
+        fetching.ready.notify_all();
+        cache().trim();
+    });
+    block
+}
+
+/// The bytes of `block` once fetched, or the fetch's error.
+fn wait(block: &Block) -> Result<Bytes> {
+    let mut state = block.state.lock().unwrap_or_else(|p| p.into_inner());
+    while matches!(*state, BlockState::Pending) {
+        state = block.ready.wait(state).unwrap_or_else(|p| p.into_inner());
+    }
+    match &*state {
+        BlockState::Ready(bytes) => Ok(bytes.clone()),
+        BlockState::Failed(error) => Err(copy_error(error)),
+        BlockState::Pending => unreachable!("waited until the block left Pending"),
     }
 }
 

@@ -220,26 +220,64 @@ fn prepare_train_push_and_resume_through_s3() {
 
     // hub_strategy checkpoint: the model at the top, the newest checkpoint
     // as last-checkpoint/, which a new machine resumes from.
-    ok(train(&dir, &moto, &[
-        "--train-data", "s3://lt-run/data", "--output-dir", "fourth-vm", "--max-steps", "4", "--push-to",
-        "s3://lt-run/run3", "--hub-strategy", "checkpoint",
-    ]));
+    ok(train(
+        &dir,
+        &moto,
+        &[
+            "--train-data",
+            "s3://lt-run/data",
+            "--output-dir",
+            "fourth-vm",
+            "--max-steps",
+            "4",
+            "--push-to",
+            "s3://lt-run/run3",
+            "--hub-strategy",
+            "checkpoint",
+        ],
+    ));
     let names: Vec<String> = list(&url("s3://lt-run/run3")).unwrap().iter().map(|o| o.url.to_string()).collect();
     assert!(names.contains(&"s3://lt-run/run3/last-checkpoint/trainer_state.json".to_string()), "{names:?}");
     assert!(names.contains(&"s3://lt-run/run3/model.safetensors".to_string()), "{names:?}");
     assert!(!names.iter().any(|n| n.contains("/checkpoint-")), "{names:?}");
-    let out = ok(train(&dir, &moto, &[
-        "--train-data", "s3://lt-run/data", "--output-dir", "fifth-vm", "--max-steps", "8", "--push-to",
-        "s3://lt-run/run3", "--hub-strategy", "checkpoint", "--resume-from-checkpoint", "true",
-    ]));
+    let out = ok(train(
+        &dir,
+        &moto,
+        &[
+            "--train-data",
+            "s3://lt-run/data",
+            "--output-dir",
+            "fifth-vm",
+            "--max-steps",
+            "8",
+            "--push-to",
+            "s3://lt-run/run3",
+            "--hub-strategy",
+            "checkpoint",
+            "--resume-from-checkpoint",
+            "true",
+        ],
+    ));
     assert!(out.contains("resuming from s3://lt-run/run3/last-checkpoint"), "{out}");
     assert!(std::fs::read(dir.join("fifth-vm/model.safetensors")).unwrap() == expected);
 
     // hub_strategy all_checkpoints: every checkpoint stays, save_total_limit or not.
-    ok(train(&dir, &moto, &[
-        "--train-data", "s3://lt-run/data", "--output-dir", "sixth-vm", "--max-steps", "6", "--push-to",
-        "s3://lt-run/run4", "--hub-strategy", "all_checkpoints",
-    ]));
+    ok(train(
+        &dir,
+        &moto,
+        &[
+            "--train-data",
+            "s3://lt-run/data",
+            "--output-dir",
+            "sixth-vm",
+            "--max-steps",
+            "6",
+            "--push-to",
+            "s3://lt-run/run4",
+            "--hub-strategy",
+            "all_checkpoints",
+        ],
+    ));
     let steps: Vec<u64> = remote_checkpoints(&url("s3://lt-run/run4")).unwrap().iter().map(|c| c.0).collect();
     assert_eq!(steps, [2, 4, 6]);
 
@@ -286,10 +324,29 @@ fn training_from_gcs_equals_training_from_disk() {
     local_data(&dir);
     lazytrain_storage::upload_folder(&dir.join("data"), &url("gs://ltgcs/data"), &["manifest.json"]).unwrap();
     let run = |data: &str, out: &str| {
-        ok(lazytrain(&dir, &gcs, &[
-            "train", "--model", "bert-tiny", "--tokenizer", "tok", "--train-data", data, "--output-dir", out,
-            "--max-steps", "6", "--logging-steps", "1", "--per-device-train-batch-size", "4", "--seed", "3",
-        ]))
+        ok(lazytrain(
+            &dir,
+            &gcs,
+            &[
+                "train",
+                "--model",
+                "bert-tiny",
+                "--tokenizer",
+                "tok",
+                "--train-data",
+                data,
+                "--output-dir",
+                out,
+                "--max-steps",
+                "6",
+                "--logging-steps",
+                "1",
+                "--per-device-train-batch-size",
+                "4",
+                "--seed",
+                "3",
+            ],
+        ))
     };
     run("data", "from-disk");
     run("gs://ltgcs/data", "from-gcs");

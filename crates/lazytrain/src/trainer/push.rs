@@ -276,8 +276,8 @@ fn remote_step(folder: &StorageUrl) -> Result<Option<u64>> {
         Err(StorageError::NotFound { .. }) => return Ok(None),
         Err(e) => return Err(e.into()),
     };
-    let state: serde_json::Value = serde_json::from_slice(&bytes)
-        .map_err(|e| Error::Input(format!("{}: {e}", folder.join(MARKER))))?;
+    let state: serde_json::Value =
+        serde_json::from_slice(&bytes).map_err(|e| Error::Input(format!("{}: {e}", folder.join(MARKER))))?;
     Ok(state["global_step"].as_u64())
 }
 
