@@ -61,6 +61,19 @@ fn train(dir: &Path, emulator: &Emulator, extra: &[&str]) -> Output {
     lazytrain(dir, emulator, &args)
 }
 
+/// A run on the bucket data into `output_dir`, pushing to `push_to`.
+fn bucket_run(dir: &Path, moto: &Emulator, output_dir: &str, steps: &str, push_to: &str, extra: &[&str]) -> String {
+    let mut args = vec!["--train-data", "s3://lt-run/data", "--output-dir", output_dir, "--max-steps", steps];
+    args.extend(["--push-to", push_to]);
+    args.extend(extra);
+    ok(train(dir, moto, &args))
+}
+
+/// The steps of the complete checkpoints under `push_to`.
+fn remote_steps(push_to: &str) -> Vec<u64> {
+    remote_checkpoints(&url(push_to)).unwrap().iter().map(|c| c.0).collect()
+}
+
 #[test]
 fn prepare_train_push_and_resume_through_s3() {
     let Some(moto) = Emulator::start(EmulatorKind::Moto) else { return };
@@ -126,50 +139,23 @@ fn prepare_train_push_and_resume_through_s3() {
 
     // A run on bucket data that pushes every save, cut at step 4 (the VM is
     // preempted: its disk is gone).
-    ok(train(
-        &dir,
-        &moto,
-        &[
-            "--train-data",
-            "s3://lt-run/data",
-            "--output-dir",
-            "first-vm",
-            "--max-steps",
-            "4",
-            "--push-to",
-            "s3://lt-run/run",
-            "--hub-strategy",
-            "every_save",
-        ],
-    ));
+    bucket_run(&dir, &moto, "first-vm", "4", "s3://lt-run/run", &["--hub-strategy", "every_save"]);
     std::fs::remove_dir_all(dir.join("first-vm")).unwrap();
-    let steps: Vec<u64> = remote_checkpoints(&url("s3://lt-run/run")).unwrap().iter().map(|c| c.0).collect();
-    assert_eq!(steps, [2, 4]);
+    assert_eq!(remote_steps("s3://lt-run/run"), [2, 4]);
 
     // A new machine: empty output dir, same command plus resume.
-    let out = ok(train(
+    let out = bucket_run(
         &dir,
         &moto,
-        &[
-            "--train-data",
-            "s3://lt-run/data",
-            "--output-dir",
-            "second-vm",
-            "--max-steps",
-            "8",
-            "--push-to",
-            "s3://lt-run/run",
-            "--hub-strategy",
-            "every_save",
-            "--resume-from-checkpoint",
-            "true",
-        ],
-    ));
+        "second-vm",
+        "8",
+        "s3://lt-run/run",
+        &["--hub-strategy", "every_save", "--resume-from-checkpoint", "true"],
+    );
     assert!(out.contains("resuming from s3://lt-run/run/checkpoint-4"), "{out}");
     assert!(std::fs::read(dir.join("second-vm/model.safetensors")).unwrap() == expected, "resumed weights differ");
     // Rotation applied remotely; the final model at the top, bit-identical.
-    let steps: Vec<u64> = remote_checkpoints(&url("s3://lt-run/run")).unwrap().iter().map(|c| c.0).collect();
-    assert_eq!(steps, [6, 8]);
+    assert_eq!(remote_steps("s3://lt-run/run"), [6, 8]);
     assert!(read(&url("s3://lt-run/run/model.safetensors")).unwrap() == expected);
     assert!(read(&url("s3://lt-run/run/checkpoint-8/optimizer.safetensors")).is_ok());
     let args = String::from_utf8(read(&url("s3://lt-run/run/checkpoint-8/training_args.json")).unwrap()).unwrap();
@@ -195,24 +181,15 @@ fn prepare_train_push_and_resume_through_s3() {
     for name in ["model.safetensors", "optimizer.safetensors"] {
         write(&url(&format!("s3://lt-run/run/checkpoint-10/{name}")), b"partial".to_vec()).unwrap();
     }
-    let steps: Vec<u64> = remote_checkpoints(&url("s3://lt-run/run")).unwrap().iter().map(|c| c.0).collect();
-    assert_eq!(steps, [6, 8]);
-    let out = ok(train(
+    assert_eq!(remote_steps("s3://lt-run/run"), [6, 8]);
+    let out = bucket_run(
         &dir,
         &moto,
-        &[
-            "--train-data",
-            "s3://lt-run/data",
-            "--output-dir",
-            "third-vm",
-            "--max-steps",
-            "8",
-            "--push-to",
-            "s3://lt-run/run2",
-            "--resume-from-checkpoint",
-            "s3://lt-run/run/checkpoint-8",
-        ],
-    ));
+        "third-vm",
+        "8",
+        "s3://lt-run/run2",
+        &["--resume-from-checkpoint", "s3://lt-run/run/checkpoint-8"],
+    );
     assert!(out.contains("resuming from s3://lt-run/run/checkpoint-8"), "{out}");
     assert!(std::fs::read(dir.join("third-vm/model.safetensors")).unwrap() == expected);
     let names: Vec<String> = list(&url("s3://lt-run/run2")).unwrap().iter().map(|o| o.url.to_string()).collect();
@@ -220,66 +197,25 @@ fn prepare_train_push_and_resume_through_s3() {
 
     // hub_strategy checkpoint: the model at the top, the newest checkpoint
     // as last-checkpoint/, which a new machine resumes from.
-    ok(train(
-        &dir,
-        &moto,
-        &[
-            "--train-data",
-            "s3://lt-run/data",
-            "--output-dir",
-            "fourth-vm",
-            "--max-steps",
-            "4",
-            "--push-to",
-            "s3://lt-run/run3",
-            "--hub-strategy",
-            "checkpoint",
-        ],
-    ));
+    bucket_run(&dir, &moto, "fourth-vm", "4", "s3://lt-run/run3", &["--hub-strategy", "checkpoint"]);
     let names: Vec<String> = list(&url("s3://lt-run/run3")).unwrap().iter().map(|o| o.url.to_string()).collect();
     assert!(names.contains(&"s3://lt-run/run3/last-checkpoint/trainer_state.json".to_string()), "{names:?}");
     assert!(names.contains(&"s3://lt-run/run3/model.safetensors".to_string()), "{names:?}");
     assert!(!names.iter().any(|n| n.contains("/checkpoint-")), "{names:?}");
-    let out = ok(train(
+    let out = bucket_run(
         &dir,
         &moto,
-        &[
-            "--train-data",
-            "s3://lt-run/data",
-            "--output-dir",
-            "fifth-vm",
-            "--max-steps",
-            "8",
-            "--push-to",
-            "s3://lt-run/run3",
-            "--hub-strategy",
-            "checkpoint",
-            "--resume-from-checkpoint",
-            "true",
-        ],
-    ));
+        "fifth-vm",
+        "8",
+        "s3://lt-run/run3",
+        &["--hub-strategy", "checkpoint", "--resume-from-checkpoint", "true"],
+    );
     assert!(out.contains("resuming from s3://lt-run/run3/last-checkpoint"), "{out}");
     assert!(std::fs::read(dir.join("fifth-vm/model.safetensors")).unwrap() == expected);
 
     // hub_strategy all_checkpoints: every checkpoint stays, save_total_limit or not.
-    ok(train(
-        &dir,
-        &moto,
-        &[
-            "--train-data",
-            "s3://lt-run/data",
-            "--output-dir",
-            "sixth-vm",
-            "--max-steps",
-            "6",
-            "--push-to",
-            "s3://lt-run/run4",
-            "--hub-strategy",
-            "all_checkpoints",
-        ],
-    ));
-    let steps: Vec<u64> = remote_checkpoints(&url("s3://lt-run/run4")).unwrap().iter().map(|c| c.0).collect();
-    assert_eq!(steps, [2, 4, 6]);
+    bucket_run(&dir, &moto, "sixth-vm", "6", "s3://lt-run/run4", &["--hub-strategy", "all_checkpoints"]);
+    assert_eq!(remote_steps("s3://lt-run/run4"), [2, 4, 6]);
 
     // Bad URLs name themselves.
     let out =
