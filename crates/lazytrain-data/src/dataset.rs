@@ -260,7 +260,9 @@ fn remote_index(source: &RemoteShard, url: &StorageUrl, policy: CorruptPolicy) -
         Ok(bytes) => RecordIndex::from_sidecar(source, &sidecar.to_string(), &String::from_utf8_lossy(&bytes)),
         Err(StorageError::NotFound { .. }) => {
             eprintln!("note: {url} has no index sidecar ({sidecar}); scanning it once");
-            RecordIndex::scan_source(source, policy)
+            // Sequentially, in cached blocks, whatever mode the reads use.
+            let scanner = RemoteShard(RangedObject::with_size(url, source.size()));
+            RecordIndex::scan_source(&scanner, policy)
         }
         Err(e) => Err(e.into()),
     }

@@ -322,7 +322,7 @@ pub(crate) fn shard_writers(out_dir: &Path, split: &str, n: usize) -> Result<Vec
     (0..n)
         .map(|i| {
             let file = format!("{split}-{i:05}-of-{n:05}.tfrecord");
-            RecordWriter::create(&out_dir.join(&file)).map(|w| (file, w))
+            RecordWriter::create_indexed(&out_dir.join(&file)).map(|w| (file, w))
         })
         .collect()
 }

@@ -30,8 +30,9 @@ pub struct RecordWriter {
     out: BufWriter<File>,
     path: PathBuf,
     records: u64,
-    /// `(offset, size)` of every record, for the index sidecar.
-    spans: Vec<(u64, u64)>,
+    /// `(offset, size)` of every record, for the index sidecar (kept only
+    /// by writers made with [`RecordWriter::create_indexed`]).
+    spans: Option<Vec<(u64, u64)>>,
     written: u64,
 }
 
@@ -39,13 +40,15 @@ impl RecordWriter {
     /// Create (truncate) `path`.
     pub fn create(path: &Path) -> Result<RecordWriter> {
         let file = File::create(path).map_err(|e| io_error(path, format!("cannot create: {e}")))?;
-        Ok(RecordWriter {
-            out: BufWriter::new(file),
-            path: path.to_path_buf(),
-            records: 0,
-            spans: Vec::new(),
-            written: 0,
-        })
+        Ok(RecordWriter { out: BufWriter::new(file), path: path.to_path_buf(), records: 0, spans: None, written: 0 })
+    }
+
+    /// Create (truncate) `path`, keeping each record's place for
+    /// [`finish_with_index`](Self::finish_with_index).
+    pub fn create_indexed(path: &Path) -> Result<RecordWriter> {
+        let mut writer = RecordWriter::create(path)?;
+        writer.spans = Some(Vec::new());
+        Ok(writer)
     }
 
     /// Append one record.
@@ -57,7 +60,9 @@ impl RecordWriter {
         self.out.write_all(data).map_err(io)?;
         self.out.write_all(&masked_crc32c(data).to_le_bytes()).map_err(io)?;
         let size = FRAMING + data.len() as u64;
-        self.spans.push((self.written, size));
+        if let Some(spans) = &mut self.spans {
+            spans.push((self.written, size));
+        }
         self.written += size;
         self.records += 1;
         Ok(())
@@ -87,7 +92,7 @@ impl RecordWriter {
     /// seek to any record without first reading every header.
     pub fn finish_with_index(self) -> Result<u64> {
         let index = index_path(&self.path);
-        let text: String = self.spans.iter().map(|(offset, size)| format!("{offset} {size}\n")).collect();
+        let text: String = self.spans.iter().flatten().map(|(offset, size)| format!("{offset} {size}\n")).collect();
         let records = self.finish()?;
         lazytrain_core::atomic_file::write_atomically(&index, text.as_bytes())
             .map_err(|e| io_error(&index, format!("cannot write the index: {e}")))?;

@@ -7,7 +7,7 @@ use lazytrain_data::corpus::demo_corpus;
 use lazytrain_data::dataset::{find_shards, EpochSampler, ShardedDataset};
 use lazytrain_data::loader::{DeviceLoader, LoaderPlan};
 use lazytrain_data::prepare::{prepare, Manifest, PrepareOptions};
-use lazytrain_data::tfrecord::{masked_crc32c, CorruptPolicy, RecordIndex};
+use lazytrain_data::tfrecord::{index_path, masked_crc32c, CorruptPolicy, LocalShard, RecordIndex};
 use lazytrain_data::train_tokenizer::{train_tokenizer, SubwordModel};
 use lazytrain_data::{TextTokenizer, TokenizerStyle};
 use std::path::PathBuf;
@@ -358,5 +358,41 @@ fn tokenizer_files_that_panic_the_library_are_errors() {
     ] {
         let err = TextTokenizer::from_path(&dir.join(file)).err().expect("refused").to_string();
         assert!(err.contains(file) && err.contains(expected), "{file}: {err}");
+    }
+}
+
+/// `prepare` writes an index sidecar per shard that equals a scan of it;
+/// a sidecar that does not frame its shard is refused by name.
+#[test]
+fn index_sidecars_match_a_scan_and_are_checked() {
+    let (dir, _, _) = prepared("sidecar", 2);
+    let shard = dir.join("train-00001-of-00002.tfrecord");
+    let sidecar = index_path(&shard);
+    let text = std::fs::read_to_string(&sidecar).unwrap();
+    let source = LocalShard::open(&shard).unwrap();
+    let indexed = RecordIndex::from_sidecar(&source, "idx", &text).unwrap();
+    assert_eq!(indexed.spans, RecordIndex::scan(&shard, CorruptPolicy::Fail).unwrap().spans);
+    let first = RecordIndex::scan(&shard, CorruptPolicy::Fail).unwrap();
+    let mut file = std::fs::File::open(&shard).unwrap();
+    for k in [0, indexed.spans.len() - 1] {
+        assert_eq!(indexed.read_from(&source, k).unwrap(), first.read(&mut file, k).unwrap());
+    }
+    let dropped_line: String = text.lines().skip(1).map(|l| format!("{l}\n")).collect();
+    let msg = RecordIndex::from_sidecar(&source, "the.idx", &dropped_line).unwrap_err().to_string();
+    assert!(msg.contains("the.idx") && msg.contains("line 1") && msg.contains("delete the index"), "{msg}");
+    let short: String = text.lines().take(2).map(|l| format!("{l}\n")).collect();
+    let msg = RecordIndex::from_sidecar(&source, "the.idx", &short).unwrap_err().to_string();
+    assert!(msg.contains("the index covers") && msg.contains("prepare the data again"), "{msg}");
+    let msg = RecordIndex::from_sidecar(&source, "the.idx", "0 x\n").unwrap_err().to_string();
+    assert!(msg.contains("expected `offset size`"), "{msg}");
+    // A sidecar that frames the shard differently: the record header disagrees.
+    let (a, b) = (indexed.spans[0], indexed.spans[1]);
+    let (size_a, size_b) = (a.len + 16, b.len + 16);
+    let rest: String = text.lines().skip(2).map(|l| format!("{l}\n")).collect();
+    if size_a != size_b {
+        let swapped = format!("0 {size_b}\n{size_b} {size_a}\n{rest}");
+        let index = RecordIndex::from_sidecar(&source, "the.idx", &swapped).unwrap();
+        let msg = index.read_from(&source, 0).unwrap_err().to_string();
+        assert!(msg.contains("record header does not match the index"), "{msg}");
     }
 }

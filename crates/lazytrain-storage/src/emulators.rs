@@ -51,7 +51,7 @@ impl Emulator {
                 // scripts/gcs_emulator.py completes the emulator's XML API; it
                 // runs on the Python that has the emulator installed.
                 let Some(bin) = find_in_path(program) else {
-                    eprintln!("skipped: `{program}` is not installed; {hint}");
+                    skip(&format!("`{program}` is not installed; {hint}"));
                     return None;
                 };
                 let python = bin.parent().map(|dir| dir.join("python3")).filter(|p| p.is_file());
@@ -73,7 +73,7 @@ impl Emulator {
         let child = match command.stdout(Stdio::null()).stderr(Stdio::null()).spawn() {
             Ok(child) => child,
             Err(e) => {
-                eprintln!("skipped: `{program}` is not installed ({e}); {hint}");
+                skip(&format!("`{program}` is not installed ({e}); {hint}"));
                 return None;
             }
         };
@@ -81,7 +81,7 @@ impl Emulator {
         let deadline = Instant::now() + Duration::from_secs(30);
         while TcpStream::connect(("127.0.0.1", port)).is_err() {
             if Instant::now() > deadline {
-                eprintln!("skipped: `{program}` did not listen on port {port} within 30 s");
+                skip(&format!("`{program}` did not listen on port {port} within 30 s"));
                 return None;
             }
             std::thread::sleep(Duration::from_millis(100));
@@ -205,6 +205,13 @@ impl Drop for Emulator {
     fn drop(&mut self) {
         self.stop();
     }
+}
+
+/// Say why a test is skipped, on the real stderr: the test harness captures
+/// `eprintln!` of passing tests, and a skip must not pass silently.
+fn skip(reason: &str) {
+    use std::io::Write;
+    let _ = writeln!(std::io::stderr(), "skipped: {reason}");
 }
 
 fn find_in_path(program: &str) -> Option<std::path::PathBuf> {

@@ -4,8 +4,17 @@
 
 use lazytrain_storage::emulators::{Emulator, EmulatorKind};
 use lazytrain_storage::{
-    exists, glob, head, list, read, storage_metrics, write, RangedObject, StorageError, StorageUrl, BLOCK_SIZE,
+    exists, glob, head, list, read, storage_metrics, write, RangedObject, ReadMode, StorageError, StorageUrl,
+    BLOCK_SIZE,
 };
+
+/// The storage counters are process-wide: the tests that compare them run
+/// one at a time.
+static SERIAL: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
+fn serial() -> std::sync::MutexGuard<'static, ()> {
+    SERIAL.lock().unwrap_or_else(|p| p.into_inner())
+}
 
 fn url(text: &str) -> StorageUrl {
     StorageUrl::parse(text).unwrap()
@@ -62,12 +71,25 @@ fn ranged_reads(scheme: &str, bucket: &str) {
     let after = storage_metrics();
     // Four blocks in all, each fetched once however often it is read.
     assert_eq!(after.bytes_read - before.bytes_read, size as u64);
+    // Exact reads: one GET per read (or per prefetch, taken by the read of that range).
+    let exact = RangedObject::open(&object).unwrap().with_mode(ReadMode::Exact);
+    let before = storage_metrics();
+    exact.prefetch_range(BLOCK_SIZE - 10, 20);
+    for (offset, len) in [(BLOCK_SIZE as usize - 10, 20usize), (size - 7, 7)] {
+        let mut buf = vec![0u8; len];
+        exact.read_at(offset as u64, &mut buf).unwrap();
+        assert!(buf == data[offset..offset + len], "exact bytes {offset}..{}", offset + len);
+    }
+    // Two GETs of exactly 20 and 7 bytes: the read of the prefetched range took the prefetch's.
+    let after = storage_metrics();
+    assert_eq!((after.requests - before.requests, after.bytes_read - before.bytes_read), (2, 27));
     let mut past = [0u8; 8];
     assert!(ranged.read_at(size as u64 - 4, &mut past).unwrap_err().to_string().contains("past the end"));
 }
 
 #[test]
 fn s3_through_moto() {
+    let _serial = serial();
     let Some(moto) = Emulator::start(EmulatorKind::Moto) else { return };
     moto.create_bucket("lt-storage");
     moto.register("lt-storage");
@@ -79,6 +101,7 @@ fn s3_through_moto() {
 
 #[test]
 fn gcs_through_its_emulator() {
+    let _serial = serial();
     let Some(gcs) = Emulator::start(EmulatorKind::Gcs) else { return };
     gcs.create_bucket("ltgcs");
     gcs.register("ltgcs");
@@ -94,6 +117,7 @@ fn gcs_through_its_emulator() {
 
 #[test]
 fn a_stopped_store_is_retried_then_named() {
+    let _serial = serial();
     let Some(mut moto) = Emulator::start(EmulatorKind::Moto) else { return };
     moto.create_bucket("lt-gone");
     moto.register("lt-gone");
