@@ -32,6 +32,59 @@ pub struct HostBatch {
     pub batch: usize,
     /// Columns (the padded length).
     pub seq: usize,
+    /// The labelled positions gathered for a head that runs only there
+    /// (masked LM with `gather_labelled`), else `None`.
+    pub selected: Option<SelectedLabels>,
+}
+
+/// The labelled positions of a per-token batch, padded to a fixed capacity
+/// so the batch shape (and the compiled step) never changes.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct SelectedLabels {
+    /// Flat indices (`row * seq + column`) of the labelled tokens, in
+    /// order, then 0 up to the capacity.
+    pub positions: Vec<i64>,
+    /// Their labels, then -100 up to the capacity.
+    pub labels: Vec<i64>,
+    /// Labelled tokens left unmasked because the batch had more than the
+    /// capacity (their inputs restored, their labels -100).
+    pub unmasked: usize,
+}
+
+/// How many labelled positions a `tokens`-token batch reserves when each
+/// token is chosen with probability `p`: the binomial mean plus 8 standard
+/// deviations (a batch over it is rarer than 1 in 10^15), rounded up to a
+/// multiple of 8, at most `tokens`.
+pub fn label_capacity(tokens: usize, p: f64) -> usize {
+    let (n, p) = (tokens as f64, p.clamp(0.0, 1.0));
+    let bound = n * p + 8.0 * (n * p * (1.0 - p)).sqrt();
+    ((bound.ceil() as usize).div_ceil(8) * 8).clamp(8.min(tokens), tokens)
+}
+
+/// Gather the labelled positions of `batch` (per-token labels) into
+/// `capacity` slots. Past the capacity, labelled tokens are unmasked: their
+/// input becomes `originals`' token again and their label -100, so the
+/// batch trains on fewer positions instead of changing shape.
+pub fn select_labelled(batch: &mut HostBatch, originals: &[i64], capacity: usize) -> SelectedLabels {
+    let mut positions = Vec::with_capacity(capacity);
+    let mut labels = Vec::with_capacity(capacity);
+    let mut unmasked = 0;
+    for (at, label) in batch.labels.iter_mut().enumerate() {
+        if *label == -100 {
+            continue;
+        }
+        if positions.len() < capacity {
+            positions.push(at as i64);
+            labels.push(*label);
+        } else {
+            batch.input_ids[at] = originals[at];
+            *label = -100;
+            unmasked += 1;
+        }
+    }
+    positions.resize(capacity, 0);
+    labels.resize(capacity, -100);
+    SelectedLabels { positions, labels, unmasked }
 }
 
 impl HostBatch {
@@ -64,6 +117,7 @@ impl HostBatch {
         };
         self.labels.extend(std::iter::repeat_n(-100, labels));
         self.batch = self.batch.max(rows);
+        // Padding rows are never labelled: the gathered positions stay valid.
     }
 }
 
@@ -94,6 +148,9 @@ pub struct MlmCollator {
     pub pad_to_multiple_of: usize,
     /// The collator's seed.
     pub seed: u64,
+    /// Also gather the labelled positions ([`HostBatch::selected`], with
+    /// [`label_capacity`] slots) for a head that runs only there.
+    pub gather_labelled: bool,
 }
 
 impl MlmCollator {
@@ -117,6 +174,7 @@ impl MlmCollator {
             mlm_probability,
             pad_to_multiple_of: 8,
             seed,
+            gather_labelled: false,
         })
     }
 
@@ -142,12 +200,17 @@ impl MlmCollator {
             label_layout: LabelLayout::PerToken,
             batch: samples.len(),
             seq,
+            selected: None,
         };
+        let mut originals = Vec::with_capacity(if self.gather_labelled { samples.len() * seq } else { 0 });
         let regular: Vec<u32> = (0..self.vocab_size as u32).filter(|t| !self.special_ids.contains(t)).collect();
         let mut u = vec![0f32; 3 * seq];
         for (index, ids) in samples {
             uniform_f32(self.seed ^ epoch.wrapping_mul(0x9e37_79b9_7f4a_7c15), *index as u64, &mut u);
             for pos in 0..seq {
+                if self.gather_labelled {
+                    originals.push(ids.get(pos).copied().unwrap_or(self.pad_id as i64));
+                }
                 let Some(&token) = ids.get(pos) else {
                     batch.input_ids.push(self.pad_id as i64);
                     batch.attention_mask.push(0);
@@ -172,6 +235,10 @@ impl MlmCollator {
                     token
                 });
             }
+        }
+        if self.gather_labelled {
+            let capacity = label_capacity(batch.batch * seq, self.mlm_probability);
+            batch.selected = Some(select_labelled(&mut batch, &originals, capacity));
         }
         Ok(batch)
     }
@@ -214,6 +281,7 @@ impl CausalLmCollator {
             label_layout: LabelLayout::PerToken,
             batch: rows.len(),
             seq,
+            selected: None,
         };
         for ids in rows {
             let padding = seq - ids.len();
@@ -245,7 +313,62 @@ mod tests {
             mlm_probability: 0.15,
             pad_to_multiple_of: 8,
             seed: 42,
+            gather_labelled: false,
         }
+    }
+
+    #[test]
+    fn label_capacity_is_the_mean_plus_eight_sigma() {
+        // 32 x 128 tokens at 15 %: 614.4 + 8 * 22.85 = 797.2 -> 800.
+        assert_eq!(label_capacity(4096, 0.15), 800);
+        assert_eq!(label_capacity(16 * 128, 0.15), 440); // 307.2 + 8 * 16.16 = 436.5
+        assert_eq!(label_capacity(4096, 1.0), 4096);
+        assert_eq!(label_capacity(4096, 0.0), 8);
+        assert_eq!(label_capacity(4, 0.5), 4, "never more slots than tokens");
+    }
+
+    #[test]
+    fn gathered_labels_are_the_dense_ones_in_order() {
+        let mut c = collator();
+        c.gather_labelled = true;
+        let samples: Vec<(usize, Vec<i64>)> =
+            (0..4).map(|i| (i, (0..64).map(|p| 5 + p + i as i64).collect())).collect();
+        let batch = c.collate(&samples, 3).unwrap();
+        let selected = batch.selected.as_ref().unwrap();
+        assert_eq!(selected.positions.len(), label_capacity(4 * 64, 0.15));
+        let dense: Vec<(i64, i64)> =
+            batch.labels.iter().enumerate().filter(|(_, &l)| l != -100).map(|(at, &l)| (at as i64, l)).collect();
+        let count = dense.len();
+        assert!(count > 0 && count <= selected.positions.len());
+        let gathered: Vec<(i64, i64)> =
+            selected.positions.iter().copied().zip(selected.labels.iter().copied()).collect();
+        assert_eq!(&gathered[..count], &dense[..]);
+        assert!(gathered[count..].iter().all(|&(at, l)| at == 0 && l == -100));
+        assert_eq!(selected.unmasked, 0);
+        c.gather_labelled = false;
+        let plain = c.collate(&samples, 3).unwrap();
+        assert_eq!((plain.input_ids, plain.labels), (batch.input_ids.clone(), batch.labels.clone()), "same masking");
+    }
+
+    #[test]
+    fn a_batch_over_capacity_unmasks_the_excess() {
+        let c = collator();
+        let samples: Vec<(usize, Vec<i64>)> = (0..2).map(|i| (i, (0..64).map(|p| 5 + p).collect())).collect();
+        let mut batch = c.collate(&samples, 0).unwrap();
+        let originals: Vec<i64> = samples.iter().flat_map(|(_, ids)| ids.clone()).collect();
+        let labelled: Vec<usize> = (0..batch.labels.len()).filter(|&at| batch.labels[at] != -100).collect();
+        assert!(labelled.len() > 4);
+        let before = batch.clone();
+        let selected = select_labelled(&mut batch, &originals, 4);
+        assert_eq!(selected.unmasked, labelled.len() - 4);
+        assert_eq!(selected.positions, labelled[..4].iter().map(|&at| at as i64).collect::<Vec<_>>());
+        for &at in &labelled[4..] {
+            assert_eq!((batch.input_ids[at], batch.labels[at]), (originals[at], -100), "position {at} unmasked");
+        }
+        for &at in &labelled[..4] {
+            assert_eq!((batch.input_ids[at], batch.labels[at]), (before.input_ids[at], before.labels[at]));
+        }
+        assert_eq!(batch.label_count(), 4);
     }
 
     #[test]

@@ -30,6 +30,12 @@ pub struct DeviceBatch {
     pub first_sample: usize,
     /// Labelled positions (tokens or sequences) in the batch.
     pub label_count: usize,
+    /// `[capacity]` i64 flat indices of the labelled tokens and `[capacity]`
+    /// their labels (-100 in unused slots), when the collator gathers them
+    /// for a head that runs only there.
+    pub selected: Option<(Tensor, Tensor)>,
+    /// Labelled tokens unmasked because the batch had more than the capacity.
+    pub unmasked_over_capacity: usize,
 }
 
 /// Where a loader starts and how long it runs.
@@ -67,6 +73,14 @@ pub fn upload(host: HostBatch, device: &Device, epoch: u64, first_sample: usize)
         Some(types) => Some(Tensor::from_vec(types, shape, device)?),
         None => None,
     };
+    let unmasked_over_capacity = host.selected.as_ref().map_or(0, |s| s.unmasked);
+    let selected = match host.selected {
+        Some(s) => {
+            let capacity = s.positions.len();
+            Some((Tensor::from_vec(s.positions, [capacity], device)?, Tensor::from_vec(s.labels, [capacity], device)?))
+        }
+        None => None,
+    };
     Ok(DeviceBatch {
         input_ids: Tensor::from_vec(host.input_ids, shape, device)?,
         attention_mask: Tensor::from_vec(host.attention_mask, shape, device)?,
@@ -75,6 +89,8 @@ pub fn upload(host: HostBatch, device: &Device, epoch: u64, first_sample: usize)
         epoch,
         first_sample,
         label_count,
+        selected,
+        unmasked_over_capacity,
     })
 }
 

@@ -26,6 +26,20 @@ pub trait TaskModel: Module {
     fn targets(&self, labels: &Tensor) -> Result<Tensor> {
         Ok(labels.clone())
     }
+
+    /// Logits `[capacity, vocab]` at the flat token `positions` only, for
+    /// models whose head can run there alone (the masked LM); `None` for
+    /// the others.
+    fn forward_at(
+        &self,
+        _input_ids: &Tensor,
+        _attention_mask: Option<&Tensor>,
+        _token_type_ids: Option<&Tensor>,
+        _positions: &Tensor,
+        _ctx: &Context,
+    ) -> Result<Option<Tensor>> {
+        Ok(None)
+    }
 }
 
 impl TaskModel for Gpt2LMHeadModel {
@@ -56,6 +70,17 @@ impl TaskModel for ForMaskedLM {
 
     fn forward(&self, ids: &Tensor, mask: Option<&Tensor>, types: Option<&Tensor>, ctx: &Context) -> Result<Tensor> {
         ForMaskedLM::forward(self, ids, mask, types, ctx)
+    }
+
+    fn forward_at(
+        &self,
+        ids: &Tensor,
+        mask: Option<&Tensor>,
+        types: Option<&Tensor>,
+        positions: &Tensor,
+        ctx: &Context,
+    ) -> Result<Option<Tensor>> {
+        ForMaskedLM::forward_at(self, ids, mask, types, positions, ctx).map(Some)
     }
 }
 

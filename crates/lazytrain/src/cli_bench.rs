@@ -4,6 +4,7 @@
 use clap::Args;
 use lazytrain_core::ir::AllReduceOp;
 use lazytrain_core::{DType, Device, Tensor};
+use lazytrain_data::collator::label_capacity;
 use lazytrain_dist::{spawn, train_step, Replica, SpawnConfig, StepConfig};
 use lazytrain_models::{ForMaskedLM, Gpt2LMHeadModel, ModelConfig, ModelType, TaskModel};
 use lazytrain_nn::init::Initializer;
@@ -39,6 +40,10 @@ pub struct BenchArgs {
     /// Compile the step and print its memory plan (`planned_peak_mb`, ...) without running it.
     #[arg(long)]
     dry_run: bool,
+    /// BERT: compute the masked-LM head at every token as the anchor (and
+    /// Hugging Face) does, instead of only at the masked positions.
+    #[arg(long)]
+    mlm_dense_head: bool,
 }
 
 /// What one replica measured.
@@ -60,6 +65,8 @@ struct ReplicaRun {
 
 /// The anchor's sequence length.
 const SEQ: usize = 128;
+/// The anchor's masking rate.
+const MLM_PROBABILITY: f64 = 0.15;
 
 /// `(layers, hidden, heads, vocab, batch)` as in the anchor script.
 fn anchor_config(name: &str) -> Option<(usize, usize, usize, usize, usize)> {
@@ -73,6 +80,15 @@ fn anchor_config(name: &str) -> Option<(usize, usize, usize, usize, usize)> {
         "gpt2-small" => (12, 768, 12, 50257, 8),
         _ => return None,
     })
+}
+
+/// FLOPs per token the step executes: the anchor's, less the masked-LM
+/// head's transform and decoder for the token rows it skips when it runs
+/// at `head_rows` of every `tokens` (the masked positions' capacity).
+pub fn executed_flops_per_token(config: &ModelConfig, seq: usize, head_rows: usize, tokens: usize) -> f64 {
+    let (h, v) = (config.hidden_size as f64, config.vocab_size as f64);
+    let skipped = 1.0 - head_rows as f64 / tokens as f64;
+    anchor_flops_per_token(config, seq) - 6.0 * (h * h + v * h) * skipped
 }
 
 /// Model FLOPs per token of the anchor's step for `config`: BERT's
@@ -129,16 +145,15 @@ fn bench_replica(
     batch: usize,
     steps: usize,
     precision: (bool, bool),
-    dry_run: bool,
+    (dry_run, head_rows): (bool, usize),
 ) -> lazytrain::Result<ReplicaRun> {
     let mut init = Initializer::new(0, replica.device());
+    let plan = (steps, dry_run, head_rows);
     match config.model_type {
         ModelType::Bert | ModelType::Roberta => {
-            bench_model(replica, ForMaskedLM::new(&mut init, config)?, batch, (steps, dry_run), precision)
+            bench_model(replica, ForMaskedLM::new(&mut init, config)?, batch, plan, precision)
         }
-        ModelType::Gpt2 => {
-            bench_model(replica, Gpt2LMHeadModel::new(&mut init, config)?, batch, (steps, dry_run), precision)
-        }
+        ModelType::Gpt2 => bench_model(replica, Gpt2LMHeadModel::new(&mut init, config)?, batch, plan, precision),
     }
 }
 
@@ -148,7 +163,7 @@ fn bench_model<M: TaskModel>(
     replica: &Replica,
     model: M,
     batch: usize,
-    (steps, dry_run): (usize, bool),
+    (steps, dry_run, head_rows): (usize, bool, usize),
     (bf16, bf16_saved_activations): (bool, bool),
 ) -> lazytrain::Result<ReplicaRun> {
     let device = replica.device();
@@ -163,9 +178,23 @@ fn bench_model<M: TaskModel>(
     let mut u = vec![0f32; 2 * batch * SEQ];
     lazytrain_core::random::uniform_f32(0, replica.rank() as u64, &mut u);
     let ids: Vec<i64> = u[..batch * SEQ].iter().map(|&x| 5 + (x * (vocab - 5) as f32) as i64).collect();
-    let masked: Vec<bool> = u[batch * SEQ..].iter().map(|&x| x < 0.15 && !causal).collect();
+    let masked: Vec<bool> = u[batch * SEQ..].iter().map(|&x| (x as f64) < MLM_PROBABILITY && !causal).collect();
     let labels: Vec<i64> = ids.iter().zip(&masked).map(|(&t, &m)| if m || causal { t } else { -100 }).collect();
     let inputs: Vec<i64> = ids.iter().zip(&masked).map(|(&t, &m)| if m { 4 } else { t }).collect();
+    // The masked positions, for a head that runs only there (`head_rows` slots).
+    let selected = (head_rows < batch * SEQ).then(|| {
+        let mut positions: Vec<i64> = (0..labels.len()).filter(|&at| labels[at] != -100).map(|at| at as i64).collect();
+        let mut picked: Vec<i64> = positions.iter().map(|&at| labels[at as usize]).collect();
+        positions.resize(head_rows, 0);
+        picked.resize(head_rows, -100);
+        (positions, picked)
+    });
+    let selected = match selected {
+        Some((positions, picked)) => {
+            Some((Tensor::from_vec(positions, [head_rows], device)?, Tensor::from_vec(picked, [head_rows], device)?))
+        }
+        None => None,
+    };
     let input_ids = Tensor::from_vec(inputs, [batch, SEQ], device)?;
     let labels = Tensor::from_vec(labels, [batch, SEQ], device)?;
     let config = StepConfig {
@@ -187,6 +216,11 @@ fn bench_model<M: TaskModel>(
             device.plan_next_sync();
         }
         let output = train_step(device, &mut opt, &[()], &config, &[], |_| -> lazytrain::Result<_> {
+            if let Some((positions, picked)) = &selected {
+                if let Some(logits) = model.forward_at(&input_ids, None, None, positions, &ctx)? {
+                    return Ok(logits.cross_entropy(picked, -100)?);
+                }
+            }
             let logits = model.forward(&input_ids, None, None, &ctx)?;
             Ok(logits.cross_entropy(&model.targets(&labels)?, -100)?)
         });
@@ -255,8 +289,15 @@ pub fn run(args: &BenchArgs) -> lazytrain::Result<()> {
     config.num_hidden_layers = layers;
     config.num_attention_heads = heads;
     config.intermediate_size = 4 * hidden;
+    let causal = config.model_type == ModelType::Gpt2;
+    // The masked-LM head's rows: the capacity of the masked positions, or every token.
+    let head_rows = match causal || args.mlm_dense_head {
+        true => batch * SEQ,
+        false => label_capacity(batch * SEQ, MLM_PROBABILITY),
+    };
     let runs = spawn(&SpawnConfig::new(args.replicas), |replica| {
-        bench_replica(replica, &config, batch, args.steps, (args.bf16, args.bf16_saved_activations), args.dry_run)
+        let precision = (args.bf16, args.bf16_saved_activations);
+        bench_replica(replica, &config, batch, args.steps, precision, (args.dry_run, head_rows))
     })?;
     if let Some(plan) = &runs[0].plan {
         if lazytrain_dist::is_master_process() {
@@ -284,6 +325,7 @@ pub fn run(args: &BenchArgs) -> lazytrain::Result<()> {
     }
     let tokens = (master.world * batch * SEQ) as f64;
     let gflops = anchor_flops_per_token(&config, SEQ) * tokens / median / 1e9;
+    let executed = executed_flops_per_token(&config, SEQ, head_rows, batch * SEQ) * tokens / median / 1e9;
     let (compiles, cache_hits, compile_ms) = (master.compiles, master.cache_hits, master.compile_ms);
     let precision = if args.bf16 { DType::BF16 } else { DType::F32 };
     // The profile covers the training steps, not the GEMM-peak probe.
@@ -305,6 +347,9 @@ pub fn run(args: &BenchArgs) -> lazytrain::Result<()> {
         "step_ms_median": (median * 1e5).round() / 100.0, "tokens_per_s": (tokens / median * 10.0).round() / 10.0,
         "model_gflops": (gflops * 100.0).round() / 100.0, "gemm_peak_gflops": (peak * 100.0).round() / 100.0,
         "mfu": (gflops / peak * 1000.0).round() / 1000.0, "compiles": compiles, "cache_hits": cache_hits,
+        "mlm_head": if head_rows == batch * SEQ { "dense" } else { "masked-positions" }, "mlm_head_rows": head_rows,
+        "executed_gflops": (executed * 100.0).round() / 100.0,
+        "mfu_executed": (executed / peak * 1000.0).round() / 1000.0,
         "peak_rss_mb": peak_rss_mb().round(),
     });
     if let Some(profile) = profile {

@@ -39,6 +39,7 @@ impl Collator for ClassificationCollator {
             label_layout: LabelLayout::PerSequence,
             batch: rows.len(),
             seq,
+            selected: None,
         };
         let types = batch.token_type_ids.as_mut().expect("just set");
         for (row, &record) in rows.iter().zip(records) {

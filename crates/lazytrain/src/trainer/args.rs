@@ -147,6 +147,11 @@ training_arguments! {
     collective_timeout: f64 = lazytrain_dist::DEFAULT_COLLECTIVE_TIMEOUT.as_secs_f64(),
     /// Fraction of tokens the MLM collator predicts.
     mlm_probability: f64 = 0.15,
+    /// Compute the masked-LM head (vocabulary logits) at every token, as
+    /// Hugging Face's `BertForMaskedLM` does, instead of only at the labelled
+    /// positions (BERT's `max_predictions_per_seq`; the same loss, a
+    /// fraction of the head's work).
+    mlm_dense_head: bool = false,
     /// Batches the loader prepares ahead.
     dataloader_prefetch: usize = 2,
     /// Skip corrupt records instead of failing.

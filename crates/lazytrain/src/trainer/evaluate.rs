@@ -59,7 +59,7 @@ impl<M: TaskModel> Trainer<M> {
             return Err(Error::Input("no eval data was given; pass --eval-data DIR".into()));
         };
         let rows = self.args.per_device_eval_batch_size;
-        let collator = self.collator(self.args.seed ^ 0xe7a1)?;
+        let collator = self.collator(self.args.seed ^ 0xe7a1, false)?;
         let ctx = Context::eval();
         let pad = self.tokenizer.special().pad as i64;
         let mut tally = match &self.task {

@@ -267,8 +267,11 @@ impl<M: TaskModel> Trainer<M> {
         &self.task
     }
 
-    fn collator(&self, seed: u64) -> Result<task::TaskCollator> {
-        Ok(self.task.collator(&self.tokenizer, self.args.mlm_probability, seed)?)
+    /// The collator; training batches of a masked LM gather their labelled
+    /// positions unless `mlm_dense_head` (evaluation always scores densely).
+    fn collator(&self, seed: u64, training: bool) -> Result<task::TaskCollator> {
+        let gather = training && !self.args.mlm_dense_head;
+        Ok(self.task.collator(&self.tokenizer, self.args.mlm_probability, seed, gather)?)
     }
 
     fn batches_per_epoch(&self) -> Result<u64> {

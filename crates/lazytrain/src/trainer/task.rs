@@ -33,15 +33,20 @@ pub enum TaskData {
 impl TaskData {
     /// The collator for this data: MLM masking seeded by `seed`, the blocks
     /// as their own labels, or labelled rows padded to their buckets.
+    /// `gather_labelled`: masked-LM batches also carry their labelled
+    /// positions, for a head computed only there.
     pub fn collator(
         &self,
         tokenizer: &TextTokenizer,
         mlm_probability: f64,
         seed: u64,
+        gather_labelled: bool,
     ) -> lazytrain_data::Result<TaskCollator> {
         Ok(match self {
             TaskData::MaskedLm { .. } => {
-                TaskCollator::MaskedLm(MlmCollator::for_tokenizer(tokenizer, mlm_probability, seed)?)
+                let mut collator = MlmCollator::for_tokenizer(tokenizer, mlm_probability, seed)?;
+                collator.gather_labelled = gather_labelled;
+                TaskCollator::MaskedLm(collator)
             }
             TaskData::CausalLm { .. } => {
                 TaskCollator::CausalLm(CausalLmCollator { pad_id: tokenizer.special().pad, pad_to_multiple_of: 8 })

@@ -47,6 +47,9 @@ struct Run {
     logged: (f64, u64),
     tokens: u64,
     interrupted: bool,
+    /// Masked tokens unmasked because their batch was over its label
+    /// capacity (the masked-position head), since the start of the run.
+    unmasked_over_capacity: u64,
 }
 
 /// One finished optimizer step, as the bookkeeping sees it.
@@ -145,7 +148,7 @@ impl<M: TaskModel> Trainer<M> {
             epochs: u64::MAX,
         };
         let loader =
-            DeviceLoader::new(self.train.clone(), sampler, self.collator(self.args.seed)?, plan, &self.device)?;
+            DeviceLoader::new(self.train.clone(), sampler, self.collator(self.args.seed, true)?, plan, &self.device)?;
         let epoch_samples = self.batches_per_epoch()? as usize * self.args.per_device_train_batch_size;
         let bar = progress_bar(total, self.show_progress && rank == 0, "step {pos}/{len} [{bar:30}] {msg} eta {eta}");
         bar.set_position(self.state.global_step);
@@ -168,6 +171,7 @@ impl<M: TaskModel> Trainer<M> {
             logged: (0.0, 0),
             tokens: 0,
             interrupted: false,
+            unmasked_over_capacity: 0,
         })
     }
 
@@ -192,6 +196,15 @@ impl<M: TaskModel> Trainer<M> {
         self.device.set_step_tag(step);
         let (rank, world) = self.replica_position();
         let labelled: usize = window.iter().map(|b| b.label_count).sum();
+        let unmasked: usize = window.iter().map(|b| b.unmasked_over_capacity).sum();
+        if unmasked > 0 {
+            run.unmasked_over_capacity += unmasked as u64;
+            eprintln!(
+                "note: step {}: {unmasked} masked tokens over the batch's label capacity were left unmasked \
+                 (expected about once in 10^15 batches; see mlm_unmasked_over_capacity in the log)",
+                step + 1
+            );
+        }
         let scale = Tensor::scalar(1.0f32 / labelled.max(1) as f32, &self.device);
         // Each replica draws its own dropout masks.
         let dropout_seed = (self.args.seed as i64).wrapping_add((rank as i64).wrapping_mul(REPLICA_SEED_STRIDE));
@@ -217,8 +230,14 @@ impl<M: TaskModel> Trainer<M> {
         }
         let model = &self.model;
         let output = train_step(&self.device, &mut run.optimizer, window, &config, &stop_flag, |batch| -> Result<_> {
-            let types = batch.token_type_ids.as_ref();
-            let logits = model.forward(&batch.input_ids, Some(&batch.attention_mask), types, &ctx)?;
+            let (ids, mask, types) = (&batch.input_ids, Some(&batch.attention_mask), batch.token_type_ids.as_ref());
+            // The head at the labelled positions only, when the batch gathered them.
+            if let Some((positions, labels)) = &batch.selected {
+                if let Some(logits) = model.forward_at(ids, mask, types, positions, &ctx)? {
+                    return Ok(logits.cross_entropy_sum(labels, -100)?.mul(&scale)?);
+                }
+            }
+            let logits = model.forward(ids, mask, types, &ctx)?;
             Ok(logits.cross_entropy_sum(&model.targets(&batch.labels)?, -100)?.mul(&scale)?)
         })?;
         let (loss, shared) = output.values()?;
@@ -273,10 +292,13 @@ impl<M: TaskModel> Trainer<M> {
             run.plain_progress = Some(Instant::now());
         }
         if due {
-            let entry = json!({
+            let mut entry = json!({
                 "loss": run.logged.0 / run.logged.1 as f64, "learning_rate": step.lr, "epoch": self.state.epoch,
                 "step": gs, "tokens_per_second": tokens_per_second,
             });
+            if run.unmasked_over_capacity > 0 {
+                entry["mlm_unmasked_over_capacity"] = json!(run.unmasked_over_capacity);
+            }
             run.logged = (0.0, 0);
             self.log(entry, &mut run.sinks)?;
         }
