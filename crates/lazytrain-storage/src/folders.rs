@@ -63,7 +63,15 @@ pub fn fetch_folder(url: &StorageUrl) -> Result<PathBuf> {
         })
         .collect();
     if objects.is_empty() {
-        return Err(StorageError::NotFound { url: prefix, hint: "; expected a folder with config.json".into() });
+        // One object (a `tokenizer.json`, say) rather than a folder.
+        return match crate::ops::head(url) {
+            Ok(object) => fetch_object(&object),
+            Err(StorageError::NotFound { .. }) => Err(StorageError::NotFound {
+                url: prefix,
+                hint: "; expected a folder (a model or tokenizer folder) or a file".into(),
+            }),
+            Err(e) => Err(e),
+        };
     }
     let fingerprint: String =
         objects.iter().map(|o| format!("{} {} {}\n", o.url, o.size, o.version.as_deref().unwrap_or("-"))).collect();
@@ -85,6 +93,19 @@ pub fn fetch_folder(url: &StorageUrl) -> Result<PathBuf> {
     let _ = std::fs::remove_dir_all(&dir);
     std::fs::rename(&staging, &dir).map_err(|e| io(&dir, e))?;
     Ok(dir)
+}
+
+/// One object, cached like a folder (by URL, size and version).
+fn fetch_object(object: &ObjectInfo) -> Result<PathBuf> {
+    let url = object.url.to_string();
+    let name = object.url.file_name().unwrap_or_else(|| "object".into());
+    let version = format!("{} {}", object.size, object.version.as_deref().unwrap_or("-"));
+    let dir = cache_root().join("remote").join(format!("{:016x}", fnv1a(format!("{url}\n{version}").as_bytes())));
+    let file = dir.join(&name);
+    if !file.is_file() {
+        download_file(&object.url, &file)?;
+    }
+    Ok(file)
 }
 
 /// 64-bit FNV-1a: a stable folder name for a URL.

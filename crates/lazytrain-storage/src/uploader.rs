@@ -14,6 +14,9 @@ use std::thread::JoinHandle;
 pub struct UploadJob {
     /// A name for reports (`checkpoint-40`).
     pub label: String,
+    /// Objects deleted before anything is uploaded (the marker of a folder
+    /// about to be overwritten, so it is never complete half-way).
+    pub delete_first: Vec<StorageUrl>,
     /// Files to upload, in this order: `(local file, destination)`.
     pub files: Vec<(PathBuf, StorageUrl)>,
     /// Uploaded after every file of `files` succeeded: the marker that makes
@@ -104,6 +107,9 @@ impl Drop for Uploader {
 }
 
 fn run(job: UploadJob) -> Result<()> {
+    for object in &job.delete_first {
+        delete(object)?;
+    }
     for (from, to) in job.files.iter().chain(&job.commit) {
         upload_file(from, to)?;
     }

@@ -4,8 +4,8 @@
 
 use lazytrain_storage::emulators::{Emulator, EmulatorKind};
 use lazytrain_storage::{
-    exists, glob, head, list, read, storage_metrics, write, RangedObject, ReadMode, StorageError, StorageUrl,
-    BLOCK_SIZE,
+    exists, fetch_folder, glob, head, list, read, storage_metrics, write, RangedObject, ReadMode, StorageError,
+    StorageUrl, BLOCK_SIZE,
 };
 
 /// The storage counters are process-wide: the tests that compare them run
@@ -94,6 +94,17 @@ fn s3_through_moto() {
     moto.create_bucket("lt-storage");
     moto.register("lt-storage");
     round_trips("s3", "lt-storage");
+    // Folders and single objects fetched into the cache: direct children only.
+    std::env::set_var("LAZYTRAIN_CACHE", std::env::temp_dir().join(format!("lt-cache-{}", std::process::id())));
+    let folder = fetch_folder(&url("s3://lt-storage/texts")).unwrap();
+    let mut names: Vec<String> =
+        std::fs::read_dir(&folder).unwrap().map(|e| e.unwrap().file_name().to_string_lossy().into_owned()).collect();
+    names.sort();
+    assert_eq!(names, [".lazytrain-source", "a.txt", "b.txt"]);
+    let file = fetch_folder(&url("s3://lt-storage/texts/b.txt")).unwrap();
+    assert_eq!(std::fs::read(&file).unwrap(), b"bee");
+    let missing = fetch_folder(&url("s3://lt-storage/nothing")).unwrap_err().to_string();
+    assert!(missing.contains("s3://lt-storage/nothing") && missing.contains("folder"), "{missing}");
     // Above MULTIPART_THRESHOLD: a multipart upload.
     write(&url("s3://lt-storage/big.bin"), big()).unwrap();
     ranged_reads("s3", "lt-storage");

@@ -56,32 +56,31 @@ impl CheckpointSync {
         self.collect_reports();
         let name = checkpoint.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
         let step: u64 = name.strip_prefix("checkpoint-").and_then(|s| s.parse().ok()).unwrap_or(0);
-        let staging = stage(checkpoint, output_dir)?;
         let (folder, model_too, remove) = match self.strategy {
             HubStrategy::End => return Ok(()),
             HubStrategy::EverySave => (name.clone(), false, self.rotated(step, output_dir)),
             HubStrategy::Checkpoint => ("last-checkpoint".to_string(), true, vec![self.target.join("last-checkpoint")]),
             HubStrategy::AllCheckpoints => (name.clone(), true, Vec::new()),
         };
+        let staging = stage(checkpoint, output_dir)?;
         let mut files = files_of(&staging, &self.target.join(&folder));
         if model_too {
             // The model at the top of `push_to`, as a Hub repository holds it.
             files.extend(model_files(&staging).map(|(local, file)| (local, self.target.join(&file))));
         }
         let commit = Some((staging.join(MARKER), self.target.join(&folder).join(MARKER)));
-        // `last-checkpoint` is replaced: its marker goes before the new files.
+        // `last-checkpoint` is replaced: its marker goes (in the background,
+        // like everything here) before the new files.
         let (before, after) = match self.strategy {
-            HubStrategy::Checkpoint => (remove, Vec::new()),
+            HubStrategy::Checkpoint => (remove.iter().map(|folder| folder.join(MARKER)).collect(), Vec::new()),
             HubStrategy::End | HubStrategy::EverySave | HubStrategy::AllCheckpoints => (Vec::new(), remove),
         };
-        for folder in before {
-            lazytrain_storage::delete(&folder.join(MARKER))?;
-        }
         if folder != "last-checkpoint" {
             self.remote_steps.insert(step);
         }
         self.uploader.submit(UploadJob {
             label: format!("{name} -> {}", self.target.join(&folder)),
+            delete_first: before,
             files,
             commit,
             remove: after,
@@ -132,6 +131,7 @@ impl CheckpointSync {
             model_files(&staging).map(|(local, file)| (local, self.target.join(&file))).collect();
         self.uploader.submit(UploadJob {
             label: format!("the final model -> {}", self.target),
+            delete_first: Vec::new(),
             files,
             commit: Some((staging.join(MARKER), self.target.join(MARKER))).filter(|(local, _)| local.is_file()),
             remove: Vec::new(),
