@@ -13,7 +13,7 @@ use object_store::ClientOptions;
 use std::io::{Read, Write};
 use std::net::{TcpListener, TcpStream};
 use std::process::{Child, Command, Stdio};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 /// Which emulator.
@@ -34,59 +34,79 @@ pub struct Emulator {
 
 impl Emulator {
     /// Start `kind` on a free port; `None` (with a printed reason) when the
-    /// program is not installed or does not come up.
+    /// program is not installed. One that is installed but does not come
+    /// up after three tries (on three ports) panics: that is a broken
+    /// environment, not a reason to skip.
     pub fn start(kind: EmulatorKind) -> Option<Emulator> {
+        let mut failures = Vec::new();
+        for _ in 0..3 {
+            match Emulator::start_on(kind, free_port()) {
+                Ok(emulator) => return Some(emulator),
+                Err(None) => return None,
+                Err(Some(failure)) => failures.push(failure),
+            }
+        }
+        panic!("the {kind:?} emulator did not start: {}", failures.join("; "));
+    }
+
+    /// `Err(None)`: not installed (skip); `Err(Some(why))`: did not come up.
+    fn start_on(kind: EmulatorKind, port: u16) -> Result<Emulator, Option<String>> {
         let (program, hint) = match kind {
             EmulatorKind::Moto => ("moto_server", "pip install 'moto[server]'"),
             EmulatorKind::Gcs => ("gcp-storage-emulator", "pip install gcp-storage-emulator"),
         };
-        let port = free_port();
+        let Some(bin) = find_in_path(program) else {
+            skip(&format!("`{program}` is not installed; {hint}"));
+            return Err(None);
+        };
         let mut command = match kind {
             EmulatorKind::Moto => {
-                let mut command = Command::new(program);
+                let mut command = Command::new(&bin);
                 command.args(["-H", "127.0.0.1", "-p", &port.to_string()]);
                 command
             }
             EmulatorKind::Gcs => {
                 // scripts/gcs_emulator.py completes the emulator's XML API; it
                 // runs on the Python that has the emulator installed.
-                let Some(bin) = find_in_path(program) else {
-                    skip(&format!("`{program}` is not installed; {hint}"));
-                    return None;
-                };
                 let python = bin.parent().map(|dir| dir.join("python3")).filter(|p| p.is_file());
                 let script = concat!(env!("CARGO_MANIFEST_DIR"), "/../../scripts/gcs_emulator.py");
                 let mut command = Command::new(python.unwrap_or_else(|| "python3".into()));
-                command.args([
-                    script,
-                    "start",
-                    "--host",
-                    "127.0.0.1",
-                    "--port",
-                    &port.to_string(),
-                    "--in-memory",
-                    "-q",
-                ]);
+                let port = port.to_string();
+                command.args([script, "start", "--host", "127.0.0.1", "--port", &port, "--in-memory", "-q"]);
                 command
             }
         };
-        let child = match command.stdout(Stdio::null()).stderr(Stdio::null()).spawn() {
-            Ok(child) => child,
-            Err(e) => {
-                skip(&format!("`{program}` is not installed ({e}); {hint}"));
-                return None;
-            }
-        };
-        let emulator = Emulator { kind, child, port };
+        let child = command
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .map_err(|e| Some(format!("`{program}` could not be run: {e}")))?;
+        let mut emulator = Emulator { kind, child, port };
+        // Ready when this process (not another on the port) answers HTTP.
         let deadline = Instant::now() + Duration::from_secs(30);
-        while TcpStream::connect(("127.0.0.1", port)).is_err() {
+        loop {
+            if let Ok(Some(status)) = emulator.child.try_wait() {
+                return Err(Some(format!("`{program}` exited ({status}) on port {port}")));
+            }
+            if emulator.request("GET / HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n", &[]).is_some() {
+                return Ok(emulator);
+            }
             if Instant::now() > deadline {
-                skip(&format!("`{program}` did not listen on port {port} within 30 s"));
-                return None;
+                return Err(Some(format!("`{program}` did not answer on port {port} within 30 s")));
             }
             std::thread::sleep(Duration::from_millis(100));
         }
-        Some(emulator)
+    }
+
+    /// Send one raw request; the response when one came (`HTTP/1.x ...`).
+    fn request(&self, head: &str, body: &[u8]) -> Option<String> {
+        let mut stream = TcpStream::connect(("127.0.0.1", self.port)).ok()?;
+        stream.set_read_timeout(Some(Duration::from_secs(10))).ok()?;
+        stream.write_all(head.as_bytes()).and_then(|()| stream.write_all(body)).ok()?;
+        let mut response = Vec::new();
+        let _ = stream.read_to_end(&mut response);
+        let response = String::from_utf8_lossy(&response).into_owned();
+        response.starts_with("HTTP/1.").then_some(response)
     }
 
     /// `http://127.0.0.1:PORT`.
@@ -113,10 +133,22 @@ impl Emulator {
                 )
             }
         };
-        let mut stream = TcpStream::connect(("127.0.0.1", self.port)).expect("the emulator listens");
-        stream.write_all(request.as_bytes()).expect("request sent");
-        let mut response = String::new();
-        let _ = stream.read_to_string(&mut response);
+        self.expect_ok(&request, &[]);
+    }
+
+    /// Send a request (retried a few times: a server just up may drop the
+    /// first connections) and require a 200.
+    fn expect_ok(&self, head: &str, body: &[u8]) {
+        let mut response = None;
+        for _ in 0..5 {
+            response = self.request(head, body);
+            if response.is_some() {
+                break;
+            }
+            std::thread::sleep(Duration::from_millis(200));
+        }
+        let response =
+            response.unwrap_or_else(|| panic!("the {:?} emulator on port {} did not answer", self.kind, self.port));
         assert!(response.starts_with("HTTP/1.1 200") || response.starts_with("HTTP/1.0 200"), "{response}");
     }
 
@@ -139,12 +171,7 @@ impl Emulator {
             self.port,
             bytes.len()
         );
-        let mut stream = TcpStream::connect(("127.0.0.1", self.port)).expect("the emulator listens");
-        stream.write_all(request.as_bytes()).and_then(|()| stream.write_all(bytes)).expect("request sent");
-        let mut response = Vec::new();
-        let _ = stream.read_to_end(&mut response);
-        let response = String::from_utf8_lossy(&response);
-        assert!(response.starts_with("HTTP/1.1 200") || response.starts_with("HTTP/1.0 200"), "{response}");
+        self.expect_ok(&request, bytes);
     }
 
     /// Use this emulator for `bucket` in this process.
@@ -218,7 +245,18 @@ fn find_in_path(program: &str) -> Option<std::path::PathBuf> {
     std::env::split_paths(&std::env::var_os("PATH")?).map(|dir| dir.join(program)).find(|p| p.is_file())
 }
 
+/// A loopback port no other emulator of this process was given (tests
+/// start emulators in parallel, and the OS may hand a just-released port
+/// out again).
 fn free_port() -> u16 {
-    let listener = TcpListener::bind(("127.0.0.1", 0)).expect("a loopback port");
-    listener.local_addr().expect("bound").port()
+    static GIVEN: Mutex<Vec<u16>> = Mutex::new(Vec::new());
+    let mut given = GIVEN.lock().unwrap_or_else(|p| p.into_inner());
+    loop {
+        let listener = TcpListener::bind(("127.0.0.1", 0)).expect("a loopback port");
+        let port = listener.local_addr().expect("bound").port();
+        if !given.contains(&port) {
+            given.push(port);
+            return port;
+        }
+    }
 }

@@ -3,7 +3,7 @@
 use thiserror::Error;
 
 /// Errors from reading or writing local folders and buckets.
-#[derive(Debug, Error)]
+#[derive(Clone, Debug, Error)]
 pub enum StorageError {
     /// A URL that cannot be parsed or addressed.
     #[error("`{url}`: {detail}")]

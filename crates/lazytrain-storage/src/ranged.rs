@@ -241,18 +241,7 @@ fn wait(block: &Block) -> Result<Bytes> {
     }
     match &*state {
         BlockState::Ready(bytes) => Ok(bytes.clone()),
-        BlockState::Failed(error) => Err(copy_error(error)),
+        BlockState::Failed(error) => Err(error.clone()),
         BlockState::Pending => unreachable!("waited until the block left Pending"),
-    }
-}
-
-fn copy_error(error: &StorageError) -> StorageError {
-    match error {
-        StorageError::Unavailable { url, at, attempts, detail } => {
-            StorageError::Unavailable { url: url.clone(), at: at.clone(), attempts: *attempts, detail: detail.clone() }
-        }
-        StorageError::NotFound { url, hint } => StorageError::NotFound { url: url.clone(), hint: hint.clone() },
-        StorageError::Denied { url, detail } => StorageError::Denied { url: url.clone(), detail: detail.clone() },
-        other => StorageError::Other { url: String::new(), detail: other.to_string() },
     }
 }
