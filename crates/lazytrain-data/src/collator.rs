@@ -61,30 +61,35 @@ pub fn label_capacity(tokens: usize, p: f64) -> usize {
     ((bound.ceil() as usize).div_ceil(8) * 8).clamp(8.min(tokens), tokens)
 }
 
-/// Gather the labelled positions of `batch` (per-token labels) into
+/// Gather the labelled positions of per-token `labels` (-100: none) into
 /// `capacity` slots. Past the capacity, labelled tokens are unmasked: their
 /// input becomes `originals`' token again and their label -100, so the
 /// batch trains on fewer positions instead of changing shape.
-pub fn select_labelled(batch: &mut HostBatch, originals: &[i64], capacity: usize) -> SelectedLabels {
+pub fn select_labelled(
+    input_ids: &mut [i64],
+    labels: &mut [i64],
+    originals: &[i64],
+    capacity: usize,
+) -> SelectedLabels {
     let mut positions = Vec::with_capacity(capacity);
-    let mut labels = Vec::with_capacity(capacity);
+    let mut picked = Vec::with_capacity(capacity);
     let mut unmasked = 0;
-    for (at, label) in batch.labels.iter_mut().enumerate() {
+    for (at, label) in labels.iter_mut().enumerate() {
         if *label == -100 {
             continue;
         }
         if positions.len() < capacity {
             positions.push(at as i64);
-            labels.push(*label);
+            picked.push(*label);
         } else {
-            batch.input_ids[at] = originals[at];
+            input_ids[at] = originals[at];
             *label = -100;
             unmasked += 1;
         }
     }
     positions.resize(capacity, 0);
-    labels.resize(capacity, -100);
-    SelectedLabels { positions, labels, unmasked }
+    picked.resize(capacity, -100);
+    SelectedLabels { positions, labels: picked, unmasked }
 }
 
 impl HostBatch {
@@ -238,7 +243,7 @@ impl MlmCollator {
         }
         if self.gather_labelled {
             let capacity = label_capacity(batch.batch * seq, self.mlm_probability);
-            batch.selected = Some(select_labelled(&mut batch, &originals, capacity));
+            batch.selected = Some(select_labelled(&mut batch.input_ids, &mut batch.labels, &originals, capacity));
         }
         Ok(batch)
     }
@@ -359,7 +364,7 @@ mod tests {
         let labelled: Vec<usize> = (0..batch.labels.len()).filter(|&at| batch.labels[at] != -100).collect();
         assert!(labelled.len() > 4);
         let before = batch.clone();
-        let selected = select_labelled(&mut batch, &originals, 4);
+        let selected = select_labelled(&mut batch.input_ids, &mut batch.labels, &originals, 4);
         assert_eq!(selected.unmasked, labelled.len() - 4);
         assert_eq!(selected.positions, labelled[..4].iter().map(|&at| at as i64).collect::<Vec<_>>());
         for &at in &labelled[4..] {

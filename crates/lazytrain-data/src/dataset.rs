@@ -128,6 +128,8 @@ pub struct ShardedDataset {
     len: usize,
     skipped: u64,
     unframed_bytes: u64,
+    /// Some shards are bucket objects (reads are worth fetching ahead).
+    remote: bool,
 }
 
 impl ShardedDataset {
@@ -170,7 +172,8 @@ impl ShardedDataset {
             unframed_bytes += index.unframed_bytes;
             shards.push(Shard { index, source });
         }
-        Ok(ShardedDataset { shards, starts, len, skipped, unframed_bytes })
+        let remote = urls.iter().any(StorageUrl::is_remote);
+        Ok(ShardedDataset { shards, starts, len, skipped, unframed_bytes, remote })
     }
 
     /// Records in all shards.
@@ -213,6 +216,12 @@ impl ShardedDataset {
                 Ok(std::mem::take(&mut decoded[at].1))
             })
             .collect()
+    }
+
+    /// True when some shards are bucket objects, whose records are worth
+    /// [`prefetch`](Self::prefetch)ing.
+    pub fn is_remote(&self) -> bool {
+        self.remote
     }
 
     /// Start fetching `records` (global indices) from bucket shards, ahead

@@ -127,11 +127,16 @@ impl DeviceLoader {
                     }
                     let records: Vec<usize> =
                         (sample..sample + plan.batch_size).map(|k| sampler.record(epoch, k)).collect();
-                    // Bucket shards: start fetching the next batches' records now.
-                    let ahead = (sample + plan.batch_size)
-                        ..usize::min(sample + plan.batch_size * (1 + LOOKAHEAD_BATCHES), sampler.samples_per_epoch());
-                    let upcoming: Vec<usize> = ahead.map(|k| sampler.record(epoch, k)).collect();
-                    dataset.prefetch(&upcoming);
+                    if dataset.is_remote() {
+                        // Bucket shards: start fetching the next batches' records now.
+                        let ahead = (sample + plan.batch_size)
+                            ..usize::min(
+                                sample + plan.batch_size * (1 + LOOKAHEAD_BATCHES),
+                                sampler.samples_per_epoch(),
+                            );
+                        let upcoming: Vec<usize> = ahead.map(|k| sampler.record(epoch, k)).collect();
+                        dataset.prefetch(&upcoming);
+                    }
                     let batch = collator
                         .collate_records(&dataset, &records, epoch)
                         .and_then(|host| upload(host, &dev, epoch, sample));

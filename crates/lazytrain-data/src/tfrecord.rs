@@ -4,7 +4,7 @@
 use crate::{DataError, Result};
 use lazytrain_storage::RangedObject;
 use std::fs::File;
-use std::io::{BufWriter, Read, Seek, SeekFrom, Write};
+use std::io::{BufWriter, Write};
 use std::path::{Path, PathBuf};
 
 const MASK_DELTA: u32 = 0xa282_ead8;
@@ -317,22 +317,6 @@ impl RecordIndex {
             });
         }
         Ok(RecordIndex { name: source.name(), spans, skipped: 0, unframed_bytes: 0 })
-    }
-
-    /// Read record `k` of the file it indexes (opened by the caller).
-    pub fn read(&self, file: &mut File, k: usize) -> Result<Vec<u8>> {
-        let span = self.spans[k];
-        let mut buf = vec![0u8; span.len as usize + 4];
-        file.seek(SeekFrom::Start(span.offset + 12))
-            .map_err(|e| DataError::Io { path: self.name.clone(), detail: e.to_string() })?;
-        file.read_exact(&mut buf)
-            .map_err(|e| DataError::Io { path: self.name.clone(), detail: format!("cannot read record {k}: {e}") })?;
-        let stored = u32::from_le_bytes(buf[span.len as usize..].try_into().expect("4 bytes"));
-        buf.truncate(span.len as usize);
-        if masked_crc32c(&buf) != stored {
-            return Err(corrupt(&self.name, k, span.offset, "data checksum mismatch"));
-        }
-        Ok(buf)
     }
 
     /// Read record `k` from `source` in one read (header, data and CRC),

@@ -11,24 +11,17 @@ use std::path::{Path, PathBuf};
 /// them (`manifest.json`, `trainer_state.json`) never sees a half-uploaded
 /// folder.
 pub fn upload_folder(from: &Path, to: &StorageUrl, last: &[&str]) -> Result<()> {
-    let mut files = Vec::new();
-    collect_files(from, from, &mut files)?;
-    files.sort_by_key(|relative| (last.contains(&relative.as_str()), relative.clone()));
-    for relative in files {
-        upload_file(&from.join(&relative), &to.join(&relative))?;
-    }
-    Ok(())
-}
-
-fn collect_files(root: &Path, dir: &Path, out: &mut Vec<String>) -> Result<()> {
-    let io = |e: std::io::Error| StorageError::Other { url: dir.display().to_string(), detail: e.to_string() };
-    for entry in std::fs::read_dir(dir).map_err(io)? {
-        let path = entry.map_err(io)?.path();
-        if path.is_dir() {
-            collect_files(root, &path, out)?;
-        } else if let Ok(relative) = path.strip_prefix(root) {
-            out.push(relative.to_string_lossy().into_owned());
-        }
+    let mut files: Vec<(String, PathBuf)> = list(&StorageUrl::Local(from.to_path_buf()))?
+        .into_iter()
+        .filter_map(|info| {
+            let path = info.url.local_path()?.to_path_buf();
+            let relative = path.strip_prefix(from).ok()?.to_string_lossy().into_owned();
+            Some((relative, path))
+        })
+        .collect();
+    files.sort_by_key(|(relative, _)| (last.contains(&relative.as_str()), relative.clone()));
+    for (relative, path) in files {
+        upload_file(&path, &to.join(&relative))?;
     }
     Ok(())
 }

@@ -211,17 +211,13 @@ pub fn write(url: &StorageUrl, bytes: Vec<u8>) -> Result<()> {
     }
 }
 
+/// [`lazytrain_core::atomic_file::write_atomically`], creating the folder first.
 fn write_local_atomically(path: &Path, bytes: &[u8]) -> Result<()> {
-    use std::io::Write;
     let io = |e: std::io::Error| StorageError::Other { url: path.display().to_string(), detail: e.to_string() };
     if let Some(parent) = path.parent().filter(|p| !p.as_os_str().is_empty()) {
         std::fs::create_dir_all(parent).map_err(io)?;
     }
-    let name = path.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
-    let temp = path.with_file_name(format!(".{name}.tmp-{}", std::process::id()));
-    let mut file = std::fs::File::create(&temp).map_err(io)?;
-    file.write_all(bytes).and_then(|()| file.sync_all()).map_err(io)?;
-    std::fs::rename(&temp, path).map_err(io)
+    lazytrain_core::atomic_file::write_atomically(path, bytes).map_err(io)
 }
 
 async fn put_with_retries(name: &str, store: Arc<dyn ObjectStore>, path: ObjectPath, payload: Bytes) -> Result<()> {
@@ -238,10 +234,7 @@ async fn put_with_retries(name: &str, store: Arc<dyn ObjectStore>, path: ObjectP
         let upload = store.put_multipart(&path).await?;
         let mut writer = WriteMultipart::new_with_chunk_size(upload, PART_SIZE);
         writer.put(payload.clone());
-        match writer.finish().await {
-            Ok(_) => Ok(()),
-            Err(e) => Err(e),
-        }
+        writer.finish().await.map(drop)
     })
     .await
 }

@@ -55,16 +55,8 @@ pub(crate) fn classify(url: &str, error: object_store::Error) -> Failure {
             Failure::Fatal(StorageError::Denied { url: url.to_string(), detail: source.to_string() })
         }
         E::Generic { source, .. } => Failure::Transient(source.to_string()),
-        other @ (E::InvalidPath { .. }
-        | E::JoinError { .. }
-        | E::NotSupported { .. }
-        | E::AlreadyExists { .. }
-        | E::Precondition { .. }
-        | E::NotModified { .. }
-        | E::NotImplemented { .. }
-        | E::UnknownConfigurationKey { .. }) => {
-            Failure::Fatal(StorageError::Other { url: url.to_string(), detail: other.to_string() })
-        }
+        // Everything else (bad paths, preconditions, unsupported operations,
+        // and variants object_store adds later: it is non-exhaustive) is final.
         other => Failure::Fatal(StorageError::Other { url: url.to_string(), detail: other.to_string() }),
     }
 }

@@ -86,8 +86,9 @@ impl Uploader {
         std::mem::take(&mut *self.reports.lock().unwrap_or_else(|p| p.into_inner()))
     }
 
-    /// Wait for every queued job; returns the reports not taken yet.
-    pub fn finish(mut self) -> Vec<UploadReport> {
+    /// Wait for every queued job (no more can be submitted); returns the
+    /// reports not taken yet.
+    pub fn finish(&mut self) -> Vec<UploadReport> {
         self.close();
         self.take_reports()
     }

@@ -4,7 +4,7 @@
 use clap::Args;
 use lazytrain_core::ir::AllReduceOp;
 use lazytrain_core::{DType, Device, Tensor};
-use lazytrain_data::collator::label_capacity;
+use lazytrain_data::collator::{label_capacity, select_labelled};
 use lazytrain_dist::{spawn, train_step, Replica, SpawnConfig, StepConfig};
 use lazytrain_models::{ForMaskedLM, Gpt2LMHeadModel, ModelConfig, ModelType, TaskModel};
 use lazytrain_nn::init::Initializer;
@@ -179,21 +179,19 @@ fn bench_model<M: TaskModel>(
     lazytrain_core::random::uniform_f32(0, replica.rank() as u64, &mut u);
     let ids: Vec<i64> = u[..batch * SEQ].iter().map(|&x| 5 + (x * (vocab - 5) as f32) as i64).collect();
     let masked: Vec<bool> = u[batch * SEQ..].iter().map(|&x| (x as f64) < MLM_PROBABILITY && !causal).collect();
-    let labels: Vec<i64> = ids.iter().zip(&masked).map(|(&t, &m)| if m || causal { t } else { -100 }).collect();
-    let inputs: Vec<i64> = ids.iter().zip(&masked).map(|(&t, &m)| if m { 4 } else { t }).collect();
-    // The masked positions, for a head that runs only there (`head_rows` slots).
-    let selected = (head_rows < batch * SEQ).then(|| {
-        let mut positions: Vec<i64> = (0..labels.len()).filter(|&at| labels[at] != -100).map(|at| at as i64).collect();
-        let mut picked: Vec<i64> = positions.iter().map(|&at| labels[at as usize]).collect();
-        positions.resize(head_rows, 0);
-        picked.resize(head_rows, -100);
-        (positions, picked)
-    });
-    let selected = match selected {
-        Some((positions, picked)) => {
-            Some((Tensor::from_vec(positions, [head_rows], device)?, Tensor::from_vec(picked, [head_rows], device)?))
+    let mut labels: Vec<i64> = ids.iter().zip(&masked).map(|(&t, &m)| if m || causal { t } else { -100 }).collect();
+    let mut inputs: Vec<i64> = ids.iter().zip(&masked).map(|(&t, &m)| if m { 4 } else { t }).collect();
+    // The masked positions, for a head that runs only there (`head_rows` slots),
+    // gathered as the MLM collator gathers them.
+    let selected = match head_rows < batch * SEQ {
+        true => {
+            let s = select_labelled(&mut inputs, &mut labels, &ids, head_rows);
+            Some((
+                Tensor::from_vec(s.positions, [head_rows], device)?,
+                Tensor::from_vec(s.labels, [head_rows], device)?,
+            ))
         }
-        None => None,
+        false => None,
     };
     let input_ids = Tensor::from_vec(inputs, [batch, SEQ], device)?;
     let labels = Tensor::from_vec(labels, [batch, SEQ], device)?;

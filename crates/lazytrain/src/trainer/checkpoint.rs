@@ -42,7 +42,7 @@ fn json_file(path: &Path, value: &impl serde::Serialize) -> Result<()> {
 }
 
 /// The step of a `checkpoint-{step}` folder name.
-fn step_of(path: &Path) -> Option<u64> {
+pub(crate) fn step_of(path: &Path) -> Option<u64> {
     path.file_name()?.to_str()?.strip_prefix("checkpoint-")?.parse().ok()
 }
 

@@ -3,7 +3,7 @@
 
 use crate::{Error, Result};
 use lazytrain_data::protobuf::{put_bytes, put_key, put_varint, Reader, Value};
-use lazytrain_data::tfrecord::{CorruptPolicy, RecordIndex, RecordWriter};
+use lazytrain_data::tfrecord::{CorruptPolicy, LocalShard, RecordIndex, RecordWriter};
 use std::path::{Path, PathBuf};
 
 /// `Event { wall_time = 1 (double), step = 2 (int64), file_version = 3 | summary = 5 }`.
@@ -69,12 +69,12 @@ pub type Scalar = (i64, String, f32);
 
 /// Decode every scalar of an event file (checking the TFRecord framing).
 pub fn read_scalars(path: &Path) -> Result<Vec<Scalar>> {
-    let index = RecordIndex::scan(path, CorruptPolicy::Fail)?;
-    let mut file = std::fs::File::open(path).map_err(|e| Error::Input(format!("{}: {e}", path.display())))?;
+    let source = LocalShard::open(path)?;
+    let index = RecordIndex::scan_source(&source, CorruptPolicy::Fail)?;
     let bad = || Error::Input(format!("{}: malformed Event record", path.display()));
     let mut out = Vec::new();
     for k in 0..index.spans.len() {
-        let record = index.read(&mut file, k)?;
+        let record = index.read_from(&source, k)?;
         let mut event = Reader::new(&record);
         let mut step = 0i64;
         while !event.done() {

@@ -10,7 +10,7 @@
 //! run end with an error naming them (the local output is complete).
 
 use super::args::{HubStrategy, TrainingArguments};
-use super::checkpoint::checkpoints;
+use super::checkpoint::{checkpoints, step_of};
 use crate::{Error, Result};
 use lazytrain_storage::{list, StorageError, StorageUrl, UploadJob, UploadReport, Uploader};
 use std::collections::BTreeSet;
@@ -55,7 +55,7 @@ impl CheckpointSync {
     pub fn checkpoint_saved(&mut self, checkpoint: &Path, output_dir: &Path) -> Result<()> {
         self.collect_reports();
         let name = checkpoint.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
-        let step: u64 = name.strip_prefix("checkpoint-").and_then(|s| s.parse().ok()).unwrap_or(0);
+        let step = step_of(checkpoint).unwrap_or(0);
         let (folder, model_too, remove) = match self.strategy {
             HubStrategy::End => return Ok(()),
             HubStrategy::EverySave => (name.clone(), false, self.rotated(step, output_dir)),
@@ -111,7 +111,7 @@ impl CheckpointSync {
         if push_final {
             self.push_final(output_dir)?;
         }
-        let reports = std::mem::replace(&mut self.uploader, Uploader::new(0)).finish();
+        let reports = self.uploader.finish();
         self.record(reports);
         match self.failures.is_empty() {
             true => Ok(()),
@@ -154,10 +154,6 @@ impl CheckpointSync {
             }
         }
     }
-}
-
-fn step_of(path: &Path) -> Option<u64> {
-    path.file_name()?.to_str()?.strip_prefix("checkpoint-")?.parse().ok()
 }
 
 /// Hard links (copies where links fail) of the files directly in `dir`,
