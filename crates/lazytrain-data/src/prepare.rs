@@ -1,6 +1,6 @@
 //! `prepare`: tokenize documents, pack them into fixed blocks (Hugging Face
-//! `group_texts` semantics), split train/validation and write TFRecord shards
-//! with a `manifest.json`.
+//! `group_texts`, or RoBERTa's wrapped stream: [`Packing`]), split
+//! train/validation and write TFRecord shards with a `manifest.json`.
 
 use crate::example::encode_int64_example;
 use crate::tfrecord::RecordWriter;
@@ -23,6 +23,52 @@ pub struct PrepareOptions {
     pub seed: u64,
     /// Draw a progress bar on stderr.
     pub progress: bool,
+    /// How documents become blocks.
+    pub packing: Packing,
+}
+
+impl Default for PrepareOptions {
+    /// 128-token blocks in 8 shards, 1 % held out, seed 42, no progress bar,
+    /// `group_texts` packing (the CLI's defaults).
+    fn default() -> PrepareOptions {
+        PrepareOptions {
+            block_size: 128,
+            num_shards: 8,
+            validation_fraction: 0.01,
+            seed: 42,
+            progress: false,
+            packing: Packing::GroupTexts,
+        }
+    }
+}
+
+/// How tokenized documents are packed into fixed blocks.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum Packing {
+    /// Hugging Face `run_mlm.py`'s `group_texts`: each document encoded
+    /// with the tokenizer's special tokens (`<s> … </s>`, `[CLS] … [SEP]`;
+    /// a GPT-2 document ends with `<|endoftext|>`), concatenated, cut into
+    /// `block_size` pieces.
+    #[default]
+    GroupTexts,
+    /// RoBERTa's pre-training stream (fairseq `--sample-break-mode none`):
+    /// documents encoded without special tokens and joined by the end
+    /// token, cut into `block_size - 2` pieces, each wrapped as
+    /// `<s> piece </s>` (`[CLS] piece [SEP]`), so every block starts and
+    /// ends like a sentence the model will see.
+    Wrapped,
+}
+
+impl Packing {
+    /// Parse `group-texts` or `wrapped`.
+    pub fn parse(name: &str) -> Result<Packing> {
+        match name {
+            "group-texts" => Ok(Packing::GroupTexts),
+            "wrapped" => Ok(Packing::Wrapped),
+            other => Err(DataError::Invalid(format!("unknown packing `{other}`; choose group-texts or wrapped"))),
+        }
+    }
 }
 
 /// One shard file and its record count.
@@ -55,6 +101,9 @@ pub struct Manifest {
     pub tokens: u64,
     /// Tokens dropped as the final partial block.
     pub dropped_tokens: u64,
+    /// How the blocks were packed (absent in older manifests: `group-texts`).
+    #[serde(default)]
+    pub packing: Packing,
 }
 
 impl Manifest {
@@ -140,9 +189,13 @@ pub fn prepare_with_validation(
     out_dir: &Path,
     options: &PrepareOptions,
 ) -> Result<Manifest> {
-    if options.block_size < 2 || options.num_shards == 0 || !(0.0..1.0).contains(&options.validation_fraction) {
+    let min_block = match options.packing {
+        Packing::GroupTexts => 2,
+        Packing::Wrapped => 3,
+    };
+    if options.block_size < min_block || options.num_shards == 0 || !(0.0..1.0).contains(&options.validation_fraction) {
         return Err(DataError::Invalid(format!(
-            "need block_size >= 2, num_shards >= 1 and validation_fraction in [0, 1), got {}, {}, {}",
+            "need block_size >= {min_block}, num_shards >= 1 and validation_fraction in [0, 1), got {}, {}, {}",
             options.block_size, options.num_shards, options.validation_fraction
         )));
     }
@@ -202,13 +255,14 @@ pub fn prepare_with_validation(
         documents: (documents.len() + validation_documents.len()) as u64,
         tokens: (block_tokens + dropped + held_dropped) as u64,
         dropped_tokens: (dropped + held_dropped) as u64,
+        packing: options.packing,
     };
     write_json(&out_dir.join("manifest.json"), &manifest)?;
     Ok(manifest)
 }
 
-/// Tokenize `documents` in parallel batches and pack them into blocks;
-/// returns the blocks and the tokens dropped at the end.
+/// Tokenize `documents` in parallel batches and pack them into blocks as
+/// `options.packing` says; returns the blocks and the tokens dropped at the end.
 fn tokenize_and_pack(
     tokenizer: &TextTokenizer,
     documents: &[String],
@@ -216,20 +270,46 @@ fn tokenize_and_pack(
     stage: &str,
 ) -> Result<(Vec<Vec<u32>>, usize)> {
     let bar = stage_bar(documents.len() as u64, options.progress, stage);
+    let special = tokenizer.special();
+    let with_specials = options.packing == Packing::GroupTexts;
     // GPT-2's tokenizer adds no special tokens: end each document with
     // `<|endoftext|>`, as GPT-2's training text is laid out.
-    let separator = (tokenizer.special().style == crate::TokenizerStyle::Gpt2).then_some(tokenizer.special().end);
+    let separator = (with_specials && special.style == crate::TokenizerStyle::Gpt2).then_some(special.end);
     let mut sequences = Vec::with_capacity(documents.len());
     for chunk in documents.chunks(4096) {
         let encodings = tokenizer
             .inner()
-            .encode_batch(chunk.to_vec(), true)
+            .encode_batch(chunk.to_vec(), with_specials)
             .map_err(|e| DataError::Invalid(format!("tokenization failed: {e}")))?;
         sequences.extend(encodings.iter().map(|e| e.get_ids().iter().copied().chain(separator).collect::<Vec<_>>()));
         bar.inc(chunk.len() as u64);
     }
     bar.finish_and_clear();
-    Ok(pack_blocks(&sequences, options.block_size))
+    Ok(match options.packing {
+        Packing::GroupTexts => pack_blocks(&sequences, options.block_size),
+        Packing::Wrapped => pack_wrapped(&sequences, options.block_size, special.start, special.end),
+    })
+}
+
+/// [`Packing::Wrapped`]: join `sequences` with `end`, cut the stream into
+/// `block_size - 2` pieces and wrap each as `start piece end`; the final
+/// partial piece is dropped. Returns the blocks and the dropped tokens.
+pub fn pack_wrapped(sequences: &[Vec<u32>], block_size: usize, start: u32, end: u32) -> (Vec<Vec<u32>>, usize) {
+    let body = block_size - 2;
+    let mut blocks = Vec::new();
+    let mut current = Vec::with_capacity(block_size);
+    current.push(start);
+    let separated =
+        sequences.iter().enumerate().flat_map(|(i, seq)| (i > 0).then_some(end).into_iter().chain(seq.iter().copied()));
+    for t in separated {
+        current.push(t);
+        if current.len() == body + 1 {
+            current.push(end);
+            blocks.push(std::mem::replace(&mut current, Vec::with_capacity(block_size)));
+            current.push(start);
+        }
+    }
+    (blocks, current.len() - 1)
 }
 
 /// Which of `blocks` blocks are held out for validation: each with
@@ -354,5 +434,16 @@ mod tests {
         let (blocks, dropped) = pack_blocks(&[vec![9, 1, 2, 3, 8], vec![9, 4, 5, 8], vec![9, 6, 8]], 4);
         assert_eq!(blocks, vec![vec![9, 1, 2, 3], vec![8, 9, 4, 5], vec![8, 9, 6, 8]]);
         assert_eq!(dropped, 0);
+    }
+
+    #[test]
+    fn wrapped_packing_joins_documents_with_the_end_token() {
+        // start 0, end 2: the stream 1 3 5 | 2 | 6 7 | 2 | 8 9 11 12 cut into 3-token pieces.
+        let (blocks, dropped) = pack_wrapped(&[vec![1, 3, 5], vec![6, 7], vec![8, 9, 11, 12]], 5, 0, 2);
+        assert_eq!(blocks, vec![vec![0, 1, 3, 5, 2], vec![0, 2, 6, 7, 2], vec![0, 2, 8, 9, 2]]);
+        assert_eq!(dropped, 2);
+        let (blocks, dropped) = pack_wrapped(&[vec![1, 3]], 5, 0, 2);
+        assert!(blocks.is_empty());
+        assert_eq!(dropped, 2);
     }
 }

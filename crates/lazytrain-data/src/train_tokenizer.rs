@@ -10,7 +10,7 @@ use tokenizers::models::bpe::{BpeTrainer, BPE};
 use tokenizers::models::unigram::{Unigram, UnigramTrainer};
 use tokenizers::models::wordpiece::{WordPiece, WordPieceTrainer};
 use tokenizers::models::{ModelWrapper, TrainerWrapper};
-use tokenizers::normalizers::{BertNormalizer, NormalizerWrapper, NFC};
+use tokenizers::normalizers::{BertNormalizer, Lowercase, NormalizerWrapper, Sequence, NFC, NFKC};
 use tokenizers::pre_tokenizers::bert::BertPreTokenizer;
 use tokenizers::pre_tokenizers::byte_level::ByteLevel;
 use tokenizers::pre_tokenizers::metaspace::{Metaspace, PrependScheme};
@@ -41,6 +41,38 @@ impl SubwordModel {
             other => {
                 Err(DataError::Invalid(format!("unknown tokenizer model `{other}`; choose unigram, wordpiece or bpe")))
             }
+        }
+    }
+}
+
+/// The text normaliser a trained tokenizer applies before splitting.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum Normalization {
+    /// The style's own: BERT's (clean text, CJK spacing, lowercase, strip
+    /// accents), NFC for RoBERTa, none for GPT-2.
+    #[default]
+    Style,
+    /// NFKC, then lowercase (SentencePiece-style recipes).
+    NfkcLowercase,
+}
+
+impl Normalization {
+    /// Parse `style` or `nfkc-lowercase`.
+    pub fn parse(name: &str) -> Result<Normalization> {
+        match name {
+            "style" => Ok(Normalization::Style),
+            "nfkc-lowercase" => Ok(Normalization::NfkcLowercase),
+            other => Err(DataError::Invalid(format!("unknown normalizer `{other}`; choose style or nfkc-lowercase"))),
+        }
+    }
+
+    /// The `tokenizers` normaliser for `style`.
+    fn normalizer(self, style: TokenizerStyle) -> Option<NormalizerWrapper> {
+        match (self, style) {
+            (Normalization::Style, TokenizerStyle::Bert) => Some(BertNormalizer::new(true, true, None, true).into()),
+            (Normalization::Style, TokenizerStyle::Roberta) => Some(NFC.into()),
+            (Normalization::Style, TokenizerStyle::Gpt2) => None,
+            (Normalization::NfkcLowercase, _) => Some(Sequence::new(vec![NFKC.into(), Lowercase.into()]).into()),
         }
     }
 }
@@ -82,6 +114,17 @@ pub fn train_tokenizer(
     model: SubwordModel,
     vocab_size: usize,
     style: TokenizerStyle,
+) -> Result<TextTokenizer> {
+    train_tokenizer_with(documents, model, vocab_size, style, Normalization::Style)
+}
+
+/// [`train_tokenizer`] with a chosen text [`Normalization`].
+pub fn train_tokenizer_with(
+    documents: &[String],
+    model: SubwordModel,
+    vocab_size: usize,
+    style: TokenizerStyle,
+    normalization: Normalization,
 ) -> Result<TextTokenizer> {
     if vocab_size < 16 {
         return Err(DataError::Invalid(format!("a vocabulary of {vocab_size} tokens is too small; use at least 16")));
@@ -127,12 +170,7 @@ pub fn train_tokenizer(
         ),
     };
     let mut tokenizer = Tokenizer::new(model_wrapper);
-    let normalizer: Option<NormalizerWrapper> = match style {
-        TokenizerStyle::Bert => Some(BertNormalizer::new(true, true, None, true).into()),
-        TokenizerStyle::Roberta => Some(NFC.into()),
-        TokenizerStyle::Gpt2 => None,
-    };
-    tokenizer.with_normalizer(normalizer);
+    tokenizer.with_normalizer(normalization.normalizer(style));
     let (pre, decoder): (PreTokenizerWrapper, DecoderWrapper) = match model {
         SubwordModel::Unigram => (
             Metaspace::new('▁', PrependScheme::Always, true).into(),
@@ -171,4 +209,29 @@ pub fn train_tokenizer(
     };
     tokenizer.with_post_processor(Some(post));
     TextTokenizer::new(tokenizer, Path::new("<trained>"))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn nfkc_lowercase_folds_width_and_case() {
+        let docs: Vec<String> =
+            (0..40).map(|i| format!("the union is strong and the state of the union {i} is good")).collect();
+        let tok = train_tokenizer_with(
+            &docs,
+            SubwordModel::Unigram,
+            60,
+            TokenizerStyle::Roberta,
+            Normalization::NfkcLowercase,
+        )
+        .unwrap();
+        let ids = |text: &str| tok.inner().encode(text, false).unwrap().get_ids().to_vec();
+        // Full-width letters are NFKC-folded, capitals lowercased.
+        assert_eq!(ids("ＴＨＥ Union"), ids("the union"));
+        let plain = train_tokenizer(&docs, SubwordModel::Unigram, 60, TokenizerStyle::Roberta).unwrap();
+        let plain_ids = |text: &str| plain.inner().encode(text, false).unwrap().get_ids().to_vec();
+        assert_ne!(plain_ids("THE Union"), plain_ids("the union"));
+    }
 }

@@ -44,7 +44,14 @@ fn every_format_gives_the_same_documents_tokenizer_and_shards() {
     let train = |docs: &[String]| train_tokenizer(docs, SubwordModel::Bpe, 300, TokenizerStyle::Roberta).unwrap();
     let tokenizer = train(&reference);
     let vocabulary = tokenizer.inner().to_string(false).unwrap();
-    let options = PrepareOptions { block_size: 16, num_shards: 2, validation_fraction: 0.1, seed: 3, progress: false };
+    let options = PrepareOptions {
+        block_size: 16,
+        num_shards: 2,
+        validation_fraction: 0.1,
+        seed: 3,
+        progress: false,
+        ..Default::default()
+    };
     let shards = |dir: &Path| -> Vec<(String, Vec<u8>)> {
         let mut files: Vec<_> = std::fs::read_dir(dir)
             .unwrap()
@@ -151,7 +158,14 @@ fn validation_files_become_the_validation_split() {
     let train = texts("corpus.txt");
     let held_out: Vec<String> = texts("corpus.jsonl").into_iter().take(40).collect();
     let tokenizer = train_tokenizer(&train, SubwordModel::WordPiece, 200, TokenizerStyle::Bert).unwrap();
-    let options = PrepareOptions { block_size: 16, num_shards: 1, validation_fraction: 0.0, seed: 0, progress: false };
+    let options = PrepareOptions {
+        block_size: 16,
+        num_shards: 1,
+        validation_fraction: 0.0,
+        seed: 0,
+        progress: false,
+        ..Default::default()
+    };
     let out = tmp("validation-files");
     let manifest = prepare_with_validation(&tokenizer, &train, &held_out, &out, &options).unwrap();
     let tokens: usize = held_out.iter().map(|t| tokenizer.encode(t, true).unwrap().len()).sum();

@@ -83,7 +83,14 @@ fn gpt2_style_tokenizers_are_gpt2s() {
     assert!(err.contains("no mask token") && err.contains("--task causal-lm"), "{err}");
 
     let out = tmp("prepared-gpt2");
-    let options = PrepareOptions { block_size: 8, num_shards: 1, validation_fraction: 0.0, seed: 0, progress: false };
+    let options = PrepareOptions {
+        block_size: 8,
+        num_shards: 1,
+        validation_fraction: 0.0,
+        seed: 0,
+        progress: false,
+        ..Default::default()
+    };
     let manifest = prepare(&tok, &docs[..4], &out, &options).unwrap();
     let expected: usize = docs[..4].iter().map(|d| tok.encode(d, true).unwrap().len() + 1).sum();
     assert_eq!(manifest.tokens as usize, expected, "each document ends with <|endoftext|>");
@@ -147,8 +154,14 @@ fn a_tokenizer_without_special_tokens_is_refused() {
 fn prepared(name: &str, shards: usize) -> (PathBuf, TextTokenizer, Manifest) {
     let tok = train_tokenizer(&corpus(), SubwordModel::WordPiece, 300, TokenizerStyle::Bert).unwrap();
     let dir = tmp(name);
-    let options =
-        PrepareOptions { block_size: 32, num_shards: shards, validation_fraction: 0.1, seed: 1, progress: false };
+    let options = PrepareOptions {
+        block_size: 32,
+        num_shards: shards,
+        validation_fraction: 0.1,
+        seed: 1,
+        progress: false,
+        ..Default::default()
+    };
     let manifest = prepare(&tok, &corpus(), &dir, &options).unwrap();
     (dir, tok, manifest)
 }
@@ -216,7 +229,14 @@ fn corrupt_and_truncated_shards_are_reported() {
 #[test]
 fn a_second_prepare_replaces_the_first_ones_shards() {
     let (dir, tok, _) = prepared("reprepare", 8);
-    let options = PrepareOptions { block_size: 32, num_shards: 4, validation_fraction: 0.1, seed: 1, progress: false };
+    let options = PrepareOptions {
+        block_size: 32,
+        num_shards: 4,
+        validation_fraction: 0.1,
+        seed: 1,
+        progress: false,
+        ..Default::default()
+    };
     let manifest = prepare(&tok, &corpus(), &dir, &options).unwrap();
     let files = find_shards(&dir, "train").unwrap();
     assert_eq!(files.len(), 4, "{files:?}");
@@ -237,13 +257,27 @@ fn a_second_prepare_replaces_the_first_ones_shards() {
 fn a_validation_split_is_never_empty() {
     let tok = train_tokenizer(&corpus(), SubwordModel::WordPiece, 300, TokenizerStyle::Bert).unwrap();
     let dir = tmp("tiny-validation");
-    let options = PrepareOptions { block_size: 32, num_shards: 1, validation_fraction: 1e-9, seed: 1, progress: false };
+    let options = PrepareOptions {
+        block_size: 32,
+        num_shards: 1,
+        validation_fraction: 1e-9,
+        seed: 1,
+        progress: false,
+        ..Default::default()
+    };
     let manifest = prepare(&tok, &corpus(), &dir, &options).unwrap();
     assert_eq!(manifest.validation.iter().map(|s| s.records).sum::<u64>(), 1);
     assert!(manifest.train_records() > 1);
     let short = vec![corpus()[0].clone()];
     let block_size = tok.encode(&short[0], true).unwrap().len();
-    let options = PrepareOptions { block_size, num_shards: 1, validation_fraction: 0.5, seed: 1, progress: false };
+    let options = PrepareOptions {
+        block_size,
+        num_shards: 1,
+        validation_fraction: 0.5,
+        seed: 1,
+        progress: false,
+        ..Default::default()
+    };
     let msg = prepare(&tok, &short, &dir, &options).err().unwrap().to_string();
     assert!(msg.contains("too few to hold out") && msg.contains("--validation-fraction 0"), "{msg}");
 }

@@ -29,7 +29,14 @@ fn bucket_shards_read_like_local_ones() {
     let _ = std::fs::remove_dir_all(&dir);
     let docs = demo_corpus(2, 4, 600).sentences;
     let tok = train_tokenizer(&docs, SubwordModel::WordPiece, 200, TokenizerStyle::Bert).unwrap();
-    let options = PrepareOptions { block_size: 16, num_shards: 3, validation_fraction: 0.1, seed: 0, progress: false };
+    let options = PrepareOptions {
+        block_size: 16,
+        num_shards: 3,
+        validation_fraction: 0.1,
+        seed: 0,
+        progress: false,
+        ..Default::default()
+    };
     prepare(&tok, &docs, &dir, &options).unwrap();
     upload_folder(&dir, &url("s3://lt-shards/data"), &["manifest.json"]).unwrap();
     let local = ShardedDataset::open(&find_shards(&dir, "train").unwrap(), CorruptPolicy::Fail).unwrap();

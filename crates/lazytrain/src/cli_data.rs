@@ -3,9 +3,9 @@
 use crate::cli_storage::{input_files, tokenizer_path, OutputFolder, Staging};
 use clap::Args;
 use lazytrain_data::formats::{Documents, InputFormat, TextSource};
-use lazytrain_data::prepare::{prepare_with_validation, PrepareOptions};
+use lazytrain_data::prepare::{prepare_with_validation, Packing, PrepareOptions};
 use lazytrain_data::text::read_all_documents;
-use lazytrain_data::train_tokenizer::{train_tokenizer, SubwordModel};
+use lazytrain_data::train_tokenizer::{train_tokenizer_with, Normalization, SubwordModel};
 use lazytrain_data::{TextTokenizer, TokenizerStyle};
 use lazytrain_storage::StorageUrl;
 use std::time::Instant;
@@ -54,6 +54,10 @@ pub struct TrainTokenizerArgs {
     /// (<|endoftext|> only; with --model bpe, GPT-2's byte-level BPE).
     #[arg(long, default_value = "bert")]
     style: String,
+    /// style (the style's own: BERT's lowercasing normaliser, NFC for roberta, none for gpt2) or
+    /// nfkc-lowercase (NFKC then lowercase, as SentencePiece-style recipes use).
+    #[arg(long, default_value = "style")]
+    normalizer: String,
     /// Maximum sequence length recorded in tokenizer_config.json.
     #[arg(long, default_value_t = 512)]
     model_max_length: usize,
@@ -68,7 +72,8 @@ pub fn train(args: &TrainTokenizerArgs) -> lazytrain::Result<()> {
     let model = SubwordModel::parse(&args.model)?;
     let style = TokenizerStyle::parse(&args.style)?;
     let docs = args.input.read(&args.files)?.texts;
-    let tokenizer = train_tokenizer(&docs, model, args.vocab_size, style)?;
+    let normalization = Normalization::parse(&args.normalizer)?;
+    let tokenizer = train_tokenizer_with(&docs, model, args.vocab_size, style, normalization)?;
     let output = OutputFolder::new(&args.output)?;
     tokenizer.save(&output.path(), args.model_max_length)?;
     output.publish(&["tokenizer.json"])?;
@@ -113,6 +118,11 @@ pub struct PrepareArgs {
     /// Seed of the split.
     #[arg(long, default_value_t = 42)]
     seed: u64,
+    /// group-texts (HF run_mlm.py: each document with its special tokens, concatenated, cut) or
+    /// wrapped (RoBERTa's stream: documents joined by </s>, cut into block-size - 2 pieces, each
+    /// wrapped as <s> piece </s>).
+    #[arg(long, default_value = "group-texts")]
+    packing: String,
     /// Output folder, or a gs://, s3:// prefix.
     #[arg(long)]
     output: StorageUrl,
@@ -134,6 +144,7 @@ pub fn run_prepare(args: &PrepareArgs) -> lazytrain::Result<()> {
         validation_fraction: args.validation_fraction.unwrap_or(default_fraction),
         seed: args.seed,
         progress: true,
+        packing: Packing::parse(&args.packing)?,
     };
     let output = OutputFolder::new(&args.output)?;
     let manifest = prepare_with_validation(&tokenizer, &docs, &held_out, &output.path(), &options)?;

@@ -103,8 +103,14 @@ fn run_masked_lm(args: &DemoArgs) -> lazytrain::Result<()> {
     println!("2/5 tokenizer: byte-level BPE, {} tokens", tokenizer.vocab_size());
 
     let block_size = 32;
-    let options =
-        PrepareOptions { block_size, num_shards: 2, validation_fraction: 0.02, seed: args.seed, progress: false };
+    let options = PrepareOptions {
+        block_size,
+        num_shards: 2,
+        validation_fraction: 0.02,
+        seed: args.seed,
+        progress: false,
+        ..Default::default()
+    };
     let manifest = prepare(&tokenizer, &corpus.sentences, &out.join("data"), &options)?;
     println!("3/5 data: {} training blocks of {block_size} tokens", manifest.train_records());
 

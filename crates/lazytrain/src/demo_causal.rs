@@ -30,8 +30,14 @@ pub fn run(args: &DemoArgs) -> lazytrain::Result<()> {
     println!("2/5 tokenizer: GPT-2 byte-level BPE, {} tokens, <|endoftext|> between sentences", tokenizer.vocab_size());
 
     let block_size = 32;
-    let options =
-        PrepareOptions { block_size, num_shards: 2, validation_fraction: 0.02, seed: args.seed, progress: false };
+    let options = PrepareOptions {
+        block_size,
+        num_shards: 2,
+        validation_fraction: 0.02,
+        seed: args.seed,
+        progress: false,
+        ..Default::default()
+    };
     let manifest = prepare(&tokenizer, &corpus.sentences, &out.join("gpt2-data"), &options)?;
     println!("3/5 data: {} training blocks of {block_size} tokens", manifest.train_records());
 

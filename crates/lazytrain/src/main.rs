@@ -1,6 +1,7 @@
 //! The `lazytrain` command line.
 
 mod bench_trace;
+mod bench_ttq;
 mod cli_bench;
 mod cli_classification;
 mod cli_data;
@@ -36,6 +37,8 @@ enum Command {
     Train(Box<cli_train::TrainArgs>),
     /// Measure tracing cost per node and the cut+hash+lookup time of a large graph.
     BenchTrace(bench_trace::BenchTraceArgs),
+    /// Time to quality: the protocol of ../shared/anchors/ttq_torch.py (tiny RoBERTa MLM on sotu.txt).
+    BenchTtq(bench_ttq::TtqArgs),
     /// Predict masked tokens with a masked-LM model folder.
     FillMask(cli_pipelines::FillMaskArgs),
     /// Classify texts with a fine-tuned sequence-classification folder.
@@ -77,6 +80,7 @@ fn main() -> ExitCode {
         Command::Demo(args) => demo::run(&args).map_err(Into::into),
         Command::Train(args) => cli_train::run(&args).map_err(Into::into),
         Command::BenchTrace(args) => bench_trace::run(&args).map_err(Into::into),
+        Command::BenchTtq(args) => bench_ttq::run(&args).map_err(Into::into),
         Command::FillMask(args) => cli_pipelines::fill_mask(&args).map_err(Into::into),
         Command::TextClassification(args) => cli_classification::classify(&args).map_err(Into::into),
         Command::PrepareClassification(args) => cli_classification::prepare(&args).map_err(Into::into),

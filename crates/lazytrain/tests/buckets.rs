@@ -241,6 +241,7 @@ fn local_data(dir: &Path) {
         validation_fraction: 0.0,
         seed: 0,
         progress: false,
+        ..Default::default()
     };
     lazytrain_data::prepare::prepare(&tok, &docs, &dir.join("data"), &options).unwrap();
 }

@@ -29,7 +29,14 @@ fn data(name: &str) -> (PathBuf, TextTokenizer) {
     let dir = tmp(name);
     let docs = demo_corpus(1, 6, 1500).sentences;
     let tok = train_tokenizer(&docs, SubwordModel::Bpe, 300, TokenizerStyle::Gpt2).unwrap();
-    let options = PrepareOptions { block_size: 16, num_shards: 2, validation_fraction: 0.05, seed: 0, progress: false };
+    let options = PrepareOptions {
+        block_size: 16,
+        num_shards: 2,
+        validation_fraction: 0.05,
+        seed: 0,
+        progress: false,
+        ..Default::default()
+    };
     prepare(&tok, &docs, &dir.join("data"), &options).unwrap();
     (dir, tok)
 }

@@ -32,7 +32,14 @@ fn a_run_killed_at_random_moments_ends_bit_identical() {
     let docs = demo_corpus(3, 4, 800).sentences;
     let tok = train_tokenizer(&docs, SubwordModel::WordPiece, 150, TokenizerStyle::Bert).unwrap();
     tok.save(&dir.join("tok"), 512).unwrap();
-    let options = PrepareOptions { block_size: 16, num_shards: 2, validation_fraction: 0.0, seed: 0, progress: false };
+    let options = PrepareOptions {
+        block_size: 16,
+        num_shards: 2,
+        validation_fraction: 0.0,
+        seed: 0,
+        progress: false,
+        ..Default::default()
+    };
     prepare(&tok, &docs, &dir.join("data"), &options).unwrap();
 
     let start = Instant::now();
@@ -107,7 +114,14 @@ fn a_full_disk_keeps_the_previous_checkpoint() {
     let docs = demo_corpus(3, 4, 800).sentences;
     let tok = train_tokenizer(&docs, SubwordModel::WordPiece, 150, TokenizerStyle::Bert).unwrap();
     tok.save(&dir.join("tok"), 512).unwrap();
-    let options = PrepareOptions { block_size: 16, num_shards: 1, validation_fraction: 0.0, seed: 0, progress: false };
+    let options = PrepareOptions {
+        block_size: 16,
+        num_shards: 1,
+        validation_fraction: 0.0,
+        seed: 0,
+        progress: false,
+        ..Default::default()
+    };
     prepare(&tok, &docs, &dir.join("data"), &options).unwrap();
     // One checkpoint of this model is about 6 MB: room for one and a half.
     let disk = dir.join("disk");

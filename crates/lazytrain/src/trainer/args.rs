@@ -76,6 +76,9 @@ training_arguments! {
     per_device_train_batch_size: usize = 8,
     /// Sequences per replica per eval batch.
     per_device_eval_batch_size: usize = 8,
+    /// Evaluate only the first this many eval records (`run_mlm.py`'s
+    /// `--max_eval_samples`); all of them when unset.
+    max_eval_samples: Option<usize> = None,
     /// Micro-batches per optimizer step.
     gradient_accumulation_steps: usize = 1,
     /// Peak learning rate.
@@ -237,6 +240,11 @@ impl TrainingArguments {
             || self.gradient_accumulation_steps == 0
         {
             return Err(invalid("batch sizes and gradient_accumulation_steps must be at least 1".into()));
+        }
+        if self.max_eval_samples == Some(0) {
+            return Err(invalid(
+                "max_eval_samples must be at least 1 (leave it unset to evaluate every record)".into(),
+            ));
         }
         let floats = [
             ("num_train_epochs", self.num_train_epochs),

@@ -71,8 +71,9 @@ impl<M: TaskModel> Trainer<M> {
             }
         };
         let (rank, world) = self.replica_position();
-        for (_, first) in (0..eval.len()).step_by(rows).enumerate().filter(|(b, _)| b % world == rank) {
-            let records: Vec<usize> = (first..(first + rows).min(eval.len())).collect();
+        let records_used = self.args.max_eval_samples.map_or(eval.len(), |n| n.min(eval.len()));
+        for (_, first) in (0..records_used).step_by(rows).enumerate().filter(|(b, _)| b % world == rank) {
+            let records: Vec<usize> = (first..(first + rows).min(records_used)).collect();
             let mut host = collator.collate_records(&eval, &records, 0)?;
             host.pad_to_rows(rows, pad);
             // The classifier scores predictions on the host against these.
@@ -119,7 +120,7 @@ impl<M: TaskModel> Trainer<M> {
             return Err(Error::Input(format!(
                 "the eval data ({} records) has nothing to score (no masked token or labelled example), so its \
                  metrics would be meaningless; give it more records (more text or a larger --validation-fraction)",
-                eval.len()
+                records_used
             )));
         }
         Ok(match tally {
