@@ -123,6 +123,9 @@ pub struct ExecutableStats {
     pub fused_kernels: usize,
     /// Kernels that write over an input's buffer.
     pub in_place: usize,
+    /// Matmuls whose epilogue (the fused kernel after them) runs on each row
+    /// panel of the product as it is computed (counted in `kernels` as two).
+    pub epilogues: usize,
     /// Intermediate buffers after liveness-based reuse.
     pub buffers: usize,
     /// Bytes of all intermediate buffers (the planned peak).

@@ -139,6 +139,7 @@ impl Executable for ReferenceExecutable {
             kernels: self.calls.len(),
             fused_kernels: 0,
             in_place: 0,
+            epilogues: 0,
             buffers: self.memory.slots.len(),
             planned_bytes: self.memory.planned_bytes(),
             unplanned_bytes: self.memory.unplanned_bytes,

@@ -258,6 +258,83 @@ pub(crate) fn dot(
     Ok(())
 }
 
+/// Where a panel's rows of a product go: the first element of the
+/// row-major `m x n` output, written by several threads at disjoint rows.
+#[derive(Clone, Copy)]
+pub(crate) enum PanelOut {
+    /// An f32 product.
+    F32(*mut f32),
+    /// A bf16 product (AVX-512 BF16 kernel).
+    BF16(*mut bf16),
+}
+
+// SAFETY: a panel output is shared by the threads of one product, which
+// write disjoint rows of it (see `RowPanels::compute`).
+unsafe impl Send for PanelOut {}
+// SAFETY: as above.
+unsafe impl Sync for PanelOut {}
+
+/// A single (batch 1) product computed a panel of rows at a time on the
+/// calling thread, so that a matmul epilogue can run on each panel while it
+/// is still in cache. Every panel of rows `r0..r1` holds exactly what the
+/// whole product would: row `i` of the result depends only on row `i` of
+/// the left operand, and each panel runs on one thread.
+pub(crate) struct RowPanels<'a> {
+    d: DotDims,
+    a: &'a HostData,
+    la: MatrixLayout,
+    b: &'a HostData,
+    lb: MatrixLayout,
+}
+
+impl<'a> RowPanels<'a> {
+    /// The panels of `a x b` with geometry `d`, or `None` when this product
+    /// is not computed by panels here (a batch of matrices, or a dtype other
+    /// than f32 and bf16 on a CPU with AVX-512 BF16).
+    pub(crate) fn new(d: DotDims, a: DotOperand<'a>, b: DotOperand<'a>) -> Result<Option<RowPanels<'a>>, String> {
+        let supported = match (a.data, b.data) {
+            (HostData::F32(_), HostData::F32(_)) => true,
+            (HostData::BF16(_), HostData::BF16(_)) => super::dot_bf16::available(),
+            _ => false,
+        };
+        if d.batch != 1 || d.k == 0 || !supported {
+            return Ok(None);
+        }
+        let layout = |x: &DotOperand, transposed: bool| match x.strides {
+            Some(s) => MatrixLayout::new(x.shape, s, transposed, x.data.len()),
+            None => MatrixLayout::contiguous(x.shape, transposed, x.data.len()),
+        };
+        let (la, lb) = (layout(&a, d.lhs_t)?, layout(&b, d.rhs_t)?);
+        Ok(Some(RowPanels { d, a: a.data, la, b: b.data, lb }))
+    }
+
+    /// Rows `r0..r1` of the product into `out`, on this thread.
+    ///
+    /// # Safety
+    /// `out` addresses `m * n` elements of the product's dtype, and no other
+    /// thread accesses rows `r0..r1` of it meanwhile.
+    pub(crate) unsafe fn compute(&self, r0: usize, r1: usize, out: PanelOut) {
+        let (d, rows) = (self.d, r1 - r0);
+        let a_offset = self.la.offsets[0] + r0 * self.la.rs;
+        match (self.a, self.b, out) {
+            (HostData::F32(a), HostData::F32(b), PanelOut::F32(o)) => {
+                let a = GemmOperand { ptr: a.as_ptr().add(a_offset), rs: self.la.rs, cs: self.la.cs };
+                let b = GemmOperand { ptr: b.as_ptr().add(self.lb.offsets[0]), rs: self.lb.rs, cs: self.lb.cs };
+                let o = std::slice::from_raw_parts_mut(o.add(r0 * d.n), rows * d.n);
+                gemm_into((rows, d.k, d.n), a, b, o, gemm::Parallelism::None);
+            }
+            (HostData::BF16(a), HostData::BF16(b), PanelOut::BF16(o)) => {
+                use super::dot_bf16::{matmul, Out, View};
+                let av = View { data: a, offset: a_offset, rs: self.la.rs, cs: self.la.cs };
+                let bv = View { data: b, offset: self.lb.offsets[0], rs: self.lb.rs, cs: self.lb.cs };
+                let o = std::slice::from_raw_parts_mut(o.add(r0 * d.n), rows * d.n);
+                matmul(rows, d.k, d.n, av, bv, Out::BF16(o), 1);
+            }
+            _ => unreachable!("`new` admits f32 and bf16 products, and the output has the operands' dtype"),
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -9,6 +9,7 @@
 //! interpreter monomorphic. The arithmetic is the unfused kernels' own, so a
 //! fused program computes bit-identical results.
 
+use super::dot::PanelOut;
 use super::elementwise::{compare_lanes, float_binary, float_unary, select_lanes, Lanes1};
 use super::numeric::{bf16_from_f32, bf16_to_f32, exp_f32};
 use super::reduce::RowLanes;
@@ -146,7 +147,63 @@ impl FusedProgram {
     /// is compiled for them (picked at run time).
     pub(crate) fn run(&self, inputs: &[Source], outputs: &mut [HostData]) -> Result<(), String> {
         let numel = self.numel();
-        let outs = OutViews(
+        let outs = self.out_views(outputs)?;
+        let threads = rayon::current_num_threads();
+        if threads > 1 && numel >= PARALLEL_MIN {
+            // Each row of a reduction is reduced by one thread.
+            let unit = if self.reduce_inner > 0 { self.reduce_inner } else { TILE };
+            let mid = (numel / 2).div_ceil(unit) * unit;
+            let (a, b) = rayon::join(
+                || self.run_range(inputs, &outs, 0, mid, None),
+                || self.run_range(inputs, &outs, mid, numel, None),
+            );
+            return a.and(b);
+        }
+        self.run_range(inputs, &outs, 0, numel, None)
+    }
+
+    /// Run as the epilogue of a product: output `product` (which the
+    /// program loads at its own positions and never stores) is computed
+    /// `panel` elements at a time by `compute(product, start, end)`, and
+    /// the program's tiles over each panel run right after it on the same
+    /// thread, while the panel is still in cache. `panel` is a whole number
+    /// of the program's reduction rows. Threads take contiguous runs of
+    /// panels.
+    pub(crate) fn run_after_panels(
+        &self,
+        inputs: &[Source],
+        outputs: &mut [HostData],
+        product: usize,
+        panel: usize,
+        compute: &(dyn Fn(PanelOut, usize, usize) + Sync),
+    ) -> Result<(), String> {
+        let numel = self.numel();
+        if panel == 0 || (self.reduce_inner > 0 && !panel.is_multiple_of(self.reduce_inner)) {
+            return Err(format!("panels of {panel} elements split the rows of {}", self.reduce_inner));
+        }
+        let outs = self.out_views(outputs)?;
+        let target = match outs.0.get(product) {
+            Some(OutView::F32(p)) => PanelOut::F32(*p),
+            Some(OutView::BF16(p)) => PanelOut::BF16(*p),
+            Some(OutView::Bool(_)) | None => return Err(format!("output {product} is not a matmul product")),
+        };
+        let panels = Panels { size: panel, compute: &|start, end| compute(target, start, end) };
+        let threads = rayon::current_num_threads();
+        if threads > 1 && numel > panel {
+            let mid = (numel / 2).div_ceil(panel) * panel;
+            let (a, b) = rayon::join(
+                || self.run_range(inputs, &outs, 0, mid, Some(&panels)),
+                || self.run_range(inputs, &outs, mid, numel, Some(&panels)),
+            );
+            return a.and(b);
+        }
+        self.run_range(inputs, &outs, 0, numel, Some(&panels))
+    }
+
+    /// Raw views of `outputs`, checked against the program's output sizes.
+    fn out_views(&self, outputs: &mut [HostData]) -> Result<OutViews, String> {
+        let numel = self.numel();
+        Ok(OutViews(
             outputs
                 .iter_mut()
                 .enumerate()
@@ -157,28 +214,25 @@ impl FusedProgram {
                     other => Err(format!("a fused kernel cannot write {} x {}", other.len(), other.dtype())),
                 })
                 .collect::<Result<_, _>>()?,
-        );
-        let threads = rayon::current_num_threads();
-        if threads > 1 && numel >= PARALLEL_MIN {
-            // Each row of a reduction is reduced by one thread.
-            let unit = if self.reduce_inner > 0 { self.reduce_inner } else { TILE };
-            let mid = (numel / 2).div_ceil(unit) * unit;
-            let (a, b) =
-                rayon::join(|| self.run_range(inputs, &outs, 0, mid), || self.run_range(inputs, &outs, mid, numel));
-            return a.and(b);
-        }
-        self.run_range(inputs, &outs, 0, numel)
+        ))
     }
 
-    fn run_range(&self, inputs: &[Source], outs: &OutViews, start: usize, end: usize) -> Result<(), String> {
+    fn run_range(
+        &self,
+        inputs: &[Source],
+        outs: &OutViews,
+        start: usize,
+        end: usize,
+        panels: Option<&Panels>,
+    ) -> Result<(), String> {
         #[cfg(target_arch = "x86_64")]
         {
             if std::is_x86_feature_detected!("avx2") && std::is_x86_feature_detected!("fma") {
                 // SAFETY: the features were just detected on this CPU.
-                return unsafe { self.run_range_avx2(inputs, outs, start, end) };
+                return unsafe { self.run_range_avx2(inputs, outs, start, end, panels) };
             }
         }
-        self.run_tiles(inputs, outs, start, end)
+        self.run_tiles(inputs, outs, start, end, panels)
     }
 
     #[cfg(target_arch = "x86_64")]
@@ -189,19 +243,34 @@ impl FusedProgram {
         outs: &OutViews,
         start: usize,
         end: usize,
+        panels: Option<&Panels>,
     ) -> Result<(), String> {
-        self.run_tiles(inputs, outs, start, end)
+        self.run_tiles(inputs, outs, start, end, panels)
     }
 
-    /// Elements `start..end` (a multiple of the tile size apart, except at the end).
+    /// Elements `start..end` (a multiple of the tile size apart, except at
+    /// the end); with `panels`, each panel is computed before its tiles
+    /// (tiles never straddle two panels).
     #[inline(always)]
-    fn run_tiles(&self, inputs: &[Source], outs: &OutViews, start: usize, end: usize) -> Result<(), String> {
+    fn run_tiles(
+        &self,
+        inputs: &[Source],
+        outs: &OutViews,
+        start: usize,
+        end: usize,
+        panels: Option<&Panels>,
+    ) -> Result<(), String> {
         let mut regs: Vec<Vec<f32>> = vec![vec![0f32; TILE]; self.registers];
         let mut scratch = vec![0usize; self.shape.len()];
         let mut rows = vec![RowLanes::<f32>::default(); outs.0.len()];
         let mut at = start;
+        let mut panel_end = if panels.is_some() { start } else { end };
         while at < end {
-            let len = TILE.min(end - at);
+            if let Some(p) = panels.filter(|_| at == panel_end) {
+                panel_end = (at + p.size).min(end);
+                (p.compute)(at, panel_end);
+            }
+            let len = TILE.min(panel_end - at);
             for instr in &self.instrs {
                 self.step(instr, at, len, inputs, outs, &mut regs, &mut scratch, &mut rows)?;
             }
@@ -365,6 +434,13 @@ impl OutView {
 
 /// The outputs of one run, shared by its threads, which write disjoint ranges.
 struct OutViews(Vec<OutView>);
+
+/// How [`FusedProgram::run_after_panels`] computes its product: panels of
+/// `size` elements, each by `compute(start, end)`.
+struct Panels<'p> {
+    size: usize,
+    compute: &'p (dyn Fn(usize, usize) + Sync),
+}
 
 // SAFETY: the threads of one run touch disjoint element ranges of each output.
 unsafe impl Sync for OutViews {}

@@ -1,7 +1,7 @@
 //! Reference kernels for every primitive, shared by the interpreter and the
 //! CPU backend. Each writes into an output buffer already sized for the node.
 
-mod dot;
+pub(crate) mod dot;
 mod dot_bf16;
 mod dot_widened;
 mod elementwise;
@@ -90,6 +90,26 @@ pub(crate) fn eval_with_views(
         }
     }
     Ok(())
+}
+
+/// The row panels of a matmul `node` (see [`dot::RowPanels`]) and its
+/// output's `(rows, row length)`, or `None` when it is not computed by panels.
+pub(crate) fn dot_panels<'a>(
+    node: &Node,
+    inputs: &[&'a HostData],
+    shapes: &[&'a [usize]],
+    views: &[Option<&'a [usize]>],
+) -> Result<Option<(dot::RowPanels<'a>, usize, usize)>, String> {
+    let Op::Dot { lhs_t, rhs_t } = node.op else { return Ok(None) };
+    let out_shape = node.shape.dims();
+    let rank = out_shape.len();
+    let (m, n) = (out_shape[rank - 2], out_shape[rank - 1]);
+    let a = shapes[0];
+    let k = if lhs_t { a[rank - 2] } else { a[rank - 1] };
+    let batch = out_shape[..rank - 2].iter().product();
+    let dims = dot::DotDims { batch, m, k, n, lhs_t, rhs_t };
+    let operand = |i: usize| dot::DotOperand { data: inputs[i], shape: shapes[i], strides: views[i] };
+    Ok(dot::RowPanels::new(dims, operand(0), operand(1))?.map(|panels| (panels, m, n)))
 }
 
 /// Compute `node` in place: `out` holds input `position` on entry and the

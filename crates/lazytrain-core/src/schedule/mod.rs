@@ -7,10 +7,12 @@
 //! A backend answers a small [`Capabilities`] query; it makes none of these
 //! decisions itself.
 
+pub mod epilogue;
 pub mod fusion;
 pub mod memory;
 mod splat;
 
+pub use epilogue::{matmul_epilogues, Epilogue};
 pub use fusion::{Access, Fusion, Group, Load, MemberRead, View};
 pub use memory::{writes_in_place, MemoryPlan, Operand};
 pub use splat::splat_nodes;
@@ -77,6 +79,8 @@ pub struct Schedule<'g> {
     pub memory: MemoryPlan,
     /// The kernel calls, in order.
     pub steps: Vec<Step>,
+    /// Matmul steps whose next step may run as their epilogue.
+    pub epilogues: Vec<Epilogue>,
     /// Where each graph output is after the last step.
     pub outputs: Vec<Operand>,
 }
@@ -104,8 +108,9 @@ impl<'g> Schedule<'g> {
             .collect();
         let memory = MemoryPlan::new(graph, &lengths, &fusion, capabilities);
         let steps = steps(graph, &splat, &fusion, &memory);
+        let epilogues = matmul_epilogues(graph, &fusion, &steps);
         let outputs = graph.outputs.iter().map(|id| memory.operands[id.index()]).collect();
-        Schedule { graph, splat, fusion, memory, steps, outputs }
+        Schedule { graph, splat, fusion, memory, steps, epilogues, outputs }
     }
 
     /// The number of kernel calls.

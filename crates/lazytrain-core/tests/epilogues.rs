@@ -1,0 +1,178 @@
+//! Matmul epilogues: each kind of fused kernel that follows a matmul (bias
+//! add, GELU with its saved input, residual add, a bf16 cast, row max and
+//! row sum, a bf16 product) gives the same bits when it runs on each row
+//! panel of the product as when the matmul and the kernel run one after
+//! the other, and the CPU backend really pairs them.
+
+use lazytrain_core::backend::{Backend, CpuBackend, ReferenceBackend};
+use lazytrain_core::compile::optimize;
+use lazytrain_core::ir::{infer, BinaryOp, Graph, GraphBuilder, Node, NodeId, Op, ReduceOp, UnaryOp};
+use lazytrain_core::{Buffer, DType, HostData, Literal, Shape};
+use std::sync::Arc;
+
+/// Rows of the product: three panels (1024, 1024, 452), split unevenly between two threads.
+const ROWS: usize = 2500;
+const K: usize = 40;
+const N: usize = 48;
+
+fn param(b: &mut GraphBuilder, k: usize, dims: &[usize], dtype: DType) -> NodeId {
+    b.push(Node { op: Op::Parameter(k), inputs: vec![], shape: Shape::new(dims), dtype })
+}
+
+fn node(b: &mut GraphBuilder, op: Op, inputs: Vec<NodeId>) -> NodeId {
+    let (shape, dtype) = {
+        let m: Vec<_> = inputs.iter().map(|i| (&b.node(*i).shape, b.node(*i).dtype)).collect();
+        match &op {
+            Op::Unary(u) => infer::unary(*u, m[0]),
+            Op::Binary(o) => infer::binary(*o, m[0], m[1]),
+            Op::Reduce { axes, .. } => infer::reduce(m[0], axes),
+            Op::Dot { lhs_t, rhs_t } => infer::dot(m[0], m[1], *lhs_t, *rhs_t),
+            other => panic!("{other:?} needs an explicit shape"),
+        }
+        .expect("valid node")
+    };
+    b.push(Node { op, inputs, shape, dtype })
+}
+
+fn shaped(b: &mut GraphBuilder, op: Op, input: NodeId, dims: &[usize], dtype: DType) -> NodeId {
+    b.push(Node { op, inputs: vec![input], shape: Shape::new(dims), dtype })
+}
+
+fn scalar(b: &mut GraphBuilder, v: f64, dims: &[usize]) -> NodeId {
+    b.push(Node {
+        op: Op::Constant(Literal::new(v, DType::F32)),
+        inputs: vec![],
+        shape: Shape::new(dims),
+        dtype: DType::F32,
+    })
+}
+
+/// `x · wᵀ + bias` over `[ROWS, N]` (x: `[ROWS, K]`, w: `[N, K]`, as a linear
+/// layer stores it), with operands of `dtype` and the sum in f32.
+fn linear(b: &mut GraphBuilder, dtype: DType) -> NodeId {
+    let x = param(b, 0, &[ROWS, K], dtype);
+    let w = param(b, 1, &[N, K], dtype);
+    let bias = param(b, 2, &[N], DType::F32);
+    let mut product = node(b, Op::Dot { lhs_t: false, rhs_t: true }, vec![x, w]);
+    if dtype != DType::F32 {
+        product = shaped(b, Op::Cast, product, &[ROWS, N], DType::F32);
+    }
+    let row = shaped(b, Op::Reshape, bias, &[1, N], DType::F32);
+    let bias = shaped(b, Op::Expand, row, &[ROWS, N], DType::F32);
+    node(b, Op::Binary(BinaryOp::Add), vec![product, bias])
+}
+
+/// The parameters of [`linear`] (and a residual `[ROWS, N]`), with operands of `dtype`.
+fn inputs(dtype: DType) -> Vec<HostData> {
+    let values = |len: usize, salt: usize| -> Vec<f32> {
+        (0..len).map(|i| (((i * 7919 + salt * 104_729) % 2003) as f32 / 1001.0 - 1.0) * 0.5).collect()
+    };
+    let operand = |v: Vec<f32>| match dtype {
+        DType::BF16 => HostData::BF16(v.into_iter().map(half::bf16::from_f32).collect()),
+        _ => HostData::F32(v),
+    };
+    vec![
+        operand(values(ROWS * K, 1)),
+        operand(values(N * K, 2)),
+        HostData::F32(values(N, 3)),
+        HostData::F32(values(ROWS * N, 4)),
+    ]
+}
+
+/// The outputs of `graph` on `backend`, and how many epilogues it ran.
+fn run(backend: &dyn Backend, graph: &Graph, params: &[HostData]) -> (Vec<HostData>, usize) {
+    let exe = backend.compile(&optimize(graph, None).unwrap()).unwrap();
+    let inputs = params.iter().take(graph.num_params).map(|p| Arc::new(Buffer::new(p.clone()))).collect();
+    let outputs = exe.run(inputs, &Default::default()).unwrap().iter().map(|b| b.wait().unwrap().clone()).collect();
+    (outputs, exe.stats().epilogues)
+}
+
+fn floats(data: &HostData) -> Vec<f32> {
+    match data {
+        HostData::F32(v) => v.clone(),
+        HostData::BF16(v) => v.iter().map(|x| x.to_f32()).collect(),
+        other => panic!("unexpected {}", other.dtype()),
+    }
+}
+
+/// Epilogues on and off give the same bits, the backend paired the matmul
+/// with its epilogue, and both agree with the reference interpreter.
+fn check(name: &str, graph: &Graph, dtype: DType) {
+    let params = inputs(dtype);
+    let (paired, epilogues) = run(&CpuBackend::default().with_epilogues(true), graph, &params);
+    let (separate, none) = run(&CpuBackend::default().with_epilogues(false), graph, &params);
+    let bf16_kernel = std::is_x86_feature_detected!("avx512bf16");
+    if dtype == DType::F32 || bf16_kernel {
+        assert_eq!(epilogues, 1, "{name}: the matmul and its epilogue run as one kernel");
+    }
+    assert_eq!(none, 0, "{name}");
+    for (k, (a, b)) in paired.iter().zip(&separate).enumerate() {
+        assert_eq!(a.dtype(), b.dtype(), "{name} output {k}");
+        let (a, b) = (floats(a), floats(b));
+        let same = a.iter().zip(&b).all(|(x, y)| x.to_bits() == y.to_bits());
+        assert!(same, "{name} output {k}: the epilogue changed the values");
+    }
+    let (reference, _) = run(&ReferenceBackend, graph, &params);
+    for (k, (a, r)) in paired.iter().zip(&reference).enumerate() {
+        let tolerance = if dtype == DType::F32 && a.dtype() == DType::F32 { 1e-4 } else { 2e-2 };
+        for (i, (x, y)) in floats(a).iter().zip(floats(r)).enumerate() {
+            assert!((x - y).abs() <= tolerance * (1.0 + y.abs()), "{name} output {k}[{i}]: {x} vs {y}");
+        }
+    }
+}
+
+#[test]
+fn bias_add() {
+    let mut b = GraphBuilder::new();
+    let y = linear(&mut b, DType::F32);
+    check("bias add", &b.finish(vec![y], 3), DType::F32);
+}
+
+#[test]
+fn gelu_and_its_saved_input() {
+    let mut b = GraphBuilder::new();
+    let h = linear(&mut b, DType::F32);
+    let half = scalar(&mut b, 0.5, &[ROWS, N]);
+    let inv_sqrt2 = scalar(&mut b, std::f64::consts::FRAC_1_SQRT_2, &[ROWS, N]);
+    let one = scalar(&mut b, 1.0, &[ROWS, N]);
+    let scaled = node(&mut b, Op::Binary(BinaryOp::Mul), vec![h, inv_sqrt2]);
+    let erf = node(&mut b, Op::Unary(UnaryOp::Erf), vec![scaled]);
+    let shifted = node(&mut b, Op::Binary(BinaryOp::Add), vec![erf, one]);
+    let halved = node(&mut b, Op::Binary(BinaryOp::Mul), vec![h, half]);
+    let gelu = node(&mut b, Op::Binary(BinaryOp::Mul), vec![halved, shifted]);
+    check("gelu", &b.finish(vec![gelu, h], 3), DType::F32);
+}
+
+#[test]
+fn residual_add() {
+    let mut b = GraphBuilder::new();
+    let y = linear(&mut b, DType::F32);
+    let residual = param(&mut b, 3, &[ROWS, N], DType::F32);
+    let sum = node(&mut b, Op::Binary(BinaryOp::Add), vec![y, residual]);
+    check("residual add", &b.finish(vec![sum], 4), DType::F32);
+}
+
+#[test]
+fn bf16_cast() {
+    let mut b = GraphBuilder::new();
+    let y = linear(&mut b, DType::F32);
+    let cast = shaped(&mut b, Op::Cast, y, &[ROWS, N], DType::BF16);
+    check("bf16 cast", &b.finish(vec![cast], 3), DType::F32);
+}
+
+#[test]
+fn row_max_and_row_sum() {
+    let mut b = GraphBuilder::new();
+    let y = linear(&mut b, DType::F32);
+    let max = node(&mut b, Op::Reduce { op: ReduceOp::Max, axes: vec![1] }, vec![y]);
+    let exp = node(&mut b, Op::Unary(UnaryOp::Exp), vec![y]);
+    let sum = node(&mut b, Op::Reduce { op: ReduceOp::Sum, axes: vec![1] }, vec![exp]);
+    check("row max and sum", &b.finish(vec![max, sum, y], 3), DType::F32);
+}
+
+#[test]
+fn bf16_product() {
+    let mut b = GraphBuilder::new();
+    let y = linear(&mut b, DType::BF16);
+    check("bf16 product", &b.finish(vec![y], 3), DType::BF16);
+}
