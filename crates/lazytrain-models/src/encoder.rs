@@ -1,7 +1,7 @@
 //! Transformer layers in BERT's post-LayerNorm arrangement.
 
 use crate::{ModelConfig, Result};
-use lazytrain_core::Tensor;
+use lazytrain_core::{DType, Tensor};
 use lazytrain_nn::init::Initializer;
 use lazytrain_nn::{Context, Dropout, LayerNorm, Linear, Module, SelfAttention};
 
@@ -16,6 +16,22 @@ pub(crate) fn activation(x: &Tensor, name: &str) -> Result<Tensor> {
         }
         _ => x.gelu()?,
     })
+}
+
+/// The activation of a feed-forward block's expansion, whose output only
+/// feeds the block's second matmul. Under autocast its input is stored in
+/// bf16 (as PyTorch's autocast keeps a linear layer's output), the
+/// activation computes in f32 from it, and its output is rounded to bf16
+/// once (the matmul reads bf16 anyway): half the bytes of the largest
+/// activations, each rounding inside the fused kernels around the matmuls.
+pub(crate) fn expansion_activation(pre: &Tensor, name: &str) -> Result<Tensor> {
+    match pre.device().autocast_dtype() {
+        Some(low) if pre.dtype() == DType::F32 => {
+            let stored = pre.cast(low)?;
+            Ok(activation(&stored.cast(DType::F32)?, name)?.cast(low)?)
+        }
+        _ => activation(pre, name),
+    }
 }
 
 /// `dense`, dropout, residual, LayerNorm: BERT's `*Output` blocks.
@@ -98,7 +114,7 @@ impl Layer {
 
     fn forward(&self, x: &Tensor, mask: Option<&Tensor>, ctx: &Context) -> Result<Tensor> {
         let attended = self.attention_output.forward(&self.attention.forward(x, mask, ctx)?, x, ctx)?;
-        let hidden = activation(&self.intermediate.forward(&attended)?, &self.hidden_act)?;
+        let hidden = expansion_activation(&self.intermediate.forward(&attended)?, &self.hidden_act)?;
         self.output.forward(&hidden, &attended, ctx)
     }
 }
@@ -140,5 +156,32 @@ impl Module for Encoder {
         for (i, layer) in self.layers.iter().enumerate() {
             layer.visit_parameters(&format!("{prefix}layer.{i}."), visit);
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use lazytrain_core::Device;
+
+    /// Under autocast the expansion's input is rounded to bf16 once, the
+    /// GELU computes in f32 from it, and its output is rounded to bf16 once;
+    /// without autocast it is the f32 GELU.
+    #[test]
+    fn expansion_activation_keeps_bf16_under_autocast() {
+        let device = Device::cpu();
+        let values: Vec<f32> = (0..64).map(|i| (i as f32 - 31.5) * 0.123_457).collect();
+        let x = Tensor::from_vec(values, [8, 8], &device).unwrap();
+        let plain = expansion_activation(&x, "gelu").unwrap();
+        assert_eq!(plain.dtype(), DType::F32);
+        assert_eq!(plain.to_vec::<f32>().unwrap(), x.gelu().unwrap().to_vec::<f32>().unwrap());
+        let rounded = |t: &Tensor| t.cast(DType::BF16).unwrap().cast(DType::F32).unwrap();
+        let expected = rounded(&rounded(&x).gelu().unwrap()).to_vec::<f32>().unwrap();
+        let guard = device.autocast(DType::BF16).unwrap();
+        let low = expansion_activation(&x, "gelu").unwrap();
+        drop(guard);
+        assert_eq!(low.dtype(), DType::BF16);
+        assert_eq!(low.cast(DType::F32).unwrap().to_vec::<f32>().unwrap(), expected);
+        assert_ne!(expected, plain.to_vec::<f32>().unwrap(), "the roundings show");
     }
 }

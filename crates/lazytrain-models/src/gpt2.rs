@@ -1,7 +1,7 @@
 //! GPT-2 (`GPT2Model` / `GPT2LMHeadModel`): a pre-LayerNorm causal decoder
 //! with Hugging Face's names and Conv1D `[in, out]` weight layout.
 
-use crate::encoder::activation;
+use crate::encoder::expansion_activation;
 use crate::kv_cache::{KvCache, LayerCache};
 use crate::{ModelConfig, ModelError, ModelType, Result};
 use lazytrain_core::{DType, Tensor};
@@ -114,7 +114,7 @@ impl Gpt2Block {
 
     fn forward(&self, x: &Tensor, bias: &Tensor, cache: Option<&LayerCache>, ctx: &Context) -> Result<Tensor> {
         let x = x.add(&self.attn.forward(&self.ln_1.forward(x)?, bias, cache, ctx)?)?;
-        let inner = activation(&self.mlp.c_fc.forward(&self.ln_2.forward(&x)?)?, &self.mlp.activation)?;
+        let inner = expansion_activation(&self.mlp.c_fc.forward(&self.ln_2.forward(&x)?)?, &self.mlp.activation)?;
         let out = self.mlp.dropout.forward(&self.mlp.c_proj.forward(&inner)?, ctx)?;
         Ok(x.add(&out)?)
     }

@@ -79,12 +79,7 @@ pub(crate) fn eval_with_views(
             index::scatter_add(inputs[0], shapes[0], inputs[1], shapes[1], inputs[2], *axis, out)?
         }
         Op::Dot { lhs_t, rhs_t } => {
-            let rank = out_shape.len();
-            let (m, n) = (out_shape[rank - 2], out_shape[rank - 1]);
-            let a = shapes[0];
-            let k = if *lhs_t { a[rank - 2] } else { a[rank - 1] };
-            let batch = out_shape[..rank - 2].iter().product();
-            let dims = dot::DotDims { batch, m, k, n, lhs_t: *lhs_t, rhs_t: *rhs_t };
+            let dims = dot_dims(out_shape, shapes[0], *lhs_t, *rhs_t);
             let operand = |i: usize| dot::DotOperand { data: inputs[i], shape: shapes[i], strides: views[i] };
             dot::dot(matmul, dims, operand(0), operand(1), out)?;
         }
@@ -92,24 +87,28 @@ pub(crate) fn eval_with_views(
     Ok(())
 }
 
-/// The row panels of a matmul `node` (see [`dot::RowPanels`]) and its
-/// output's `(rows, row length)`, or `None` when it is not computed by panels.
+/// The geometry of a matmul with output shape `out_shape` whose left
+/// operand has shape `lhs`.
+fn dot_dims(out_shape: &[usize], lhs: &[usize], lhs_t: bool, rhs_t: bool) -> dot::DotDims {
+    let rank = out_shape.len();
+    let (m, n) = (out_shape[rank - 2], out_shape[rank - 1]);
+    let k = if lhs_t { lhs[rank - 2] } else { lhs[rank - 1] };
+    let batch = out_shape[..rank - 2].iter().product();
+    dot::DotDims { batch, m, k, n, lhs_t, rhs_t }
+}
+
+/// The row panels of a matmul `node` (see [`dot::RowPanels`]), or `None`
+/// when it is not computed by panels.
 pub(crate) fn dot_panels<'a>(
     node: &Node,
     inputs: &[&'a HostData],
     shapes: &[&'a [usize]],
     views: &[Option<&'a [usize]>],
-) -> Result<Option<(dot::RowPanels<'a>, usize, usize)>, String> {
+) -> Result<Option<dot::RowPanels<'a>>, String> {
     let Op::Dot { lhs_t, rhs_t } = node.op else { return Ok(None) };
-    let out_shape = node.shape.dims();
-    let rank = out_shape.len();
-    let (m, n) = (out_shape[rank - 2], out_shape[rank - 1]);
-    let a = shapes[0];
-    let k = if lhs_t { a[rank - 2] } else { a[rank - 1] };
-    let batch = out_shape[..rank - 2].iter().product();
-    let dims = dot::DotDims { batch, m, k, n, lhs_t, rhs_t };
+    let dims = dot_dims(node.shape.dims(), shapes[0], lhs_t, rhs_t);
     let operand = |i: usize| dot::DotOperand { data: inputs[i], shape: shapes[i], strides: views[i] };
-    Ok(dot::RowPanels::new(dims, operand(0), operand(1))?.map(|panels| (panels, m, n)))
+    dot::RowPanels::new(dims, operand(0), operand(1))
 }
 
 /// Compute `node` in place: `out` holds input `position` on entry and the

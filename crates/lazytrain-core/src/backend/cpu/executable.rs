@@ -211,7 +211,7 @@ impl CpuExecutable {
             true => kernels::dot_panels(node, &operands, &shapes, &strides)?,
             false => None,
         };
-        let Some((panels, _, _)) = panels else {
+        let Some(panels) = panels else {
             drop(operands);
             put_back(run, outs);
             self.run_primitive(product, run, context)?;
