@@ -437,6 +437,21 @@ mod tests {
     }
 
     #[test]
+    fn packing_names_parse_and_a_wrong_one_lists_the_choices() {
+        assert_eq!(Packing::parse("group-texts").unwrap(), Packing::GroupTexts);
+        assert_eq!(Packing::parse("wrapped").unwrap(), Packing::Wrapped);
+        let e = Packing::parse("fairseq").unwrap_err().to_string();
+        assert!(e.contains("`fairseq`") && e.contains("group-texts or wrapped"), "{e}");
+        // Manifests written before packing was recorded read as group_texts.
+        let old: Manifest = serde_json::from_str(
+            r#"{"block_size": 8, "train": [], "validation": [], "tokenizer_hash": "0", "vocab_size": 9,
+                "seed": 1, "documents": 2, "tokens": 16, "dropped_tokens": 0}"#,
+        )
+        .unwrap();
+        assert_eq!(old.packing, Packing::GroupTexts);
+    }
+
+    #[test]
     fn wrapped_packing_joins_documents_with_the_end_token() {
         // start 0, end 2: the stream 1 3 5 | 2 | 6 7 | 2 | 8 9 11 12 cut into 3-token pieces.
         let (blocks, dropped) = pack_wrapped(&[vec![1, 3, 5], vec![6, 7], vec![8, 9, 11, 12]], 5, 0, 2);

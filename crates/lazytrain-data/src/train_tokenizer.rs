@@ -216,6 +216,14 @@ mod tests {
     use super::*;
 
     #[test]
+    fn normalizer_names_parse_and_a_wrong_one_lists_the_choices() {
+        assert_eq!(Normalization::parse("style").unwrap(), Normalization::Style);
+        assert_eq!(Normalization::parse("nfkc-lowercase").unwrap(), Normalization::NfkcLowercase);
+        let e = Normalization::parse("nfkd").unwrap_err().to_string();
+        assert!(e.contains("`nfkd`") && e.contains("style or nfkc-lowercase"), "{e}");
+    }
+
+    #[test]
     fn nfkc_lowercase_folds_width_and_case() {
         let docs: Vec<String> =
             (0..40).map(|i| format!("the union is strong and the state of the union {i} is good")).collect();

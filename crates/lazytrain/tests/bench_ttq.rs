@@ -89,3 +89,23 @@ fn bench_ttq_follows_the_protocol() {
         assert_eq!((block.len(), block[0], block[127]), (128, 0, 2));
     }
 }
+
+#[test]
+fn a_missing_or_short_corpus_is_named_with_the_fix() {
+    let dir = common::tmp("ttq", "bad-corpus");
+    let run = |args: &[&str]| {
+        let out = Command::new(env!("CARGO_BIN_EXE_lazytrain"))
+            .current_dir(&dir)
+            .arg("bench-ttq")
+            .args(args)
+            .output()
+            .unwrap();
+        assert!(!out.status.success());
+        String::from_utf8_lossy(&out.stderr).into_owned()
+    };
+    let missing = run(&["--corpus", "nowhere.txt", "--output-dir", "run"]);
+    assert!(missing.contains("nowhere.txt") && missing.contains("--corpus"), "{missing}");
+    std::fs::write(dir.join("short.txt"), "[Applause]\n\none line\n").unwrap();
+    let short = run(&["--corpus", "short.txt", "--output-dir", "run"]);
+    assert!(short.contains("short.txt") && short.contains("too short"), "{short}");
+}
