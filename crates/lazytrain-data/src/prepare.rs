@@ -295,21 +295,14 @@ fn tokenize_and_pack(
 /// `block_size - 2` pieces and wrap each as `start piece end`; the final
 /// partial piece is dropped. Returns the blocks and the dropped tokens.
 pub fn pack_wrapped(sequences: &[Vec<u32>], block_size: usize, start: u32, end: u32) -> (Vec<Vec<u32>>, usize) {
-    let body = block_size - 2;
-    let mut blocks = Vec::new();
-    let mut current = Vec::with_capacity(block_size);
-    current.push(start);
-    let separated =
-        sequences.iter().enumerate().flat_map(|(i, seq)| (i > 0).then_some(end).into_iter().chain(seq.iter().copied()));
-    for t in separated {
-        current.push(t);
-        if current.len() == body + 1 {
-            current.push(end);
-            blocks.push(std::mem::replace(&mut current, Vec::with_capacity(block_size)));
-            current.push(start);
-        }
-    }
-    (blocks, current.len() - 1)
+    let separated: Vec<Vec<u32>> = sequences
+        .iter()
+        .enumerate()
+        .map(|(i, seq)| (i > 0).then_some(end).into_iter().chain(seq.iter().copied()).collect())
+        .collect();
+    let (pieces, dropped) = pack_blocks(&separated, block_size - 2);
+    let blocks = pieces.into_iter().map(|piece| std::iter::once(start).chain(piece).chain([end]).collect()).collect();
+    (blocks, dropped)
 }
 
 /// Which of `blocks` blocks are held out for validation: each with

@@ -146,20 +146,10 @@ impl FusedProgram {
     /// halves run on two threads; on CPUs with AVX2 and FMA the same code
     /// is compiled for them (picked at run time).
     pub(crate) fn run(&self, inputs: &[Source], outputs: &mut [HostData]) -> Result<(), String> {
-        let numel = self.numel();
         let outs = self.out_views(outputs)?;
-        let threads = rayon::current_num_threads();
-        if threads > 1 && numel >= PARALLEL_MIN {
-            // Each row of a reduction is reduced by one thread.
-            let unit = if self.reduce_inner > 0 { self.reduce_inner } else { TILE };
-            let mid = (numel / 2).div_ceil(unit) * unit;
-            let (a, b) = rayon::join(
-                || self.run_range(inputs, &outs, 0, mid, None),
-                || self.run_range(inputs, &outs, mid, numel, None),
-            );
-            return a.and(b);
-        }
-        self.run_range(inputs, &outs, 0, numel, None)
+        // Each row of a reduction is reduced by one thread.
+        let unit = if self.reduce_inner > 0 { self.reduce_inner } else { TILE };
+        self.run_halves(inputs, &outs, unit, self.numel() >= PARALLEL_MIN, None)
     }
 
     /// Run as the epilogue of a product: output `product` (which the
@@ -188,16 +178,29 @@ impl FusedProgram {
             Some(OutView::Bool(_)) | None => return Err(format!("output {product} is not a matmul product")),
         };
         let panels = Panels { size: panel, compute: &|start, end| compute(target, start, end) };
-        let threads = rayon::current_num_threads();
-        if threads > 1 && numel > panel {
-            let mid = (numel / 2).div_ceil(panel) * panel;
+        self.run_halves(inputs, &outs, panel, numel > panel, Some(&panels))
+    }
+
+    /// Run all elements, split between two threads at a multiple of `unit`
+    /// when `parallel` and the pool has more than one thread.
+    fn run_halves(
+        &self,
+        inputs: &[Source],
+        outs: &OutViews,
+        unit: usize,
+        parallel: bool,
+        panels: Option<&Panels>,
+    ) -> Result<(), String> {
+        let numel = self.numel();
+        if parallel && rayon::current_num_threads() > 1 {
+            let mid = (numel / 2).div_ceil(unit) * unit;
             let (a, b) = rayon::join(
-                || self.run_range(inputs, &outs, 0, mid, Some(&panels)),
-                || self.run_range(inputs, &outs, mid, numel, Some(&panels)),
+                || self.run_range(inputs, outs, 0, mid, panels),
+                || self.run_range(inputs, outs, mid, numel, panels),
             );
             return a.and(b);
         }
-        self.run_range(inputs, &outs, 0, numel, Some(&panels))
+        self.run_range(inputs, outs, 0, numel, panels)
     }
 
     /// Raw views of `outputs`, checked against the program's output sizes.

@@ -179,7 +179,7 @@ impl CpuExecutable {
     /// that overwrites it in place. A product the CPU does not compute by
     /// panels runs as the two kernels in order.
     fn run_epilogue(&self, step: &Step, run: &mut RunBuffers, context: &RunContext) -> std::result::Result<(), String> {
-        let Kernel::Epilogue { product, epilogue, product_input, rows, row_len } = &step.kernel else {
+        let Kernel::Epilogue { product, epilogue, product_input } = &step.kernel else {
             unreachable!("called for epilogue kernels")
         };
         let (Kernel::Primitive { node, input_shapes, views, slot, .. }, Kernel::Fused { program, outputs, alias }) =
@@ -217,11 +217,12 @@ impl CpuExecutable {
             self.run_primitive(product, run, context)?;
             return self.run_fused(epilogue, run);
         };
+        let (numel, row_len) = (node.shape.numel(), node.shape.dims().last().copied().unwrap_or(1));
         let product_out = product_alias.unwrap_or(outputs.len());
         for (k, out) in outs.iter_mut().enumerate() {
             let holds_input = alias.iter().enumerate().any(|(j, a)| *a == Some(k) && j != *product_input);
             match k == product_out {
-                true => out.reset(node.dtype, rows * row_len),
+                true => out.reset(node.dtype, numel),
                 false if !holds_input => out.reset(program.output_dtypes[k], program.output_len(k)),
                 false => {}
             }
@@ -237,7 +238,7 @@ impl CpuExecutable {
                 (false, None) => Source::Data(operand(op, &run.inputs, &run.slots)),
             })
             .collect();
-        let panel_rows = panel_rows(*rows, *row_len, program.reduce_inner);
+        let panel_rows = panel_rows(numel / row_len.max(1), row_len, program.reduce_inner);
         let result =
             program.run_after_panels(&sources, &mut outs, product_out, panel_rows * row_len, &|out, start, end| {
                 // SAFETY: `run_after_panels` hands each panel's rows to one thread,

@@ -105,7 +105,7 @@ pub(super) enum Kernel {
     Fused { program: FusedProgram, outputs: Vec<usize>, alias: Vec<Option<usize>> },
     /// A matmul (a `Primitive` step) and its epilogue (a `Fused` step, whose
     /// input `product_input` is the product), run panel by panel.
-    Epilogue { product: Box<Step>, epilogue: Box<Step>, product_input: usize, rows: usize, row_len: usize },
+    Epilogue { product: Box<Step>, epilogue: Box<Step>, product_input: usize },
 }
 
 /// One kernel call.
@@ -185,8 +185,6 @@ impl Backend for CpuBackend {
                             product: Box::new(step),
                             epilogue: Box::new(epilogue),
                             product_input: e.product_input,
-                            rows: e.rows,
-                            row_len: e.row_len,
                         },
                     });
                     k += 2;
