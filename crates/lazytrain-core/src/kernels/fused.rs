@@ -230,6 +230,10 @@ impl FusedProgram {
     ) -> Result<(), String> {
         #[cfg(target_arch = "x86_64")]
         {
+            if avx512_available() {
+                // SAFETY: the features were just detected on this CPU.
+                return unsafe { self.run_range_avx512(inputs, outs, start, end, panels) };
+            }
             if std::is_x86_feature_detected!("avx2") && std::is_x86_feature_detected!("fma") {
                 // SAFETY: the features were just detected on this CPU.
                 return unsafe { self.run_range_avx2(inputs, outs, start, end, panels) };
@@ -241,6 +245,19 @@ impl FusedProgram {
     #[cfg(target_arch = "x86_64")]
     #[target_feature(enable = "avx2,fma")]
     unsafe fn run_range_avx2(
+        &self,
+        inputs: &[Source],
+        outs: &OutViews,
+        start: usize,
+        end: usize,
+        panels: Option<&Panels>,
+    ) -> Result<(), String> {
+        self.run_tiles(inputs, outs, start, end, panels)
+    }
+
+    #[cfg(target_arch = "x86_64")]
+    #[target_feature(enable = "avx512f,avx512vl,avx512bw,avx512dq,avx2,fma")]
+    unsafe fn run_range_avx512(
         &self,
         inputs: &[Source],
         outs: &OutViews,
@@ -384,6 +401,21 @@ impl FusedProgram {
         }
         Ok(())
     }
+}
+
+/// True on CPUs whose AVX-512 (F, VL, BW, DQ) the tile loop is also
+/// compiled for: twice the lanes of AVX2 for the polynomial ops (exp, erf).
+#[cfg(target_arch = "x86_64")]
+fn avx512_available() -> bool {
+    use std::sync::LazyLock;
+    static AVAILABLE: LazyLock<bool> = LazyLock::new(|| {
+        std::is_x86_feature_detected!("avx512f")
+            && std::is_x86_feature_detected!("avx512vl")
+            && std::is_x86_feature_detected!("avx512bw")
+            && std::is_x86_feature_detected!("avx512dq")
+            && std::is_x86_feature_detected!("fma")
+    });
+    *AVAILABLE
 }
 
 /// Outputs at least this large run on two threads.

@@ -238,7 +238,8 @@ impl CpuExecutable {
                 (false, None) => Source::Data(operand(op, &run.inputs, &run.slots)),
             })
             .collect();
-        let panel_rows = panel_rows(numel / row_len.max(1), row_len, program.reduce_inner);
+        let rows = numel / row_len.max(1);
+        let panel_rows = panel_rows(rows, row_len, program.reduce_inner, rayon::current_num_threads());
         let result =
             program.run_after_panels(&sources, &mut outs, product_out, panel_rows * row_len, &|out, start, end| {
                 // SAFETY: `run_after_panels` hands each panel's rows to one thread,
@@ -380,11 +381,12 @@ fn operand<'a>(op: &Operand, inputs: &'a [Option<Arc<Buffer>>], slots: &'a [Opti
 pub(super) const PANEL_ROWS: usize = 1024;
 
 /// Rows per panel of a product of `rows` rows of `row_len` elements whose
-/// epilogue reduces rows of `reduce_inner` elements (0: none):
-/// [`PANEL_ROWS`], fewer when the product is smaller, rounded up to whole
-/// reduction rows.
-fn panel_rows(rows: usize, row_len: usize, reduce_inner: usize) -> usize {
-    let target = PANEL_ROWS.min(rows.max(1));
+/// epilogue reduces rows of `reduce_inner` elements (0: none), run on
+/// `threads` threads: [`PANEL_ROWS`], fewer when the product has fewer than
+/// that per thread (every thread gets a panel: a product of one panel ran
+/// on one core), rounded up to whole reduction rows.
+fn panel_rows(rows: usize, row_len: usize, reduce_inner: usize, threads: usize) -> usize {
+    let target = PANEL_ROWS.min(rows.div_ceil(threads.max(1))).max(1);
     match reduce_inner > row_len {
         true => {
             let unit = reduce_inner / row_len;
@@ -397,4 +399,20 @@ fn panel_rows(rows: usize, row_len: usize, reduce_inner: usize) -> usize {
 /// The data of an input buffer `run` has already waited for.
 fn ready(buffer: &Buffer) -> &HostData {
     buffer.wait().expect("run checks that every input has a value")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_thread_gets_a_panel_of_whole_reduction_rows() {
+        assert_eq!(panel_rows(4096, 512, 0, 2), PANEL_ROWS, "large products: full panels");
+        assert_eq!(panel_rows(1024, 768, 0, 2), 512, "one panel would run on one core");
+        assert_eq!(panel_rows(800, 128, 0, 2), 400);
+        assert_eq!(panel_rows(3, 64, 0, 2), 2);
+        assert_eq!(panel_rows(1, 64, 0, 4), 1);
+        assert_eq!(panel_rows(1024, 64, 256, 2), 512, "already whole rows of 4 product rows");
+        assert_eq!(panel_rows(10, 64, 256, 2), 8, "5 product rows rounded up to 2 reduction rows");
+    }
 }
