@@ -28,13 +28,16 @@ impl Linear {
         let in_features = self.weight.dims()[1];
         let rows = x.numel() / in_features.max(1);
         let flat = x.reshape([rows, in_features])?;
-        let mut y = flat.matmul_transposed(&self.weight, false, true)?;
-        if let Some(b) = &self.bias {
-            y = y.add(b)?;
-        }
         let mut dims = x.dims()[..x.rank().saturating_sub(1)].to_vec();
         dims.push(self.weight.dims()[0]);
-        Ok(y.reshape(dims)?)
+        // The bias is added in the output's own shape, so that the add
+        // fuses with the elementwise ops that read the output (GELU, a
+        // residual add) into one kernel of that shape.
+        let y = flat.matmul_transposed(&self.weight, false, true)?.reshape(dims)?;
+        match &self.bias {
+            Some(b) => Ok(y.add(b)?),
+            None => Ok(y),
+        }
     }
 }
 
@@ -70,10 +73,10 @@ impl Conv1D {
     pub fn forward(&self, x: &Tensor) -> Result<Tensor> {
         let [in_features, out_features] = [self.weight.dims()[0], self.weight.dims()[1]];
         let rows = x.numel() / in_features.max(1);
-        let y = x.reshape([rows, in_features])?.matmul(&self.weight)?.add(&self.bias)?;
         let mut dims = x.dims()[..x.rank().saturating_sub(1)].to_vec();
         dims.push(out_features);
-        Ok(y.reshape(dims)?)
+        // The bias is added in the output's shape (see `Linear::forward`).
+        Ok(x.reshape([rows, in_features])?.matmul(&self.weight)?.reshape(dims)?.add(&self.bias)?)
     }
 }
 

@@ -122,12 +122,13 @@ fn gelu_recomputes_its_scaled_input_in_the_backward_kernel() -> Result<()> {
     let ((kernels, fused), peak, grad) = run(true)?;
     let (_, _, unfused_grad) = run(false)?;
     assert_eq!(grad, unfused_grad, "recomputing gives the same bits");
-    // The matmul; fused GELU forward (y is stored for the square's
-    // gradient); fused y * y, summed as it is computed (and the sum's
-    // reshape to a scalar); y * 2 for the square's gradient; fused GELU
-    // gradient; the gradient matmul. Storing x / sqrt(2) took two kernels
-    // more: its own, and the gradient's reading it back.
-    assert_eq!((kernels, fused), (7, 3), "{kernels} kernels, {fused} fused");
+    // The matmul; one fused kernel for the GELU forward and y * y, summed
+    // as it is computed (y, which the gradient reads too, is stored beside
+    // the sum: multi-output fusion); the sum's reshape to a scalar; the
+    // fused gradient of the square and the GELU; the gradient matmul.
+    // Storing x / sqrt(2) took two kernels more: its own, and the
+    // gradient's reading it back.
+    assert_eq!((kernels, fused), (5, 2), "{kernels} kernels, {fused} fused");
     // x, y, y * y, w, its gradient and the input: no buffer for x / sqrt(2).
     assert!(peak < 7 * 64 * 64 * 4, "peak {peak} bytes");
     Ok(())
@@ -187,5 +188,39 @@ fn a_cast_feeding_a_matmul_rides_along_in_the_kernel_of_its_input() -> Result<()
     // matmul's reader and runs alone.
     assert_eq!(fused, (4, 1), "unfused: {unfused:?}");
     assert_eq!((product, other), (product_ref, other_ref));
+    Ok(())
+}
+
+/// Multi-output fusion: `e = exp(x)` (too costly to recompute) read by two
+/// kernels is stored by the first of them instead of by a kernel of its
+/// own, unless a reader needs it before that kernel runs; either way the
+/// values are the unfused ones.
+#[test]
+fn a_value_read_by_two_kernels_is_stored_by_the_first_that_runs() -> Result<()> {
+    // e's readers: 2e (a kernel feeding the matmul), then e * (2e w): one
+    // fused kernel computes e and 2e (four kernels without multi-output
+    // fusion), the matmul, and the product (a lone op).
+    let later_reader = |d: &Device| -> Result<Vec<Tensor>> {
+        let e = input(&[32, 32], d)?.exp()?;
+        let product = e.mul_scalar(2.0)?.matmul(&input(&[32, 32], d)?)?;
+        Ok(vec![e.mul(&product)?])
+    };
+    // e's readers: the matmul itself (which needs e's buffer before any
+    // fused reader runs), then e * (e w).
+    let earlier_reader = |d: &Device| -> Result<Vec<Tensor>> {
+        let e = input(&[32, 32], d)?.exp()?;
+        let product = e.matmul(&input(&[32, 32], d)?)?;
+        Ok(vec![e.mul(&product)?])
+    };
+    for (build, expected, what) in [
+        (&later_reader as &dyn Fn(&Device) -> Result<Vec<Tensor>>, (3, 1), "exp stored by the 2e kernel"),
+        (&earlier_reader, (3, 0), "exp computed by its own kernel for the matmul"),
+    ] {
+        let fused = device(true);
+        let values = build(&fused)?[0].to_vec::<f32>()?;
+        assert_eq!(last_compile(&fused), expected, "{what}");
+        let unfused = device(false);
+        assert_eq!(values, build(&unfused)?[0].to_vec::<f32>()?, "{what}: the unfused bits");
+    }
     Ok(())
 }

@@ -264,10 +264,16 @@ pub fn plan(graph: &Graph, splat: &[bool]) -> Fusion {
                 }
                 copies_in[i] = gs;
             }
-            _ => {
-                members.push(vec![i]);
-                fusion.group_of[i] = Some(members.len() - 1);
-            }
+            _ => match first_reader_group(&fusion, &members, &consumers[i], &copies_in, narrow_copy[i]) {
+                Some(g) => {
+                    members[g].push(i);
+                    fusion.group_of[i] = Some(g);
+                }
+                None => {
+                    members.push(vec![i]);
+                    fusion.group_of[i] = Some(members.len() - 1);
+                }
+            },
         }
     }
     let duplicated: Vec<bool> = copies_in.iter().map(|gs| !gs.is_empty()).collect();
@@ -303,6 +309,34 @@ pub fn plan(graph: &Graph, splat: &[bool]) -> Fusion {
             && consumers[i].iter().all(|&c| fusion.group_of[c].is_some() || fusion.view[c].is_some());
     }
     fusion
+}
+
+/// The group a node read by several kernels joins as one more stored
+/// output (multi-output fusion): the fused group of its readers that runs
+/// first, when every other reader runs after that group. The value is then
+/// computed where its first reader needs it, from operands that group may
+/// already load, instead of by a kernel of its own that reads them once
+/// more (e.g. a GELU's saved CDF, computed beside the activation that uses
+/// it; a dropout mask, drawn beside the forward product that applies it).
+/// `members[g]` lists group `g` back to front (its root, where it runs,
+/// first). None for views' readers, recomputed readers and narrow copies.
+fn first_reader_group(
+    fusion: &Fusion,
+    members: &[Vec<usize>],
+    readers: &[usize],
+    copies_in: &[Vec<usize>],
+    narrow_copy: bool,
+) -> Option<usize> {
+    if narrow_copy || readers.iter().any(|&c| fusion.view[c].is_some() || !copies_in[c].is_empty()) {
+        return None;
+    }
+    let root = |g: usize| members[g][0];
+    let first = readers.iter().filter_map(|&c| fusion.group_of[c]).min_by_key(|&g| root(g))?;
+    let runs_after = |c: usize| match fusion.group_of[c] {
+        Some(g) => g == first || root(g) > root(first),
+        None => c > root(first),
+    };
+    readers.iter().all(|&c| runs_after(c)).then_some(first)
 }
 
 /// True when node `i` (read by several groups) is worth computing again in
