@@ -5,21 +5,66 @@ use super::strided::for_each_strided;
 use crate::shape::contiguous_strides;
 use crate::storage::HostData;
 
+/// The index operand of a gather or scatter: its buffer, its shape, and
+/// its element strides when it is a strided view of the buffer (`None`:
+/// contiguous).
+pub(crate) struct IndexOperand<'a> {
+    pub data: &'a HostData,
+    pub shape: &'a [usize],
+    pub strides: Option<&'a [usize]>,
+}
+
+impl IndexOperand<'_> {
+    /// The index values in row-major order over the index shape.
+    fn values(&self) -> Vec<i64> {
+        let all = to_i64_vec(self.data);
+        match self.strides {
+            None => all,
+            Some(strides) => {
+                let mut values = vec![0i64; self.shape.iter().product()];
+                for_each_strided(self.shape, strides, 0, |i, off| values[i] = all[off]);
+                values
+            }
+        }
+    }
+
+    /// For an index of shape `[rows, cols]` read as a view that repeats one
+    /// value along each row (an embedding's row ids broadcast along the
+    /// hidden axis), the stride between the rows' values.
+    fn row_stride(&self) -> Option<usize> {
+        match (self.shape, self.strides) {
+            (&[_, _], Some(&[rs, 0])) => Some(rs),
+            _ => None,
+        }
+    }
+
+    /// The value at element `offset` of the buffer.
+    fn at(&self, offset: usize) -> i64 {
+        match self.data {
+            HostData::I64(v) => v[offset],
+            HostData::I32(v) => i64::from(v[offset]),
+            HostData::U8(v) => i64::from(v[offset]),
+            HostData::Bool(v) => i64::from(v[offset]),
+            // Indices are integers (the shape rules say so); a float index
+            // reads as its truncation, as `to_i64_vec` has it.
+            HostData::F32(v) => v[offset] as i64,
+            HostData::F64(v) => v[offset] as i64,
+            HostData::BF16(v) => v[offset].to_f32() as i64,
+            HostData::F16(v) => v[offset].to_f32() as i64,
+        }
+    }
+}
+
 /// For every index element, the offset in the data tensor it addresses.
-fn addressed_offsets(
-    data_shape: &[usize],
-    index: &HostData,
-    index_shape: &[usize],
-    axis: usize,
-) -> Result<Vec<usize>, String> {
+fn addressed_offsets(data_shape: &[usize], index: &IndexOperand, axis: usize) -> Result<Vec<usize>, String> {
     let mut strides = contiguous_strides(data_shape);
     let axis_stride = strides[axis];
     strides[axis] = 0;
     let dim = data_shape[axis] as i64;
-    let idx = to_i64_vec(index);
+    let idx = index.values();
     let mut offsets = vec![0usize; idx.len()];
     let mut bad = None;
-    for_each_strided(index_shape, &strides, 0, |i, off| {
+    for_each_strided(index.shape, &strides, 0, |i, off| {
         let k = idx[i];
         if (0..dim).contains(&k) {
             offsets[i] = off + k as usize * axis_stride;
@@ -28,21 +73,53 @@ fn addressed_offsets(
         }
     });
     match bad {
-        Some(k) => Err(format!("index {k} is out of range for axis {axis} of size {dim}")),
+        Some(k) => Err(out_of_range(k, axis, dim)),
         None => Ok(offsets),
     }
 }
 
-/// `out[i] = src[offset(i)]`.
+fn out_of_range(k: i64, axis: usize, dim: i64) -> String {
+    format!("index {k} is out of range for axis {axis} of size {dim}")
+}
+
+/// The data rows a row index picks (see [`IndexOperand::row_stride`]) from
+/// a `[rows, cols]` table along axis 0, checked against its `dim` rows.
+fn picked_rows(index: &IndexOperand, row_stride: usize, dim: usize) -> Result<Vec<usize>, String> {
+    (0..index.shape[0])
+        .map(|r| {
+            let k = index.at(r * row_stride);
+            usize::try_from(k).ok().filter(|&k| k < dim).ok_or_else(|| out_of_range(k, 0, dim as i64))
+        })
+        .collect()
+}
+
+/// `out[i] = src[offset(i)]`; a row index along axis 0 copies whole rows.
 pub(crate) fn gather(
     src: &HostData,
     src_shape: &[usize],
-    index: &HostData,
-    index_shape: &[usize],
+    index: IndexOperand,
     axis: usize,
     out: &mut HostData,
 ) -> Result<(), String> {
-    let offsets = addressed_offsets(src_shape, index, index_shape, axis)?;
+    if let (Some(rs), 0, &[dim, cols]) = (index.row_stride(), axis, src_shape) {
+        if index.shape[1] == cols {
+            let rows = picked_rows(&index, rs, dim)?;
+            macro_rules! rows_arm {
+                ($($v:ident),*) => {
+                    match (src, out) {
+                        $((HostData::$v(s), HostData::$v(o)) => o
+                            .chunks_exact_mut(cols.max(1))
+                            .zip(&rows)
+                            .for_each(|(o, &k)| o.copy_from_slice(&s[k * cols..(k + 1) * cols])),)*
+                        (s, o) => return Err(format!("gather from {} into {}", s.dtype(), o.dtype())),
+                    }
+                };
+            }
+            rows_arm!(F32, F64, BF16, F16, I64, I32, U8, Bool);
+            return Ok(());
+        }
+    }
+    let offsets = addressed_offsets(src_shape, &index, axis)?;
     macro_rules! arm {
         ($($v:ident),*) => {
             match (src, out) {
@@ -71,35 +148,100 @@ fn add_int<T: IntLike>(o: &mut [T], upd: &[T], offsets: &[usize]) {
 pub(crate) fn scatter_add(
     base: &HostData,
     base_shape: &[usize],
-    index: &HostData,
-    index_shape: &[usize],
+    index: IndexOperand,
     updates: &HostData,
     axis: usize,
     out: &mut HostData,
 ) -> Result<(), String> {
     super::movement::strided_copy(base, &[base.len()], &[1], 0, out)?;
-    scatter_add_inplace(base_shape, index, index_shape, updates, axis, out)
+    scatter_add_inplace(base_shape, index, updates, axis, out)
 }
 
 /// `out[offset(i)] += updates[i]`, in place: `out` holds the base on entry.
+/// A row index along axis 0 adds whole rows, in the same order.
 pub(crate) fn scatter_add_inplace(
     base_shape: &[usize],
-    index: &HostData,
-    index_shape: &[usize],
+    index: IndexOperand,
     updates: &HostData,
     axis: usize,
     out: &mut HostData,
 ) -> Result<(), String> {
-    let offsets = addressed_offsets(base_shape, index, index_shape, axis)?;
+    let offsets = match (index.row_stride(), axis, base_shape) {
+        (Some(rs), 0, &[dim, cols]) if index.shape[1] == cols => {
+            let rows = picked_rows(&index, rs, dim)?;
+            return match (updates, out) {
+                (HostData::F32(u), HostData::F32(o)) => Ok(add_rows(o, u, &rows, cols)),
+                (HostData::BF16(u), HostData::BF16(o)) => Ok(add_rows(o, u, &rows, cols)),
+                (HostData::F64(u), HostData::F64(o)) => Ok(add_rows(o, u, &rows, cols)),
+                (HostData::F16(u), HostData::F16(o)) => Ok(add_rows(o, u, &rows, cols)),
+                (u, o) => {
+                    let offsets = addressed_offsets(base_shape, &index, axis)?;
+                    add_at(u, o, &offsets)
+                }
+            };
+        }
+        _ => addressed_offsets(base_shape, &index, axis)?,
+    };
+    add_at(updates, out, &offsets)
+}
+
+/// Row `r` of `upd` added to row `rows[r]` of `o` (rows of `cols`), in the
+/// order of the elementwise loop.
+fn add_rows<T: FloatLike>(o: &mut [T], upd: &[T], rows: &[usize], cols: usize) {
+    for (u, &k) in upd.chunks_exact(cols.max(1)).zip(rows) {
+        for (o, u) in o[k * cols..(k + 1) * cols].iter_mut().zip(u) {
+            *o = T::narrow(o.widen() + u.widen());
+        }
+    }
+}
+
+/// `out[offsets[i]] += updates[i]`.
+fn add_at(updates: &HostData, out: &mut HostData, offsets: &[usize]) -> Result<(), String> {
     match (updates, out) {
-        (HostData::F32(u), HostData::F32(o)) => add_float(o, u, &offsets),
-        (HostData::F64(u), HostData::F64(o)) => add_float(o, u, &offsets),
-        (HostData::BF16(u), HostData::BF16(o)) => add_float(o, u, &offsets),
-        (HostData::F16(u), HostData::F16(o)) => add_float(o, u, &offsets),
-        (HostData::I64(u), HostData::I64(o)) => add_int(o, u, &offsets),
-        (HostData::I32(u), HostData::I32(o)) => add_int(o, u, &offsets),
-        (HostData::U8(u), HostData::U8(o)) => add_int(o, u, &offsets),
+        (HostData::F32(u), HostData::F32(o)) => add_float(o, u, offsets),
+        (HostData::F64(u), HostData::F64(o)) => add_float(o, u, offsets),
+        (HostData::BF16(u), HostData::BF16(o)) => add_float(o, u, offsets),
+        (HostData::F16(u), HostData::F16(o)) => add_float(o, u, offsets),
+        (HostData::I64(u), HostData::I64(o)) => add_int(o, u, offsets),
+        (HostData::I32(u), HostData::I32(o)) => add_int(o, u, offsets),
+        (HostData::U8(u), HostData::U8(o)) => add_int(o, u, offsets),
         (u, o) => return Err(format!("scatter_add of {} into {}", u.dtype(), o.dtype())),
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Row ids `[3]` broadcast to `[3, 4]` (view strides `[1, 0]`) against
+    /// the same index materialised: the row copies and row adds give the
+    /// elementwise loop's values; a bad id is an error either way.
+    #[test]
+    fn row_indices_read_through_a_view_match_the_materialised_index() {
+        let table = HostData::F32((0..20).map(|v| v as f32 * 0.5).collect());
+        let ids = HostData::I64(vec![4, 0, 4]);
+        let view = IndexOperand { data: &ids, shape: &[3, 4], strides: Some(&[1, 0]) };
+        let full = HostData::I64(vec![4, 4, 4, 4, 0, 0, 0, 0, 4, 4, 4, 4]);
+        let dense = IndexOperand { data: &full, shape: &[3, 4], strides: None };
+        let (mut a, mut b) = (HostData::F32(vec![0.0; 12]), HostData::F32(vec![0.0; 12]));
+        gather(&table, &[5, 4], view, 0, &mut a).unwrap();
+        gather(&table, &[5, 4], dense, 0, &mut b).unwrap();
+        assert_eq!(a, b);
+        assert_eq!(a.to_f64_vec()[..4], [8.0, 8.5, 9.0, 9.5]);
+
+        let updates = HostData::F32((0..12).map(|v| v as f32 + 0.25).collect());
+        let (mut a, mut b) = (table.clone(), table.clone());
+        let view = IndexOperand { data: &ids, shape: &[3, 4], strides: Some(&[1, 0]) };
+        let dense = IndexOperand { data: &full, shape: &[3, 4], strides: None };
+        scatter_add_inplace(&[5, 4], view, &updates, 0, &mut a).unwrap();
+        scatter_add_inplace(&[5, 4], dense, &updates, 0, &mut b).unwrap();
+        assert_eq!(a, b);
+        assert_eq!(a.to_f64_vec()[16], 8.0 + 0.25 + 8.25, "row 4 gets rows 0 and 2 of the updates");
+
+        let bad = HostData::I64(vec![1, 5, 0]);
+        let view = IndexOperand { data: &bad, shape: &[3, 4], strides: Some(&[1, 0]) };
+        let err = gather(&table, &[5, 4], view, 0, &mut HostData::F32(vec![0.0; 12])).unwrap_err();
+        assert!(err.contains("index 5 is out of range for axis 0 of size 5"), "{err}");
+    }
 }

@@ -34,8 +34,9 @@ pub(crate) fn eval(
     eval_with_views(node, inputs, shapes, &[None, None], out, matmul)
 }
 
-/// [`eval`], where a matmul operand may be a strided view of its buffer
-/// (`views[i]`: the element strides of input `i` over its shape).
+/// [`eval`], where a matmul operand, or the index of a gather or scatter,
+/// may be a strided view of its buffer (`views[i]`: the element strides of
+/// input `i` over its shape).
 pub(crate) fn eval_with_views(
     node: &Node,
     inputs: &[&HostData],
@@ -74,9 +75,9 @@ pub(crate) fn eval_with_views(
         }
         Op::Concat { axis } => movement::concat(inputs, shapes, *axis, out)?,
         Op::Pad { low, value, .. } => movement::pad(inputs[0], shapes[0], out_shape, low, *value, out)?,
-        Op::Gather { axis } => index::gather(inputs[0], shapes[0], inputs[1], shapes[1], *axis, out)?,
+        Op::Gather { axis } => index::gather(inputs[0], shapes[0], index_operand(inputs, shapes, views), *axis, out)?,
         Op::ScatterAdd { axis } => {
-            index::scatter_add(inputs[0], shapes[0], inputs[1], shapes[1], inputs[2], *axis, out)?
+            index::scatter_add(inputs[0], shapes[0], index_operand(inputs, shapes, views), inputs[2], *axis, out)?
         }
         Op::Dot { lhs_t, rhs_t } => {
             let dims = dot_dims(out_shape, shapes[0], *lhs_t, *rhs_t);
@@ -85,6 +86,15 @@ pub(crate) fn eval_with_views(
         }
     }
     Ok(())
+}
+
+/// Input 1 of a gather or scatter, its index, with its view strides.
+fn index_operand<'a>(
+    inputs: &[&'a HostData],
+    shapes: &[&'a [usize]],
+    views: &[Option<&'a [usize]>],
+) -> index::IndexOperand<'a> {
+    index::IndexOperand { data: inputs[1], shape: shapes[1], strides: views.get(1).copied().flatten() }
 }
 
 /// The geometry of a matmul with output shape `out_shape` whose left
@@ -114,16 +124,21 @@ pub(crate) fn dot_panels<'a>(
 /// Compute `node` in place: `out` holds input `position` on entry and the
 /// result on exit; `others` are the remaining inputs in order; `shapes` are
 /// the shapes of all inputs.
+/// `views` are the element strides of inputs read as views (by position,
+/// as for [`eval_with_views`]).
 pub(crate) fn eval_in_place(
     node: &Node,
     position: usize,
     others: &[&HostData],
     shapes: &InputShapes,
+    views: &[Option<&[usize]>],
     out: &mut HostData,
 ) -> Result<(), String> {
     match node.op {
         Op::ScatterAdd { axis } if position == 0 => {
-            index::scatter_add_inplace(shapes[0], others[0], shapes[1], others[1], axis, out)
+            let index =
+                index::IndexOperand { data: others[0], shape: shapes[1], strides: views.get(1).copied().flatten() };
+            index::scatter_add_inplace(shapes[0], index, others[1], axis, out)
         }
         Op::Unary(op) => elementwise::unary_inplace(op, out),
         // The local part of an all-reduce is the identity; the executable

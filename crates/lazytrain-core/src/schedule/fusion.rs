@@ -472,16 +472,25 @@ fn plan_views(
         matches!(node.op, Op::Reshape | Op::Expand | Op::Permute(_))
             && !splat[i]
             && !is_output[i]
-            && fusible_dtype(node.dtype)
+            && (fusible_dtype(node.dtype) || matches!(node.dtype, DType::I64 | DType::I32))
             && node.shape.numel() > 1
     };
     // Readers only: fusible nodes, matmuls (which take strided operands),
     // reductions (which read a reshape of contiguous data as the data
     // itself) or other candidates (decided back to front).
-    let reads_views = |c: usize| fusible[c] || matches!(graph.nodes[c].op, Op::Dot { .. } | Op::Reduce { .. });
+    // Gathers and scatters read their index operand (only) through a view:
+    // an embedding's row ids broadcast along the hidden axis are never
+    // materialised.
+    let reads_views = |i: usize, c: usize| {
+        let node = &graph.nodes[c];
+        let index_only = || node.inputs.iter().enumerate().all(|(k, id)| (k == 1) == (id.index() == i));
+        fusible[c]
+            || matches!(node.op, Op::Dot { .. } | Op::Reduce { .. })
+            || (matches!(node.op, Op::Gather { .. } | Op::ScatterAdd { .. }) && index_only())
+    };
     let mut keep = vec![false; n];
     for i in (0..n).rev() {
-        keep[i] = candidate(i) && consumers[i].iter().all(|&c| reads_views(c) || keep[c]);
+        keep[i] = candidate(i) && consumers[i].iter().all(|&c| reads_views(i, c) || keep[c]);
     }
     let mut view: Vec<Option<View>> = vec![None; n];
     for _ in 0..2 {
@@ -505,7 +514,7 @@ fn plan_views(
                 !matches!(graph.nodes[c].op, Op::Dot { .. } | Op::Reduce { .. })
                     || view[i].as_ref().is_some_and(|v| v.strides == contiguous_strides(graph.nodes[i].shape.dims()))
             };
-            if keep[i] && !consumers[i].iter().all(|&c| (reads_views(c) && dot_ok(c)) || keep[c]) {
+            if keep[i] && !consumers[i].iter().all(|&c| (reads_views(i, c) && dot_ok(c)) || keep[c]) {
                 keep[i] = false;
             }
         }

@@ -127,11 +127,11 @@ impl CpuExecutable {
             .map(|(_, op)| operand(op, &run.inputs, &run.slots))
             .collect();
         let shapes: Vec<&[usize]> = input_shapes.iter().map(Vec::as_slice).collect();
+        let views: Vec<Option<&[usize]>> = views.iter().map(|v| v.as_deref()).collect();
         let result = match in_place {
-            Some(position) => kernels::eval_in_place(node, *position, &operands, &shapes, &mut out),
+            Some(position) => kernels::eval_in_place(node, *position, &operands, &shapes, &views, &mut out),
             None => {
                 out.reset(node.dtype, node.shape.numel());
-                let views: Vec<Option<&[usize]>> = views.iter().map(|v| v.as_deref()).collect();
                 kernels::eval_with_views(node, &operands, &shapes, &views, &mut out, MatmulKernel::Gemm)
             }
         };
