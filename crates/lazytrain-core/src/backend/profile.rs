@@ -10,8 +10,18 @@ static ENABLED: LazyLock<AtomicBool> =
     LazyLock::new(|| AtomicBool::new(std::env::var("LAZYTRAIN_PROFILE").is_ok_and(|v| !v.is_empty() && v != "0")));
 static TABLE: LazyLock<Mutex<Tables>> = LazyLock::new(Mutex::default);
 
-/// How many of the most expensive kernels the report lists.
+/// How many of the most expensive kernels the report lists by default.
 const TOP_KERNELS: usize = 15;
+
+/// How many kernels the report lists: `LAZYTRAIN_PROFILE=N` with N > 1
+/// lists N, any other value that turns profiling on lists [`TOP_KERNELS`].
+fn top_kernels() -> usize {
+    std::env::var("LAZYTRAIN_PROFILE")
+        .ok()
+        .and_then(|v| v.parse::<usize>().ok())
+        .filter(|&n| n > 1)
+        .unwrap_or(TOP_KERNELS)
+}
 
 /// Accumulated `(nanoseconds, calls)` per kernel kind and per kernel label.
 #[derive(Default)]
@@ -83,8 +93,9 @@ pub fn report() -> String {
     }
     let mut kernels: Vec<_> = tables.kernels.iter().collect();
     kernels.sort_by_key(|row| std::cmp::Reverse(row.1 .0));
-    out.push_str(&format!("top {TOP_KERNELS} kernels:\n"));
-    for (label, &(nanos, calls)) in kernels.into_iter().take(TOP_KERNELS) {
+    let top = top_kernels();
+    out.push_str(&format!("top {top} kernels:\n"));
+    for (label, &(nanos, calls)) in kernels.into_iter().take(top) {
         out.push_str(&format!(
             "  {:>9.1} ms  {:>5.1} %  {calls:>5} calls  {label}\n",
             nanos as f64 / 1e6,

@@ -13,6 +13,8 @@ use super::dot::PanelOut;
 use super::elementwise::{compare_lanes, float_binary, float_unary, select_lanes, Lanes1};
 use super::numeric::{bf16_from_f32, bf16_to_f32, exp_f32};
 use super::reduce::RowLanes;
+#[cfg(target_arch = "x86_64")]
+use super::simd;
 use crate::dtype::DType;
 use crate::ir::{BinaryOp, CmpOp, ReduceOp, UnaryOp};
 use crate::schedule::{Access, Load};
@@ -230,11 +232,11 @@ impl FusedProgram {
     ) -> Result<(), String> {
         #[cfg(target_arch = "x86_64")]
         {
-            if avx512_available() {
+            if simd::avx512() {
                 // SAFETY: the features were just detected on this CPU.
                 return unsafe { self.run_range_avx512(inputs, outs, start, end, panels) };
             }
-            if std::is_x86_feature_detected!("avx2") && std::is_x86_feature_detected!("fma") {
+            if simd::avx2() {
                 // SAFETY: the features were just detected on this CPU.
                 return unsafe { self.run_range_avx2(inputs, outs, start, end, panels) };
             }
@@ -401,21 +403,6 @@ impl FusedProgram {
         }
         Ok(())
     }
-}
-
-/// True on CPUs whose AVX-512 (F, VL, BW, DQ) the tile loop is also
-/// compiled for: twice the lanes of AVX2 for the polynomial ops (exp, erf).
-#[cfg(target_arch = "x86_64")]
-fn avx512_available() -> bool {
-    use std::sync::LazyLock;
-    static AVAILABLE: LazyLock<bool> = LazyLock::new(|| {
-        std::is_x86_feature_detected!("avx512f")
-            && std::is_x86_feature_detected!("avx512vl")
-            && std::is_x86_feature_detected!("avx512bw")
-            && std::is_x86_feature_detected!("avx512dq")
-            && std::is_x86_feature_detected!("fma")
-    });
-    *AVAILABLE
 }
 
 /// Outputs at least this large run on two threads.

@@ -11,6 +11,8 @@ mod index;
 mod movement;
 pub(crate) mod numeric;
 mod reduce;
+#[cfg(target_arch = "x86_64")]
+mod simd;
 pub(crate) mod strided;
 
 pub use dot::MatmulKernel;

@@ -123,9 +123,46 @@ fn chunk_per_thread(x_len: usize, out_len: usize, align: usize) -> Option<usize>
         .then(|| out_len.div_ceil(threads).div_ceil(align) * align)
 }
 
+/// Compile `$body` (a call of a generic inline function) also for AVX2 and
+/// AVX-512 and run the widest copy this CPU supports: the same arithmetic
+/// in every copy, so the same bits.
+macro_rules! widest {
+    ($body:expr) => {{
+        #[cfg(target_arch = "x86_64")]
+        {
+            #[target_feature(enable = "avx512f,avx512vl,avx512bw,avx512dq,avx2,fma")]
+            unsafe fn avx512<R>(f: impl FnOnce() -> R) -> R {
+                f()
+            }
+            #[target_feature(enable = "avx2,fma")]
+            unsafe fn avx2<R>(f: impl FnOnce() -> R) -> R {
+                f()
+            }
+            if super::simd::avx512() {
+                // SAFETY: the features were detected on this CPU.
+                unsafe { avx512(|| $body) }
+            } else if super::simd::avx2() {
+                // SAFETY: as above.
+                unsafe { avx2(|| $body) }
+            } else {
+                $body
+            }
+        }
+        #[cfg(not(target_arch = "x86_64"))]
+        {
+            $body
+        }
+    }};
+}
+
 /// Sum `outer` rows of `inner` elements of `x` column by column into `o`
 /// (columns `cols` of each row), in row order.
 fn sum_columns<T: FloatLike>(x: &[T], inner: usize, cols: std::ops::Range<usize>, o: &mut [T]) {
+    widest!(sum_columns_in(x, inner, cols, o))
+}
+
+#[inline(always)]
+fn sum_columns_in<T: FloatLike>(x: &[T], inner: usize, cols: std::ops::Range<usize>, o: &mut [T]) {
     let mut acc = vec![0f64; cols.len()];
     for row in x.chunks_exact(inner) {
         for (a, v) in acc.iter_mut().zip(&row[cols.clone()]) {
@@ -137,19 +174,23 @@ fn sum_columns<T: FloatLike>(x: &[T], inner: usize, cols: std::ops::Range<usize>
     }
 }
 
+/// Reduce each row of `inner` elements of `x` into its element of `o`.
+#[inline(always)]
+fn reduce_rows<T: FloatLike>(op: ReduceOp, o: &mut [T], x: &[T], inner: usize) {
+    for (o, row) in o.iter_mut().zip(x.chunks_exact(inner)) {
+        let mut lanes = RowLanes::default();
+        lanes.add(op, 0, row);
+        *o = T::narrow(lanes.total(op));
+    }
+}
+
 /// Each output element is reduced by one thread in the same order as on
 /// one thread, so splitting the work never changes a bit.
 fn reduce_float<T: FloatLike>(op: ReduceOp, x: &[T], in_shape: &[usize], axes: &[usize], o: &mut [T]) {
     use rayon::prelude::*;
     match (layout(in_shape, axes), op) {
         (Layout::Trailing { inner }, ReduceOp::Sum | ReduceOp::Max) => {
-            let rows = |o: &mut [T], x: &[T]| {
-                for (o, row) in o.iter_mut().zip(x.chunks_exact(inner)) {
-                    let mut lanes = RowLanes::default();
-                    lanes.add(op, 0, row);
-                    *o = T::narrow(lanes.total(op));
-                }
-            };
+            let rows = |o: &mut [T], x: &[T]| widest!(reduce_rows(op, o, x, inner));
             match chunk_per_thread(x.len(), o.len(), 1) {
                 Some(chunk) => o.par_chunks_mut(chunk).zip(x.par_chunks(chunk * inner)).for_each(|(o, x)| rows(o, x)),
                 None => rows(o, x),
