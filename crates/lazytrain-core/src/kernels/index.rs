@@ -169,16 +169,17 @@ pub(crate) fn scatter_add_inplace(
     let offsets = match (index.row_stride(), axis, base_shape) {
         (Some(rs), 0, &[dim, cols]) if index.shape[1] == cols => {
             let rows = picked_rows(&index, rs, dim)?;
-            return match (updates, out) {
-                (HostData::F32(u), HostData::F32(o)) => Ok(add_rows(o, u, &rows, cols)),
-                (HostData::BF16(u), HostData::BF16(o)) => Ok(add_rows(o, u, &rows, cols)),
-                (HostData::F64(u), HostData::F64(o)) => Ok(add_rows(o, u, &rows, cols)),
-                (HostData::F16(u), HostData::F16(o)) => Ok(add_rows(o, u, &rows, cols)),
+            match (updates, out) {
+                (HostData::F32(u), HostData::F32(o)) => add_rows(o, u, &rows, cols),
+                (HostData::BF16(u), HostData::BF16(o)) => add_rows(o, u, &rows, cols),
+                (HostData::F64(u), HostData::F64(o)) => add_rows(o, u, &rows, cols),
+                (HostData::F16(u), HostData::F16(o)) => add_rows(o, u, &rows, cols),
                 (u, o) => {
                     let offsets = addressed_offsets(base_shape, &index, axis)?;
-                    add_at(u, o, &offsets)
+                    return add_at(u, o, &offsets);
                 }
-            };
+            }
+            return Ok(());
         }
         _ => addressed_offsets(base_shape, &index, axis)?,
     };
