@@ -224,3 +224,33 @@ fn a_value_read_by_two_kernels_is_stored_by_the_first_that_runs() -> Result<()> 
     }
     Ok(())
 }
+
+/// A sum over leading axes (a bias gradient) of a fused kernel's value,
+/// traced after the kernel's other work as a gradient's bias sum is,
+/// is accumulated by that kernel as it computes the value (one kernel, the
+/// value never stored when nothing else reads it), in the unfused
+/// kernel's order: the same bits on odd and even row counts, and within
+/// f32 rounding of the f64 sum.
+#[test]
+fn a_column_sum_is_accumulated_by_the_kernel_computing_its_input() -> Result<()> {
+    for shape in [vec![65, 48], vec![4, 33, 16], vec![3000, 200]] {
+        let axes: Vec<isize> = (0..shape.len() as isize - 1).collect();
+        let build = |d: &Device| -> Result<Vec<Tensor>> {
+            let y = input(&shape, d)?.mul_scalar(1.5)?.exp()?.add_scalar(-0.25)?;
+            let z = y.mul_scalar(3.0)?;
+            Ok(vec![y.sum(&axes, true)?, z])
+        };
+        let fused = device(true);
+        let sums = build(&fused)?[0].to_vec::<f32>()?;
+        assert_eq!(last_compile(&fused), (1, 1), "{shape:?}: one kernel computes y * 3 and sums y");
+        let unfused = device(false);
+        assert_eq!(sums, build(&unfused)?[0].to_vec::<f32>()?, "{shape:?}: the unfused bits");
+        let x = input(&shape, &unfused)?.to_vec::<f32>()?;
+        let cols = *shape.last().expect("rank >= 2");
+        for (c, &got) in sums.iter().enumerate() {
+            let exact: f64 = x.iter().skip(c).step_by(cols).map(|&v| (f64::from(v) * 1.5).exp() - 0.25).sum();
+            assert!((f64::from(got) - exact).abs() <= 1e-5 * exact.abs(), "{shape:?} column {c}: {got} vs {exact}");
+        }
+    }
+    Ok(())
+}

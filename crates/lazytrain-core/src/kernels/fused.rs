@@ -61,6 +61,10 @@ pub(crate) enum Instr {
     /// elements into `output[out]` (one element per row), in the order of
     /// the unfused reduction.
     ReduceStore { op: ReduceOp, src: usize, out: usize },
+    /// Add `src` into the column sums of `output[out]`: element `i` into
+    /// column `i % column_len`, row after row, in `f64` (written when the
+    /// run ends, in the unfused kernel's canonical order).
+    ColumnSum { src: usize, out: usize },
 }
 
 /// A compiled fused program over an output of `shape`.
@@ -79,6 +83,8 @@ pub(crate) struct FusedProgram {
     /// The row length of the program's reductions (all reduce the trailing
     /// `reduce_inner` elements of the shape); 0 without reductions.
     pub reduce_inner: usize,
+    /// The row length of the program's column sums; 0 without.
+    pub column_len: usize,
 }
 
 /// Where a kernel input's data is: its own buffer, or an output buffer the
@@ -100,10 +106,17 @@ impl FusedProgram {
         self.instrs.iter().any(|i| matches!(*i, Instr::ReduceStore { out, .. } if out == k))
     }
 
+    /// True when output `k` is a column sum (one element per column).
+    fn is_column_sum(&self, k: usize) -> bool {
+        self.instrs.iter().any(|i| matches!(*i, Instr::ColumnSum { out, .. } if out == k))
+    }
+
     /// The number of elements output `k` holds.
     pub(crate) fn output_len(&self, k: usize) -> usize {
         if self.is_reduced(k) {
             self.numel() / self.reduce_inner.max(1)
+        } else if self.is_column_sum(k) {
+            self.column_len
         } else {
             self.numel()
         }
@@ -124,6 +137,7 @@ impl FusedProgram {
                 Instr::Random { .. } => "rand",
                 Instr::ReduceStore { op: ReduceOp::Sum, .. } => "row_sum",
                 Instr::ReduceStore { op: ReduceOp::Max, .. } => "row_max",
+                Instr::ColumnSum { .. } => "column_sum",
                 Instr::Load { .. } | Instr::Store { .. } => continue,
             };
             if ops.last() != Some(&name) {
@@ -148,6 +162,9 @@ impl FusedProgram {
     /// halves run on two threads; on CPUs with AVX2 and FMA the same code
     /// is compiled for them (picked at run time).
     pub(crate) fn run(&self, inputs: &[Source], outputs: &mut [HostData]) -> Result<(), String> {
+        if self.column_len > 0 {
+            return self.run_column_sums(inputs, outputs);
+        }
         let outs = self.out_views(outputs)?;
         // Each row of a reduction is reduced by one thread.
         let unit = if self.reduce_inner > 0 { self.reduce_inner } else { TILE };
@@ -170,6 +187,9 @@ impl FusedProgram {
         compute: &(dyn Fn(PanelOut, usize, usize) + Sync),
     ) -> Result<(), String> {
         let numel = self.numel();
+        if self.column_len > 0 {
+            return Err("a program summing columns does not run as an epilogue".into());
+        }
         if panel == 0 || (self.reduce_inner > 0 && !panel.is_multiple_of(self.reduce_inner)) {
             return Err(format!("panels of {panel} elements split the rows of {}", self.reduce_inner));
         }
@@ -181,6 +201,36 @@ impl FusedProgram {
         };
         let panels = Panels { size: panel, compute: &|start, end| compute(target, start, end) };
         self.run_halves(inputs, &outs, panel, numel > panel, Some(&panels))
+    }
+
+    /// Run a program with column sums: the rows split at the middle row (as
+    /// the unfused kernel's canonical order has it), each half summed into
+    /// its own partial sums on its own thread (or one after the other), the
+    /// two added at the end.
+    fn run_column_sums(&self, inputs: &[Source], outputs: &mut [HostData]) -> Result<(), String> {
+        let (numel, len) = (self.numel(), self.column_len);
+        let outs = self.out_views(outputs)?;
+        let fresh = || -> Vec<Vec<f64>> {
+            (0..outs.0.len()).map(|k| if self.is_column_sum(k) { vec![0.0; len] } else { Vec::new() }).collect()
+        };
+        let (mut first, mut second) = (fresh(), fresh());
+        let mid = numel / len / 2 * len;
+        if numel >= PARALLEL_MIN && rayon::current_num_threads() > 1 {
+            let (a, b) = rayon::join(
+                || self.run_range(inputs, &outs, 0, mid, None, &mut first),
+                || self.run_range(inputs, &outs, mid, numel, None, &mut second),
+            );
+            a.and(b)?;
+        } else {
+            self.run_range(inputs, &outs, 0, mid, None, &mut first)?;
+            self.run_range(inputs, &outs, mid, numel, None, &mut second)?;
+        }
+        for (k, (a, b)) in first.iter().zip(&second).enumerate().filter(|(k, _)| self.is_column_sum(*k)) {
+            let sums: Vec<f32> = a.iter().zip(b).map(|(x, y)| (x + y) as f32).collect();
+            // SAFETY: both halves have finished; output `k` holds `len` elements.
+            unsafe { outs.0[k].write(0, &sums) }
+        }
+        Ok(())
     }
 
     /// Run all elements, split between two threads at a multiple of `unit`
@@ -197,12 +247,12 @@ impl FusedProgram {
         if parallel && rayon::current_num_threads() > 1 {
             let mid = (numel / 2).div_ceil(unit) * unit;
             let (a, b) = rayon::join(
-                || self.run_range(inputs, outs, 0, mid, panels),
-                || self.run_range(inputs, outs, mid, numel, panels),
+                || self.run_range(inputs, outs, 0, mid, panels, &mut Vec::new()),
+                || self.run_range(inputs, outs, mid, numel, panels, &mut Vec::new()),
             );
             return a.and(b);
         }
-        self.run_range(inputs, outs, 0, numel, panels)
+        self.run_range(inputs, outs, 0, numel, panels, &mut Vec::new())
     }
 
     /// Raw views of `outputs`, checked against the program's output sizes.
@@ -229,19 +279,20 @@ impl FusedProgram {
         start: usize,
         end: usize,
         panels: Option<&Panels>,
+        columns: &mut [Vec<f64>],
     ) -> Result<(), String> {
         #[cfg(target_arch = "x86_64")]
         {
             if simd::avx512() {
                 // SAFETY: the features were just detected on this CPU.
-                return unsafe { self.run_range_avx512(inputs, outs, start, end, panels) };
+                return unsafe { self.run_range_avx512(inputs, outs, start, end, panels, columns) };
             }
             if simd::avx2() {
                 // SAFETY: the features were just detected on this CPU.
-                return unsafe { self.run_range_avx2(inputs, outs, start, end, panels) };
+                return unsafe { self.run_range_avx2(inputs, outs, start, end, panels, columns) };
             }
         }
-        self.run_tiles(inputs, outs, start, end, panels)
+        self.run_tiles(inputs, outs, start, end, panels, columns)
     }
 
     #[cfg(target_arch = "x86_64")]
@@ -253,8 +304,9 @@ impl FusedProgram {
         start: usize,
         end: usize,
         panels: Option<&Panels>,
+        columns: &mut [Vec<f64>],
     ) -> Result<(), String> {
-        self.run_tiles(inputs, outs, start, end, panels)
+        self.run_tiles(inputs, outs, start, end, panels, columns)
     }
 
     #[cfg(target_arch = "x86_64")]
@@ -266,8 +318,9 @@ impl FusedProgram {
         start: usize,
         end: usize,
         panels: Option<&Panels>,
+        columns: &mut [Vec<f64>],
     ) -> Result<(), String> {
-        self.run_tiles(inputs, outs, start, end, panels)
+        self.run_tiles(inputs, outs, start, end, panels, columns)
     }
 
     /// Elements `start..end` (a multiple of the tile size apart, except at
@@ -281,6 +334,7 @@ impl FusedProgram {
         start: usize,
         end: usize,
         panels: Option<&Panels>,
+        columns: &mut [Vec<f64>],
     ) -> Result<(), String> {
         let mut regs: Vec<Vec<f32>> = vec![vec![0f32; TILE]; self.registers];
         let mut scratch = vec![0usize; self.shape.len()];
@@ -294,7 +348,7 @@ impl FusedProgram {
             }
             let len = TILE.min(panel_end - at);
             for instr in &self.instrs {
-                self.step(instr, at, len, inputs, outs, &mut regs, &mut scratch, &mut rows)?;
+                self.step(instr, at, len, inputs, outs, &mut regs, &mut scratch, &mut rows, columns)?;
             }
             at += len;
         }
@@ -313,6 +367,7 @@ impl FusedProgram {
         regs: &mut [Vec<f32>],
         scratch: &mut [usize],
         rows: &mut [RowLanes<f32>],
+        columns: &mut [Vec<f64>],
     ) -> Result<(), String> {
         match *instr {
             Instr::Load { load, dst } => {
@@ -379,6 +434,21 @@ impl FusedProgram {
             Instr::Store { src, out } => {
                 // SAFETY: as for in-place loads, this thread owns these elements.
                 unsafe { outs.0[out].write(start, &regs[src][..len]) }
+            }
+            Instr::ColumnSum { src, out } => {
+                let len_c = self.column_len;
+                let values = &regs[src][..len];
+                let sums = &mut columns[out];
+                let mut done = 0;
+                while done < len {
+                    let col = (start + done) % len_c;
+                    let run = (len_c - col).min(len - done);
+                    sums[col..col + run]
+                        .iter_mut()
+                        .zip(&values[done..done + run])
+                        .for_each(|(a, &v)| *a += f64::from(v));
+                    done += run;
+                }
             }
             Instr::ReduceStore { op, src, out } => {
                 let inner = self.reduce_inner;

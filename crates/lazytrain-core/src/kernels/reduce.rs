@@ -156,21 +156,28 @@ macro_rules! widest {
 }
 
 /// Sum `outer` rows of `inner` elements of `x` column by column into `o`
-/// (columns `cols` of each row), in row order.
+/// (columns `cols` of each row) in the canonical order of column sums:
+/// the first `outer / 2` rows in order, the rest in order, then the two
+/// partial sums added (fused kernels summing columns on two threads, one
+/// half each, give the same bits; see `kernels::fused`).
 fn sum_columns<T: FloatLike>(x: &[T], inner: usize, cols: std::ops::Range<usize>, o: &mut [T]) {
     widest!(sum_columns_in(x, inner, cols, o))
 }
 
 #[inline(always)]
 fn sum_columns_in<T: FloatLike>(x: &[T], inner: usize, cols: std::ops::Range<usize>, o: &mut [T]) {
-    let mut acc = vec![0f64; cols.len()];
-    for row in x.chunks_exact(inner) {
-        for (a, v) in acc.iter_mut().zip(&row[cols.clone()]) {
-            *a += v.widen().to_f64();
+    let rows = x.len() / inner.max(1);
+    let (first, second) = x.split_at(rows / 2 * inner);
+    let mut halves = [vec![0f64; cols.len()], vec![0f64; cols.len()]];
+    for (acc, part) in halves.iter_mut().zip([first, second]) {
+        for row in part.chunks_exact(inner) {
+            for (a, v) in acc.iter_mut().zip(&row[cols.clone()]) {
+                *a += v.widen().to_f64();
+            }
         }
     }
-    for (o, a) in o.iter_mut().zip(acc) {
-        *o = T::narrow(T::Math::from_f64(a));
+    for ((o, a), b) in o.iter_mut().zip(&halves[0]).zip(&halves[1]) {
+        *o = T::narrow(T::Math::from_f64(a + b));
     }
 }
 

@@ -56,9 +56,12 @@ pub fn matmul_epilogues(graph: &Graph, fusion: &Fusion, steps: &[Step]) -> Vec<E
         let Some(product_input) = group.inputs.iter().position(|&x| x == *d) else { continue };
         let loads_in_place =
             group.loads.iter().filter(|load| load.input == product_input).all(|load| load.access == Access::Contiguous);
-        let whole_rows = group.reduce_inner == 0
-            || row_len.is_multiple_of(group.reduce_inner)
-            || group.reduce_inner.is_multiple_of(row_len);
+        // A group summing columns splits its rows at the canonical middle
+        // row, not at panels.
+        let whole_rows = group.column_len == 0
+            && (group.reduce_inner == 0
+                || row_len.is_multiple_of(group.reduce_inner)
+                || group.reduce_inner.is_multiple_of(row_len));
         let takes_operand = dot_inputs.iter().any(|op| match op {
             Operand::Slot(s) => outputs.contains(s),
             Operand::Param(_) | Operand::Fused => false,

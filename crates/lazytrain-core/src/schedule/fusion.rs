@@ -15,7 +15,7 @@
 //! the root has run, and no path leaves the group and comes back.
 
 use crate::dtype::DType;
-use crate::ir::{Graph, Op, UnaryOp};
+use crate::ir::{Graph, Op, ReduceOp, UnaryOp};
 use crate::shape::contiguous_strides;
 
 /// How a group's load reads its input for each element of the group's
@@ -86,6 +86,10 @@ pub struct Group {
     /// The row length of the group's reductions (all reduce the trailing
     /// `reduce_inner` elements of the shape); 0 without reductions.
     pub reduce_inner: usize,
+    /// The row length of the group's column sums (sums over leading axes,
+    /// one per position of the trailing `column_len` elements); 0 without.
+    /// A group has row reductions or column sums, never both.
+    pub column_len: usize,
 }
 
 /// The fusion decisions for a graph.
@@ -281,10 +285,12 @@ pub fn plan(graph: &Graph, splat: &[bool]) -> Fusion {
         group.reverse();
     }
     let runs_at = absorb_cast_epilogues(graph, &mut members, &fusion, &consumers);
-    let reduce_inner = absorb_reductions(graph, &mut members, &runs_at, &fusion);
+    let (reduce_inner, column_len) = absorb_reductions(graph, &mut members, &runs_at, &fusion);
     // Build kernels; a lone member that reads no view runs its own kernel.
     let mut final_of = vec![None; n];
-    for ((group, runs_at), reduce_inner) in members.into_iter().zip(runs_at).zip(reduce_inner) {
+    for (((group, runs_at), reduce_inner), column_len) in
+        members.into_iter().zip(runs_at).zip(reduce_inner).zip(column_len)
+    {
         if group.is_empty() {
             continue;
         }
@@ -296,6 +302,7 @@ pub fn plan(graph: &Graph, splat: &[bool]) -> Fusion {
         let mut built = describe_group(graph, &fusion, &group, &consumers, &is_output, &duplicated, splat);
         built.runs_at = runs_at;
         built.reduce_inner = reduce_inner;
+        built.column_len = column_len;
         for &m in &built.members {
             final_of[m] = Some(fusion.groups.len());
         }
@@ -428,14 +435,34 @@ fn trailing_rows(graph: &Graph, r: usize) -> Option<usize> {
     (trailing && inner > 1).then_some(inner)
 }
 
-/// Reduce a group member's rows in the group's own kernel: an f32 sum or
-/// max over trailing axes whose input is computed by a group that runs
-/// before it becomes one more output of that group, accumulated tile by
-/// tile in the unfused kernel's order (bit-identical), so the input is not
-/// read back from memory (nor stored at all when nothing else reads it).
-/// Returns each group's row length (0: no reductions).
-fn absorb_reductions(graph: &Graph, members: &mut [Vec<usize>], runs_at: &[usize], fusion: &Fusion) -> Vec<usize> {
+/// The column length of a sum over leading axes (`None` for any other
+/// reduction, or a sum over one row).
+fn leading_columns(graph: &Graph, r: usize) -> Option<usize> {
+    let node = &graph.nodes[r];
+    let Op::Reduce { op: ReduceOp::Sum, axes } = &node.op else { return None };
+    let dims = graph.nodes[node.inputs[0].index()].shape.dims();
+    let k = axes.len();
+    let leading = k > 0 && k < dims.len() && axes.iter().enumerate().all(|(i, &a)| a == i);
+    let outer: usize = dims[..k].iter().product();
+    (leading && outer > 1).then(|| dims[k..].iter().product())
+}
+
+/// Reduce a group member in the group's own kernel: an f32 sum or max over
+/// trailing axes (rows), or an f32 sum over leading axes (columns), whose
+/// input is computed by a group that runs before it becomes one more
+/// output of that group, accumulated tile by tile in the unfused kernel's
+/// order (bit-identical), so the input is not read back from memory (nor
+/// stored at all when nothing else reads it): a bias gradient is summed
+/// while the gradient it sums is computed. Returns each group's row length
+/// and column length (0: none).
+fn absorb_reductions(
+    graph: &Graph,
+    members: &mut [Vec<usize>],
+    runs_at: &[usize],
+    fusion: &Fusion,
+) -> (Vec<usize>, Vec<usize>) {
     let mut inner_of = vec![0usize; members.len()];
+    let mut columns_of = vec![0usize; members.len()];
     let mut owner: Vec<Option<usize>> = vec![None; graph.nodes.len()];
     for (g, group) in members.iter().enumerate() {
         for &m in group {
@@ -443,18 +470,28 @@ fn absorb_reductions(graph: &Graph, members: &mut [Vec<usize>], runs_at: &[usize
         }
     }
     for (r, node) in graph.nodes.iter().enumerate() {
-        let Some(inner) = trailing_rows(graph, r) else { continue };
+        let (rows, columns) = (trailing_rows(graph, r), leading_columns(graph, r));
+        if rows.is_none() && columns.is_none() {
+            continue;
+        }
         let p = node.inputs[0].index();
         let Some(g) = owner[p] else { continue };
         let f32s = node.dtype == DType::F32 && graph.nodes[p].dtype == DType::F32;
-        let fits = inner_of[g] == 0 || inner_of[g] == inner;
-        if !f32s || !fits || fusion.view[p].is_some() || runs_at[g] >= r {
+        if !f32s || fusion.view[p].is_some() || runs_at[g] >= r {
             continue;
         }
+        match (rows, columns) {
+            (Some(inner), _) if columns_of[g] == 0 && (inner_of[g] == 0 || inner_of[g] == inner) => {
+                inner_of[g] = inner;
+            }
+            (_, Some(len)) if inner_of[g] == 0 && (columns_of[g] == 0 || columns_of[g] == len) => {
+                columns_of[g] = len;
+            }
+            _ => continue,
+        }
         members[g].push(r);
-        inner_of[g] = inner;
     }
-    inner_of
+    (inner_of, columns_of)
 }
 
 /// Which `reshape`/`expand`/`permute` nodes become views: every reader is
@@ -627,6 +664,7 @@ fn describe_group(
         reads,
         shape,
         reduce_inner: 0,
+        column_len: 0,
     }
 }
 

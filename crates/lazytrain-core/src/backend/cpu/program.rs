@@ -110,6 +110,7 @@ pub(super) fn build_program(graph: &Graph, group: &Group) -> FusedProgram {
     for (k, &m) in group.outputs.iter().enumerate() {
         let src = program.register(value_of[m].expect("built"));
         program.instrs.push(match graph.nodes[m].op {
+            Op::Reduce { .. } if group.column_len > 0 => Instr::ColumnSum { src, out: k },
             Op::Reduce { op, .. } => Instr::ReduceStore { op, src, out: k },
             _ => Instr::Store { src, out: k },
         });
@@ -123,6 +124,7 @@ pub(super) fn build_program(graph: &Graph, group: &Group) -> FusedProgram {
         registers,
         output_dtypes,
         reduce_inner: group.reduce_inner,
+        column_len: group.column_len,
     }
 }
 
@@ -137,7 +139,8 @@ fn reads(instr: &Instr) -> Vec<usize> {
         | Instr::ToBool { src, .. }
         | Instr::RoundBf16 { src, .. }
         | Instr::Store { src, .. }
-        | Instr::ReduceStore { src, .. } => vec![*src],
+        | Instr::ReduceStore { src, .. }
+        | Instr::ColumnSum { src, .. } => vec![*src],
         Instr::Binary { a, b, .. } | Instr::Compare { a, b, .. } => [a, b].iter().filter_map(|s| reg(s)).collect(),
         Instr::Select { c, a, b, .. } => [c, a, b].iter().filter_map(|s| reg(s)).collect(),
     }
@@ -166,7 +169,7 @@ fn remap(instr: &mut Instr, map: &[usize]) {
             fix(b);
             *dst = map[*dst];
         }
-        Instr::Store { src, .. } | Instr::ReduceStore { src, .. } => *src = map[*src],
+        Instr::Store { src, .. } | Instr::ReduceStore { src, .. } | Instr::ColumnSum { src, .. } => *src = map[*src],
     }
 }
 
@@ -180,7 +183,7 @@ fn writes(instr: &Instr) -> Option<usize> {
         | Instr::Binary { dst, .. }
         | Instr::Compare { dst, .. }
         | Instr::Select { dst, .. } => Some(*dst),
-        Instr::Store { .. } | Instr::ReduceStore { .. } => None,
+        Instr::Store { .. } | Instr::ReduceStore { .. } | Instr::ColumnSum { .. } => None,
     }
 }
 
