@@ -13,7 +13,6 @@ use super::dot::PanelOut;
 use super::elementwise::{compare_lanes, float_binary, float_unary, select_lanes, Lanes1};
 use super::numeric::{bf16_from_f32, bf16_to_f32, exp_f32};
 use super::reduce::RowLanes;
-#[cfg(target_arch = "x86_64")]
 use super::simd;
 use crate::dtype::DType;
 use crate::ir::{BinaryOp, CmpOp, ReduceOp, UnaryOp};
@@ -159,8 +158,8 @@ impl FusedProgram {
 
     /// Run over all tiles. `outputs` are sized for the shape (in-place
     /// outputs hold their input on entry). Large outputs are split into two
-    /// halves run on two threads; on CPUs with AVX2 and FMA the same code
-    /// is compiled for them (picked at run time).
+    /// halves run on two threads; the loop is also compiled for AVX2 and
+    /// AVX-512 (the widest this CPU has is picked at run time).
     pub(crate) fn run(&self, inputs: &[Source], outputs: &mut [HostData]) -> Result<(), String> {
         if self.column_len > 0 {
             return self.run_column_sums(inputs, outputs);
@@ -281,46 +280,9 @@ impl FusedProgram {
         panels: Option<&Panels>,
         columns: &mut [Vec<f64>],
     ) -> Result<(), String> {
-        #[cfg(target_arch = "x86_64")]
-        {
-            if simd::avx512() {
-                // SAFETY: the features were just detected on this CPU.
-                return unsafe { self.run_range_avx512(inputs, outs, start, end, panels, columns) };
-            }
-            if simd::avx2() {
-                // SAFETY: the features were just detected on this CPU.
-                return unsafe { self.run_range_avx2(inputs, outs, start, end, panels, columns) };
-            }
-        }
-        self.run_tiles(inputs, outs, start, end, panels, columns)
-    }
-
-    #[cfg(target_arch = "x86_64")]
-    #[target_feature(enable = "avx2,fma")]
-    unsafe fn run_range_avx2(
-        &self,
-        inputs: &[Source],
-        outs: &OutViews,
-        start: usize,
-        end: usize,
-        panels: Option<&Panels>,
-        columns: &mut [Vec<f64>],
-    ) -> Result<(), String> {
-        self.run_tiles(inputs, outs, start, end, panels, columns)
-    }
-
-    #[cfg(target_arch = "x86_64")]
-    #[target_feature(enable = "avx512f,avx512vl,avx512bw,avx512dq,avx2,fma")]
-    unsafe fn run_range_avx512(
-        &self,
-        inputs: &[Source],
-        outs: &OutViews,
-        start: usize,
-        end: usize,
-        panels: Option<&Panels>,
-        columns: &mut [Vec<f64>],
-    ) -> Result<(), String> {
-        self.run_tiles(inputs, outs, start, end, panels, columns)
+        // The same loop compiled for AVX2 and AVX-512 too (exp and erf on
+        // wider lanes), the widest this CPU has picked at run time.
+        simd::widest!(self.run_tiles(inputs, outs, start, end, panels, columns))
     }
 
     /// Elements `start..end` (a multiple of the tile size apart, except at

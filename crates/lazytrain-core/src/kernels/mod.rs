@@ -11,7 +11,6 @@ mod index;
 mod movement;
 pub(crate) mod numeric;
 mod reduce;
-#[cfg(target_arch = "x86_64")]
 mod simd;
 pub(crate) mod strided;
 

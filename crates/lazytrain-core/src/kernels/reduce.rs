@@ -123,45 +123,13 @@ fn chunk_per_thread(x_len: usize, out_len: usize, align: usize) -> Option<usize>
         .then(|| out_len.div_ceil(threads).div_ceil(align) * align)
 }
 
-/// Compile `$body` (a call of a generic inline function) also for AVX2 and
-/// AVX-512 and run the widest copy this CPU supports: the same arithmetic
-/// in every copy, so the same bits.
-macro_rules! widest {
-    ($body:expr) => {{
-        #[cfg(target_arch = "x86_64")]
-        {
-            #[target_feature(enable = "avx512f,avx512vl,avx512bw,avx512dq,avx2,fma")]
-            unsafe fn avx512<R>(f: impl FnOnce() -> R) -> R {
-                f()
-            }
-            #[target_feature(enable = "avx2,fma")]
-            unsafe fn avx2<R>(f: impl FnOnce() -> R) -> R {
-                f()
-            }
-            if super::simd::avx512() {
-                // SAFETY: the features were detected on this CPU.
-                unsafe { avx512(|| $body) }
-            } else if super::simd::avx2() {
-                // SAFETY: as above.
-                unsafe { avx2(|| $body) }
-            } else {
-                $body
-            }
-        }
-        #[cfg(not(target_arch = "x86_64"))]
-        {
-            $body
-        }
-    }};
-}
-
 /// Sum `outer` rows of `inner` elements of `x` column by column into `o`
 /// (columns `cols` of each row) in the canonical order of column sums:
 /// the first `outer / 2` rows in order, the rest in order, then the two
 /// partial sums added (fused kernels summing columns on two threads, one
 /// half each, give the same bits; see `kernels::fused`).
 fn sum_columns<T: FloatLike>(x: &[T], inner: usize, cols: std::ops::Range<usize>, o: &mut [T]) {
-    widest!(sum_columns_in(x, inner, cols, o))
+    super::simd::widest!(sum_columns_in(x, inner, cols, o))
 }
 
 #[inline(always)]
@@ -197,7 +165,7 @@ fn reduce_float<T: FloatLike>(op: ReduceOp, x: &[T], in_shape: &[usize], axes: &
     use rayon::prelude::*;
     match (layout(in_shape, axes), op) {
         (Layout::Trailing { inner }, ReduceOp::Sum | ReduceOp::Max) => {
-            let rows = |o: &mut [T], x: &[T]| widest!(reduce_rows(op, o, x, inner));
+            let rows = |o: &mut [T], x: &[T]| super::simd::widest!(reduce_rows(op, o, x, inner));
             match chunk_per_thread(x.len(), o.len(), 1) {
                 Some(chunk) => o.par_chunks_mut(chunk).zip(x.par_chunks(chunk * inner)).for_each(|(o, x)| rows(o, x)),
                 None => rows(o, x),

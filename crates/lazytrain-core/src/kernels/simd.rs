@@ -2,9 +2,11 @@
 //! (`#[target_feature]` copies of the same loop) may use on this CPU,
 //! detected once.
 
+#[cfg(target_arch = "x86_64")]
 use std::sync::LazyLock;
 
 /// AVX2 with FMA.
+#[cfg(target_arch = "x86_64")]
 pub(crate) fn avx2() -> bool {
     static AVAILABLE: LazyLock<bool> =
         LazyLock::new(|| std::is_x86_feature_detected!("avx2") && std::is_x86_feature_detected!("fma"));
@@ -13,6 +15,7 @@ pub(crate) fn avx2() -> bool {
 
 /// AVX-512 F, VL, BW and DQ (with AVX2 and FMA): twice AVX2's lanes for
 /// the polynomial ops (exp, erf) and the reductions.
+#[cfg(target_arch = "x86_64")]
 pub(crate) fn avx512() -> bool {
     static AVAILABLE: LazyLock<bool> = LazyLock::new(|| {
         avx2()
@@ -23,3 +26,36 @@ pub(crate) fn avx512() -> bool {
     });
     *AVAILABLE
 }
+
+/// Compile `$body` (a call of a generic inline function) also for AVX2 and
+/// AVX-512 and run the widest copy this CPU supports: the same arithmetic
+/// in every copy, so the same bits.
+macro_rules! widest {
+    ($body:expr) => {{
+        #[cfg(target_arch = "x86_64")]
+        {
+            #[target_feature(enable = "avx512f,avx512vl,avx512bw,avx512dq,avx2,fma")]
+            unsafe fn avx512<R>(f: impl FnOnce() -> R) -> R {
+                f()
+            }
+            #[target_feature(enable = "avx2,fma")]
+            unsafe fn avx2<R>(f: impl FnOnce() -> R) -> R {
+                f()
+            }
+            if $crate::kernels::simd::avx512() {
+                // SAFETY: the features were detected on this CPU.
+                unsafe { avx512(|| $body) }
+            } else if $crate::kernels::simd::avx2() {
+                // SAFETY: as above.
+                unsafe { avx2(|| $body) }
+            } else {
+                $body
+            }
+        }
+        #[cfg(not(target_arch = "x86_64"))]
+        {
+            $body
+        }
+    }};
+}
+pub(crate) use widest;
