@@ -254,3 +254,22 @@ fn a_column_sum_is_accumulated_by_the_kernel_computing_its_input() -> Result<()>
     }
     Ok(())
 }
+
+/// Heads split by a permute (`[b, s, h, d]` read as `[b, h, s, d]`) feed
+/// the batched matmul as strided views (each head's matrix has unit
+/// column stride): no copy kernels, the unfused bits.
+#[test]
+fn a_head_permute_feeds_the_matmul_without_a_copy() -> Result<()> {
+    let build = |d: &Device| -> Result<Vec<Tensor>> {
+        let heads = |x: Tensor| -> Result<Tensor> { Ok(x.reshape([2, 16, 2, 16])?.permute(&[0, 2, 1, 3])?) };
+        let q = heads(input(&[2, 16, 32], d)?)?;
+        let k = heads(input(&[2, 16, 32], d)?.square()?)?;
+        Ok(vec![q.matmul_transposed(&k, false, true)?])
+    };
+    let fused = device(true);
+    let scores = build(&fused)?[0].to_vec::<f32>()?;
+    assert_eq!(last_compile(&fused), (2, 0), "k's square and the matmul, no permute copies");
+    let unfused = device(false);
+    assert_eq!(scores, build(&unfused)?[0].to_vec::<f32>()?);
+    Ok(())
+}

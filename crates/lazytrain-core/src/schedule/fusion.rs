@@ -543,13 +543,17 @@ fn plan_views(
         }
         // A view read by a node that is no longer a view must have a buffer.
         for i in (0..n).rev() {
-            // Matmuls and reductions take only views that are the base's
-            // own layout (a reshape of contiguous data): gemm packs strided
-            // operands more slowly than a copy costs, and a reduction reads
-            // its input as contiguous.
-            let dot_ok = |c: usize| {
-                !matches!(graph.nodes[c].op, Op::Dot { .. } | Op::Reduce { .. })
-                    || view[i].as_ref().is_some_and(|v| v.strides == contiguous_strides(graph.nodes[i].shape.dims()))
+            // Reductions take only views that are the base's own layout (a
+            // reshape of contiguous data: they read their input as
+            // contiguous); matmuls also take views whose matrices have a
+            // unit-stride axis (split heads), which they pack as fast as a
+            // copy would be made, but no other strides (slower to pack).
+            let own_layout =
+                || view[i].as_ref().is_some_and(|v| v.strides == contiguous_strides(graph.nodes[i].shape.dims()));
+            let dot_ok = |c: usize| match graph.nodes[c].op {
+                Op::Dot { .. } => own_layout() || view[i].as_ref().is_some_and(|v| unit_stride_matrices(&v.strides)),
+                Op::Reduce { .. } => own_layout(),
+                _ => true,
             };
             if keep[i] && !consumers[i].iter().all(|&c| (reads_views(i, c) && dot_ok(c)) || keep[c]) {
                 keep[i] = false;
@@ -562,6 +566,15 @@ fn plan_views(
         }
     }
     view
+}
+
+/// True when a view's trailing two axes (its matrices, for a matmul) are
+/// rows or columns of unit stride and no axis broadcasts: a permutation of
+/// heads (`[b, s, h, d]` read as `[b, h, s, d]`) is packed by the matmul
+/// as fast as a copy would be, so the copy is skipped.
+fn unit_stride_matrices(strides: &[usize]) -> bool {
+    let rank = strides.len();
+    rank >= 2 && strides.iter().all(|&s| s > 0) && (strides[rank - 1] == 1 || strides[rank - 2] == 1)
 }
 
 /// The index map of view candidate `i` over its input's data, if it is a stride pattern.
