@@ -82,15 +82,21 @@ fn out_of_range(k: i64, axis: usize, dim: i64) -> String {
     format!("index {k} is out of range for axis {axis} of size {dim}")
 }
 
-/// The data rows a row index picks (see [`IndexOperand::row_stride`]) from
-/// a `[rows, cols]` table along axis 0, checked against its `dim` rows.
-fn picked_rows(index: &IndexOperand, row_stride: usize, dim: usize) -> Result<Vec<usize>, String> {
-    (0..index.shape[0])
+/// When `index` is a row index along axis 0 of a `[rows, cols]` table (see
+/// [`IndexOperand::row_stride`]) whose columns it spans, the table rows it
+/// picks, checked against the table's rows, and `cols`.
+fn row_picks(index: &IndexOperand, axis: usize, data_shape: &[usize]) -> Result<Option<(Vec<usize>, usize)>, String> {
+    let (Some(row_stride), 0, &[dim, cols]) = (index.row_stride(), axis, data_shape) else { return Ok(None) };
+    if index.shape[1] != cols {
+        return Ok(None);
+    }
+    let rows = (0..index.shape[0])
         .map(|r| {
             let k = index.at(r * row_stride);
             usize::try_from(k).ok().filter(|&k| k < dim).ok_or_else(|| out_of_range(k, 0, dim as i64))
         })
-        .collect()
+        .collect::<Result<_, _>>()?;
+    Ok(Some((rows, cols)))
 }
 
 /// `out[i] = src[offset(i)]`; a row index along axis 0 copies whole rows.
@@ -101,23 +107,20 @@ pub(crate) fn gather(
     axis: usize,
     out: &mut HostData,
 ) -> Result<(), String> {
-    if let (Some(rs), 0, &[dim, cols]) = (index.row_stride(), axis, src_shape) {
-        if index.shape[1] == cols {
-            let rows = picked_rows(&index, rs, dim)?;
-            macro_rules! rows_arm {
-                ($($v:ident),*) => {
-                    match (src, out) {
-                        $((HostData::$v(s), HostData::$v(o)) => o
-                            .chunks_exact_mut(cols.max(1))
-                            .zip(&rows)
-                            .for_each(|(o, &k)| o.copy_from_slice(&s[k * cols..(k + 1) * cols])),)*
-                        (s, o) => return Err(format!("gather from {} into {}", s.dtype(), o.dtype())),
-                    }
-                };
-            }
-            rows_arm!(F32, F64, BF16, F16, I64, I32, U8, Bool);
-            return Ok(());
+    if let Some((rows, cols)) = row_picks(&index, axis, src_shape)? {
+        macro_rules! rows_arm {
+            ($($v:ident),*) => {
+                match (src, out) {
+                    $((HostData::$v(s), HostData::$v(o)) => o
+                        .chunks_exact_mut(cols.max(1))
+                        .zip(&rows)
+                        .for_each(|(o, &k)| o.copy_from_slice(&s[k * cols..(k + 1) * cols])),)*
+                    (s, o) => return Err(format!("gather from {} into {}", s.dtype(), o.dtype())),
+                }
+            };
         }
+        rows_arm!(F32, F64, BF16, F16, I64, I32, U8, Bool);
+        return Ok(());
     }
     let offsets = addressed_offsets(src_shape, &index, axis)?;
     macro_rules! arm {
@@ -166,23 +169,22 @@ pub(crate) fn scatter_add_inplace(
     axis: usize,
     out: &mut HostData,
 ) -> Result<(), String> {
-    let offsets = match (index.row_stride(), axis, base_shape) {
-        (Some(rs), 0, &[dim, cols]) if index.shape[1] == cols => {
-            let rows = picked_rows(&index, rs, dim)?;
-            match (updates, out) {
-                (HostData::F32(u), HostData::F32(o)) => add_rows(o, u, &rows, cols),
-                (HostData::BF16(u), HostData::BF16(o)) => add_rows(o, u, &rows, cols),
-                (HostData::F64(u), HostData::F64(o)) => add_rows(o, u, &rows, cols),
-                (HostData::F16(u), HostData::F16(o)) => add_rows(o, u, &rows, cols),
-                (u, o) => {
-                    let offsets = addressed_offsets(base_shape, &index, axis)?;
-                    return add_at(u, o, &offsets);
+    if let Some((rows, cols)) = row_picks(&index, axis, base_shape)? {
+        macro_rules! rows_arm {
+            ($($v:ident),*) => {
+                match (updates, &mut *out) {
+                    $((HostData::$v(u), HostData::$v(o)) => {
+                        add_rows(o, u, &rows, cols);
+                        return Ok(());
+                    })*
+                    // Integer (or mismatched) updates take the elementwise loop.
+                    (_, _) => {}
                 }
-            }
-            return Ok(());
+            };
         }
-        _ => addressed_offsets(base_shape, &index, axis)?,
-    };
+        rows_arm!(F32, F64, BF16, F16);
+    }
+    let offsets = addressed_offsets(base_shape, &index, axis)?;
     add_at(updates, out, &offsets)
 }
 

@@ -76,9 +76,11 @@ pub(crate) fn eval_with_views(
         }
         Op::Concat { axis } => movement::concat(inputs, shapes, *axis, out)?,
         Op::Pad { low, value, .. } => movement::pad(inputs[0], shapes[0], out_shape, low, *value, out)?,
-        Op::Gather { axis } => index::gather(inputs[0], shapes[0], index_operand(inputs, shapes, views), *axis, out)?,
+        Op::Gather { axis } => {
+            index::gather(inputs[0], shapes[0], index_operand(inputs[1], shapes, views), *axis, out)?
+        }
         Op::ScatterAdd { axis } => {
-            index::scatter_add(inputs[0], shapes[0], index_operand(inputs, shapes, views), inputs[2], *axis, out)?
+            index::scatter_add(inputs[0], shapes[0], index_operand(inputs[1], shapes, views), inputs[2], *axis, out)?
         }
         Op::Dot { lhs_t, rhs_t } => {
             let dims = dot_dims(out_shape, shapes[0], *lhs_t, *rhs_t);
@@ -89,13 +91,14 @@ pub(crate) fn eval_with_views(
     Ok(())
 }
 
-/// Input 1 of a gather or scatter, its index, with its view strides.
+/// Input 1 of a gather or scatter, its index (`data`), with its shape and
+/// view strides.
 fn index_operand<'a>(
-    inputs: &[&'a HostData],
+    data: &'a HostData,
     shapes: &[&'a [usize]],
     views: &[Option<&'a [usize]>],
 ) -> index::IndexOperand<'a> {
-    index::IndexOperand { data: inputs[1], shape: shapes[1], strides: views.get(1).copied().flatten() }
+    index::IndexOperand { data, shape: shapes[1], strides: views.get(1).copied().flatten() }
 }
 
 /// The geometry of a matmul with output shape `out_shape` whose left
@@ -124,9 +127,8 @@ pub(crate) fn dot_panels<'a>(
 
 /// Compute `node` in place: `out` holds input `position` on entry and the
 /// result on exit; `others` are the remaining inputs in order; `shapes` are
-/// the shapes of all inputs.
-/// `views` are the element strides of inputs read as views (by position,
-/// as for [`eval_with_views`]).
+/// the shapes of all inputs, `views` the element strides of those read as
+/// views (by position, as for [`eval_with_views`]).
 pub(crate) fn eval_in_place(
     node: &Node,
     position: usize,
@@ -137,9 +139,7 @@ pub(crate) fn eval_in_place(
 ) -> Result<(), String> {
     match node.op {
         Op::ScatterAdd { axis } if position == 0 => {
-            let index =
-                index::IndexOperand { data: others[0], shape: shapes[1], strides: views.get(1).copied().flatten() };
-            index::scatter_add_inplace(shapes[0], index, others[1], axis, out)
+            index::scatter_add_inplace(shapes[0], index_operand(others[0], shapes, views), others[1], axis, out)
         }
         Op::Unary(op) => elementwise::unary_inplace(op, out),
         // The local part of an all-reduce is the identity; the executable
