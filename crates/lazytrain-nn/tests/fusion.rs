@@ -273,3 +273,35 @@ fn a_head_permute_feeds_the_matmul_without_a_copy() -> Result<()> {
     assert_eq!(scores, build(&unfused)?[0].to_vec::<f32>()?);
     Ok(())
 }
+
+/// A bf16 copy kept for two later kernels (as autocast keeps a linear
+/// layer's output) is what the kernel computing it stores: each reader
+/// widens it back to f32 as it loads it, so no f32 copy of the value is
+/// stored beside it (half its bytes), with the unfused bits.
+#[test]
+fn a_bf16_copy_read_by_two_kernels_is_stored_narrow() -> Result<()> {
+    let run = |fuse: bool, narrow: bool| -> Result<(u64, Vec<f32>)> {
+        let d = device(fuse);
+        let x = input(&[256, 256], &d)?;
+        let w = input(&[256, 256], &d)?;
+        d.sync()?;
+        // Only the result stays alive: y is no graph output.
+        let out = {
+            let y = x.mul(&x)?.add(&x)?;
+            let y = match narrow {
+                true => y.cast(lazytrain_core::DType::BF16)?.cast(lazytrain_core::DType::F32)?,
+                false => y,
+            };
+            // Two kernels read y: its exp (which the matmul reads), and its
+            // product with the matmul's result.
+            y.mul(&y.exp()?.matmul(&w)?)?
+        };
+        let values = out.to_vec::<f32>()?;
+        Ok((d.metrics().peak_execution_bytes, values))
+    };
+    let (narrow_peak, narrow) = run(true, true)?;
+    let (wide_peak, _) = run(true, false)?;
+    assert_eq!(narrow, run(false, true)?.1, "the unfused bits");
+    assert_eq!(wide_peak - narrow_peak, 256 * 256 * 2, "y kept in bf16: {narrow_peak} vs {wide_peak} bytes");
+    Ok(())
+}

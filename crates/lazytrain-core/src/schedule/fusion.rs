@@ -234,6 +234,8 @@ pub fn plan(graph: &Graph, splat: &[bool]) -> Fusion {
     // A narrow copy kept for later readers is stored, not computed by them
     // (it then rides along in its input's kernel: `absorb_cast_epilogues`).
     let narrow_copy = crate::compile::narrow_copies(graph);
+    let facts =
+        NodeFacts { fusible: &fusible, consumers: &consumers, is_output: &is_output, narrow_copy: &narrow_copy };
     for i in (0..n).rev() {
         if !fusible[i] {
             continue;
@@ -262,7 +264,7 @@ pub fn plan(graph: &Graph, splat: &[bool]) -> Fusion {
                 members[gs[0]].push(i);
                 fusion.group_of[i] = Some(gs[0]);
             }
-            Some(gs) if !gs.is_empty() && recomputable(graph, &fusion, &fusible, &consumers, &is_output, i, 2) => {
+            Some(gs) if !gs.is_empty() && recomputable(graph, &fusion, &facts, i, 2) => {
                 for &g in &gs {
                     members[g].push(i);
                 }
@@ -346,22 +348,25 @@ fn first_reader_group(
     readers.iter().all(|&c| runs_after(c)).then_some(first)
 }
 
+/// What [`recomputable`] knows of every node.
+struct NodeFacts<'a> {
+    fusible: &'a [bool],
+    consumers: &'a [Vec<usize>],
+    is_output: &'a [bool],
+    narrow_copy: &'a [bool],
+}
+
 /// True when node `i` (read by several groups) is worth computing again in
 /// each of them: one cheap elementwise op of at most one full-size value (the
 /// others immediates or broadcasts), each of which has a buffer anyway or
 /// is itself such an op (up to `depth` more levels). Each copy then reads
 /// those buffers instead of `i`'s own, which is never written (one memory
 /// pass and one kernel fewer, and the value is not kept alive, e.g. from
-/// the forward pass to the backward).
-fn recomputable(
-    graph: &Graph,
-    fusion: &Fusion,
-    fusible: &[bool],
-    consumers: &[Vec<usize>],
-    is_output: &[bool],
-    i: usize,
-    depth: usize,
-) -> bool {
+/// the forward pass to the backward). A narrow copy (a bf16 copy kept for
+/// later readers, see [`crate::compile::narrow_copies`]) has a buffer: its
+/// widening casts are recomputed from it, so the narrow value is what is
+/// stored, not a wide one.
+fn recomputable(graph: &Graph, fusion: &Fusion, facts: &NodeFacts, i: usize, depth: usize) -> bool {
     let node = &graph.nodes[i];
     // Transcendentals cost more to recompute (~1-2.5 ns an element here)
     // than their value costs to store and read back.
@@ -376,9 +381,14 @@ fn recomputable(
     let broadcast =
         |x: usize| graph.nodes[x].shape.numel() == 1 || fusion.view[x].as_ref().is_some_and(|v| v.strides.contains(&0));
     let full_size = sources.iter().filter(|&&x| !broadcast(x)).count();
-    let stored = |x: usize| !fusible[x] || fusion.view[x].is_some() || is_output[x] || consumers[x].len() > 1;
-    let available =
-        |x: usize| stored(x) || (depth > 0 && recomputable(graph, fusion, fusible, consumers, is_output, x, depth - 1));
+    let stored = |x: usize| {
+        !facts.fusible[x]
+            || fusion.view[x].is_some()
+            || facts.is_output[x]
+            || facts.consumers[x].len() > 1
+            || facts.narrow_copy[x]
+    };
+    let available = |x: usize| stored(x) || (depth > 0 && recomputable(graph, fusion, facts, x, depth - 1));
     // Never trade a narrow value (a bool mask, a bf16 copy) for keeping a
     // wider one alive.
     let no_wider = |x: usize| graph.nodes[x].dtype.size_in_bytes() <= node.dtype.size_in_bytes();
@@ -386,7 +396,7 @@ fn recomputable(
         && !sources.is_empty()
         && full_size <= 1
         && sources.iter().all(|&x| available(x) && no_wider(x) && graph.nodes[x].shape == node.shape)
-        && !is_output[i]
+        && !facts.is_output[i]
 }
 
 /// Move a cast that would run alone (its readers are matmuls or other
