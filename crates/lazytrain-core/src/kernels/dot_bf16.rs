@@ -97,25 +97,147 @@ pub(crate) fn matmul(m: usize, k: usize, n: usize, a: View, b: View, out: Out, t
     let work = m * n * k;
     if parts == 1 || work < 1 << 20 {
         // SAFETY: the caller checked the CPU; the ranges cover the output once.
-        unsafe { block(k, n, a, b, ptr, 0..m, 0..n) };
+        unsafe { block(k, n, a, b, ptr, 0..m, 0..n, &Shared::None) };
         return;
     }
-    // Each thread packs the whole operand along the side it does not split:
-    // split the longer side, so the duplicated packing is the smaller
-    // operand's (rows when the product is at least as tall as wide).
+    // Split the longer side between the threads. The operand along the
+    // other side is the same for every thread: pack it once, each thread
+    // packing a share of its strips, instead of once per thread (a left
+    // operand read in place needs no packing).
     let split_rows = m >= n;
     let (len, unit) = if split_rows { (m, MR) } else { (n, NR) };
     let chunk = len.div_ceil(parts).div_ceil(unit) * unit;
+    let geometry = Geometry::of(k);
+    let shared = match split_rows {
+        true => {
+            let pack = |cols, p0, pairs, out: &mut [u32]| pack_b(&b, k, cols, p0, pairs, out);
+            Shared::B(prepack(&geometry, (n, geometry.nc, NR), parts, &pack))
+        }
+        false if geometry.direct(&a, k) => Shared::None,
+        false => {
+            let pack = |rows, p0, pairs, out: &mut [u32]| pack_a(&a, k, rows, p0, pairs, out);
+            Shared::A(prepack(&geometry, (m, geometry.mc, MR), parts, &pack))
+        }
+    };
+    let shared = &shared;
     rayon::scope(|s| {
         for start in (0..len).step_by(chunk) {
             let range = start..(start + chunk).min(len);
             s.spawn(move |_| {
                 let (rows, cols) = if split_rows { (range, 0..n) } else { (0..m, range) };
                 // SAFETY: as above; the threads' ranges are disjoint.
-                unsafe { block(k, n, a, b, ptr, rows, cols) };
+                unsafe { block(k, n, a, b, ptr, rows, cols, shared) };
             });
         }
     });
+}
+
+/// How a product is blocked: [`KC_PAIRS`] pairs of `k` per block, right
+/// operand blocks of `nc` columns and left operand blocks of `mc` rows
+/// within the packing budgets.
+struct Geometry {
+    pairs: usize,
+    kc: usize,
+    nc: usize,
+    mc: usize,
+    k_blocks: usize,
+}
+
+impl Geometry {
+    fn of(k: usize) -> Geometry {
+        let pairs = k.div_ceil(2);
+        let kc = KC_PAIRS.min(pairs.max(1));
+        Geometry {
+            pairs,
+            kc,
+            nc: ((B_BLOCK_BYTES / (4 * kc)) / NR * NR).max(NR),
+            mc: ((A_BLOCK_BYTES / (4 * kc)) / MR * MR).max(MR),
+            k_blocks: pairs.div_ceil(kc).max(1),
+        }
+    }
+
+    /// Pairs `p0..p0 + len` of `k` block `kb`.
+    fn k_block(&self, kb: usize) -> (usize, usize) {
+        (kb * self.kc, self.kc.min(self.pairs - kb * self.kc))
+    }
+
+    /// True when rows of `a` are read in place: contiguous bf16 pairs are
+    /// already the words the kernel broadcasts.
+    fn direct(&self, a: &View, k: usize) -> bool {
+        a.cs == 1 && k.is_multiple_of(2)
+    }
+}
+
+/// An operand packed once for all the threads of a product: for each
+/// block of its side (`nc` columns of the right operand, `mc` rows of the
+/// left) and each `k` block, the packed words, in that order.
+struct Packed {
+    words: Vec<u32>,
+    /// Where block `side_block * k_blocks + kb` starts.
+    starts: Vec<usize>,
+    k_blocks: usize,
+}
+
+impl Packed {
+    /// The packed words of side block `side_block` (`nc` columns or `mc`
+    /// rows from the operand's start) and `k` block `kb`.
+    fn block(&self, side_block: usize, kb: usize) -> &[u32] {
+        let at = side_block * self.k_blocks + kb;
+        &self.words[self.starts[at]..self.starts[at + 1]]
+    }
+}
+
+/// Which operand the threads of a product share packed.
+enum Shared {
+    None,
+    /// The right operand (the threads split rows).
+    B(Packed),
+    /// The left operand (the threads split columns).
+    A(Packed),
+}
+
+/// Pack a whole operand for all threads: `len` columns (or rows) in blocks
+/// of `side`, strips of `unit`; the strips of every block are shared out
+/// between `parts` threads, `pack(range, p0, pairs, out)` packing whole
+/// strips `range` of pairs `p0..p0 + pairs` into `out`.
+fn prepack(
+    g: &Geometry,
+    (len, side, unit): (usize, usize, usize),
+    parts: usize,
+    pack: &(dyn Fn(std::ops::Range<usize>, usize, usize, &mut [u32]) + Sync),
+) -> Packed {
+    let mut starts = vec![0];
+    let mut jobs = Vec::new();
+    for s0 in (0..len).step_by(side) {
+        let width = side.min(len - s0);
+        for kb in 0..g.k_blocks {
+            let (p0, kp) = g.k_block(kb);
+            let strips = width.div_ceil(unit);
+            let per_job = strips.div_ceil(parts);
+            for first in (0..strips).step_by(per_job) {
+                let last = (first + per_job).min(strips);
+                let range = s0 + first * unit..(s0 + last * unit).min(s0 + width);
+                jobs.push(((last - first) * kp * unit, range, p0, kp));
+            }
+            let start = *starts.last().expect("starts with 0");
+            starts.push(start + strips * kp * unit);
+        }
+    }
+    let mut words = vec![0u32; *starts.last().expect("starts with 0")];
+    // The jobs' words follow each other: hand out consecutive slices.
+    let mut rest: &mut [u32] = &mut words;
+    let mut slices = Vec::with_capacity(jobs.len());
+    for (size, range, p0, kp) in jobs {
+        let (slice, tail) = std::mem::take(&mut rest).split_at_mut(size);
+        slices.push((slice, range, p0, kp));
+        rest = tail;
+    }
+    rayon::scope(|s| {
+        for (slice, range, p0, kp) in slices {
+            s.spawn(move |_| pack(range, p0, kp, slice));
+        }
+    });
+    Packed { words, starts, k_blocks: g.k_blocks }
 }
 
 /// Compute rows `rows` x columns `cols` of the product (`n` is the output's
@@ -126,6 +248,7 @@ pub(crate) fn matmul(m: usize, k: usize, n: usize, a: View, b: View, out: Out, t
 /// # Safety
 /// The CPU has AVX-512 BF16; `out` holds `m x n` elements, and no other
 /// thread writes the rectangle.
+#[allow(clippy::too_many_arguments)]
 unsafe fn block(
     k: usize,
     n: usize,
@@ -134,36 +257,46 @@ unsafe fn block(
     out: OutPtr,
     rows: std::ops::Range<usize>,
     cols: std::ops::Range<usize>,
+    shared: &Shared,
 ) {
-    let pairs = k.div_ceil(2);
-    let kc = KC_PAIRS.min(pairs.max(1));
-    let nc = ((B_BLOCK_BYTES / (4 * kc)) / NR * NR).max(NR);
-    let mc = ((A_BLOCK_BYTES / (4 * kc)) / MR * MR).max(MR);
-    let k_blocks = pairs.div_ceil(kc).max(1);
+    let g = Geometry::of(k);
     let width = cols.len();
-    let mut scratch = match (out, k_blocks > 1) {
+    let mut scratch = match (out, g.k_blocks > 1) {
         (OutPtr::BF16(_), true) => vec![0f32; rows.len() * width],
         _ => Vec::new(),
     };
-    let mut packed_b: Vec<u32> = Vec::new();
-    let mut packed_a: Vec<u32> = Vec::new();
-    // Rows of contiguous bf16 pairs are already the words the kernel
-    // broadcasts: read them in place instead of packing.
-    let direct_a = a.cs == 1 && k.is_multiple_of(2);
+    let mut own_b: Vec<u32> = Vec::new();
+    let mut own_a: Vec<u32> = Vec::new();
+    let direct_a = g.direct(&a, k);
     let mut tile = [0f32; MR * NR];
-    for jc in cols.clone().step_by(nc) {
-        let nb = nc.min(cols.end - jc);
+    for jc in cols.clone().step_by(g.nc) {
+        let nb = g.nc.min(cols.end - jc);
         let strips_b = nb.div_ceil(NR);
-        for kb in 0..k_blocks {
-            let (p0, kp) = (kb * kc, kc.min(pairs - kb * kc));
-            let (first, last) = (kb == 0, kb + 1 == k_blocks);
-            pack_b(&b, k, jc, nb, p0, kp, &mut packed_b);
-            for ic in rows.clone().step_by(mc) {
-                let mb = mc.min(rows.end - ic);
-                let strips_a = mb.div_ceil(MR);
-                if !direct_a {
-                    pack_a(&a, k, ic, mb, p0, kp, &mut packed_a);
+        for kb in 0..g.k_blocks {
+            let (p0, kp) = g.k_block(kb);
+            let (first, last) = (kb == 0, kb + 1 == g.k_blocks);
+            let packed_b: &[u32] = match shared {
+                // Threads splitting rows cover all columns: `jc` is a block start.
+                Shared::B(packed) => packed.block(jc / g.nc, kb),
+                Shared::None | Shared::A(_) => {
+                    let own = sized(&mut own_b, strips_b * kp * NR);
+                    pack_b(&b, k, jc..jc + nb, p0, kp, own);
+                    own
                 }
+            };
+            for ic in rows.clone().step_by(g.mc) {
+                let mb = g.mc.min(rows.end - ic);
+                let strips_a = mb.div_ceil(MR);
+                let packed_a: &[u32] = match (shared, direct_a) {
+                    (_, true) => &[],
+                    // Threads splitting columns cover all rows: `ic` is a block start.
+                    (Shared::A(packed), false) => packed.block(ic / g.mc, kb),
+                    (Shared::None | Shared::B(_), false) => {
+                        let own = sized(&mut own_a, strips_a * kp * MR);
+                        pack_a(&a, k, ic..ic + mb, p0, kp, own);
+                        own
+                    }
+                };
                 for sa in 0..strips_a {
                     let (i0, tr) = (ic + sa * MR, MR.min(rows.end - ic - sa * MR));
                     // Word `p` of row `r` is at `rows_a[r] + p * step_a`.
@@ -199,6 +332,15 @@ unsafe fn block(
             }
         }
     }
+}
+
+/// The first `len` words of `packed`, grown (never shrunk) to hold them;
+/// the packing loops write every word they hand out.
+fn sized(packed: &mut Vec<u32>, len: usize) -> &mut [u32] {
+    if packed.len() < len {
+        packed.resize(len, 0);
+    }
+    &mut packed[..len]
 }
 
 /// Where a tile's partial sums are kept between blocks of `k`: in the f32
@@ -256,27 +398,28 @@ fn interleave(lo: &[u16], hi: Option<&[u16]>, out: &mut [u32]) {
     }
 }
 
-/// Pack columns `j0..j0 + nb` and row pairs `p0..p0 + pairs` of `b`
-/// (`k x n`): per strip of [`NR`] columns, per pair of rows, [`NR`] words
-/// holding `(b[2p][j], b[2p+1][j])` (zero past the edges). Row-major and
-/// transposed storage each get a loop that reads memory in order.
-fn pack_b(b: &View, k: usize, j0: usize, nb: usize, p0: usize, pairs: usize, packed: &mut Vec<u32>) {
-    let strips = nb.div_ceil(NR);
-    packed.clear();
-    packed.resize(strips * pairs * NR, 0);
+/// Pack columns `cols` and row pairs `p0..p0 + pairs` of `b` (`k x n`)
+/// into `packed`: per strip of [`NR`] columns, per pair of rows, [`NR`]
+/// words holding `(b[2p][j], b[2p+1][j])` (zero past the edges). Row-major
+/// and transposed storage each get a loop that reads memory in order.
+fn pack_b(b: &View, k: usize, cols: std::ops::Range<usize>, p0: usize, pairs: usize, packed: &mut [u32]) {
+    let nb = cols.len();
     let d = raw(b.data);
-    for s in 0..strips {
-        let (cols, j) = (NR.min(nb - s * NR), j0 + s * NR);
+    for s in 0..nb.div_ceil(NR) {
+        let (width, j) = (NR.min(nb - s * NR), cols.start + s * NR);
         let strip = &mut packed[s * pairs * NR..(s + 1) * pairs * NR];
+        if width < NR {
+            strip.chunks_mut(NR).for_each(|words| words[width..].fill(0));
+        }
         if b.cs == 1 {
             for p in 0..pairs {
                 let q = p0 + p;
-                let row = |r: usize| &d[b.offset + r * b.rs + j..][..cols];
+                let row = |r: usize| &d[b.offset + r * b.rs + j..][..width];
                 let hi = (2 * q + 1 < k).then(|| row(2 * q + 1));
-                interleave(row(2 * q), hi, &mut strip[p * NR..p * NR + cols]);
+                interleave(row(2 * q), hi, &mut strip[p * NR..p * NR + width]);
             }
         } else if b.rs == 1 {
-            for c in 0..cols {
+            for c in 0..width {
                 let column = &d[b.offset + (j + c) * b.cs..];
                 for p in 0..pairs {
                     let q = p0 + p;
@@ -287,7 +430,7 @@ fn pack_b(b: &View, k: usize, j0: usize, nb: usize, p0: usize, pairs: usize, pac
         } else {
             for p in 0..pairs {
                 let q = p0 + p;
-                for c in 0..cols {
+                for c in 0..width {
                     let hi = if 2 * q + 1 < k { b.bits(2 * q + 1, j + c) } else { 0 };
                     strip[p * NR + c] = b.bits(2 * q, j + c) | hi << 16;
                 }
@@ -296,14 +439,17 @@ fn pack_b(b: &View, k: usize, j0: usize, nb: usize, p0: usize, pairs: usize, pac
     }
 }
 
-/// Pack rows `i0..i0 + mb` and column pairs `p0..p0 + pairs` of `a`
-/// (`m x k`): per strip of [`MR`] rows, per pair of columns, [`MR`] words
-/// holding `(a[i][2p], a[i][2p+1])`. (Row-major `a` with an even `k` is
-/// read in place instead.)
-fn pack_a(a: &View, k: usize, i0: usize, mb: usize, p0: usize, pairs: usize, packed: &mut Vec<u32>) {
+/// Pack rows `rows` and column pairs `p0..p0 + pairs` of `a` (`m x k`)
+/// into `packed`: per strip of [`MR`] rows, per pair of columns, [`MR`]
+/// words holding `(a[i][2p], a[i][2p+1])` (zero past the edge). (Row-major
+/// `a` with an even `k` is read in place instead.)
+fn pack_a(a: &View, k: usize, rows: std::ops::Range<usize>, p0: usize, pairs: usize, packed: &mut [u32]) {
+    let (i0, mb) = (rows.start, rows.len());
     let strips = mb.div_ceil(MR);
-    packed.clear();
-    packed.resize(strips * pairs * MR, 0);
+    if !mb.is_multiple_of(MR) {
+        // The last strip's rows past the edge.
+        packed[(strips - 1) * pairs * MR..].chunks_mut(MR).for_each(|words| words[mb % MR..].fill(0));
+    }
     let d = raw(a.data);
     let mut column_pair = vec![0u32; mb];
     for p in 0..pairs {
@@ -451,6 +597,36 @@ mod tests {
             matmul(m, k, n, av, bv, Out::BF16(&mut rounded), threads);
             for i in 0..m * n {
                 assert_eq!(rounded[i], bf16::from_f32(out[i]), "bf16 output is the f32 result rounded");
+            }
+        }
+    }
+
+    /// The threads pack the shared operand once between them (the right
+    /// one when they split rows, a packed left one when they split
+    /// columns): the same bits as one thread packing everything, over
+    /// several `k` blocks and ragged edges.
+    #[test]
+    fn shared_packing_gives_the_single_thread_bits() {
+        if !available() {
+            return;
+        }
+        for (m, k, n, lhs_transposed) in
+            [(130, 1100, 70, false), (130, 1101, 70, true), (40, 1100, 150, true), (41, 600, 150, false)]
+        {
+            let (a, b) = (values(m * k, 11), values(k * n, 12));
+            let av = match lhs_transposed {
+                true => View { data: &a, offset: 0, rs: 1, cs: m },
+                false => View { data: &a, offset: 0, rs: k, cs: 1 },
+            };
+            let bv = View { data: &b, offset: 0, rs: n, cs: 1 };
+            let run = |threads: usize| {
+                let mut out = vec![bf16::ZERO; m * n];
+                matmul(m, k, n, av, bv, Out::BF16(&mut out), threads);
+                out
+            };
+            let one = run(1);
+            for threads in [2, 3] {
+                assert!(one == run(threads), "{m}x{k}x{n} (transposed lhs: {lhs_transposed}) on {threads} threads");
             }
         }
     }
