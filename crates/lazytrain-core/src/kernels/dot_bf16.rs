@@ -196,16 +196,15 @@ enum Shared {
     A(Packed),
 }
 
+/// Packs whole strips `range` of pairs `p0..p0 + pairs` of an operand into
+/// a slice: `pack(range, p0, pairs, out)`.
+type PackStrips<'a> = dyn Fn(std::ops::Range<usize>, usize, usize, &mut [u32]) + Sync + 'a;
+
 /// Pack a whole operand for all threads: `len` columns (or rows) in blocks
 /// of `side`, strips of `unit`; the strips of every block are shared out
 /// between `parts` threads, `pack(range, p0, pairs, out)` packing whole
 /// strips `range` of pairs `p0..p0 + pairs` into `out`.
-fn prepack(
-    g: &Geometry,
-    (len, side, unit): (usize, usize, usize),
-    parts: usize,
-    pack: &(dyn Fn(std::ops::Range<usize>, usize, usize, &mut [u32]) + Sync),
-) -> Packed {
+fn prepack(g: &Geometry, (len, side, unit): (usize, usize, usize), parts: usize, pack: &PackStrips) -> Packed {
     let mut starts = vec![0];
     let mut jobs = Vec::new();
     for s0 in (0..len).step_by(side) {
