@@ -260,10 +260,43 @@ unsafe fn block(
 ) {
     let g = Geometry::of(k);
     let width = cols.len();
-    let mut scratch = match (out, g.k_blocks > 1) {
-        (OutPtr::BF16(_), true) => vec![0f32; rows.len() * width],
-        _ => Vec::new(),
+    // Partial sums of a bf16 product between k blocks: this thread's
+    // buffer, kept between products (every element is written by the first
+    // block before later blocks read it).
+    let scratch_len = match (out, g.k_blocks > 1) {
+        (OutPtr::BF16(_), true) => rows.len() * width,
+        _ => 0,
     };
+    SCRATCH.with_borrow_mut(|buffer| {
+        if buffer.len() < scratch_len {
+            buffer.resize(scratch_len, 0.0);
+        }
+        block_with(k, n, (a, b), out, (rows, cols), shared, &g, &mut buffer[..scratch_len])
+    });
+}
+
+thread_local! {
+    /// The partial sums of this thread's bf16 products.
+    static SCRATCH: std::cell::RefCell<Vec<f32>> = const { std::cell::RefCell::new(Vec::new()) };
+}
+
+/// [`block`] with its geometry and partial-sum scratch.
+///
+/// # Safety
+/// As for [`block`].
+#[allow(clippy::too_many_arguments)]
+#[inline(always)]
+unsafe fn block_with(
+    k: usize,
+    n: usize,
+    (a, b): (View, View),
+    out: OutPtr,
+    (rows, cols): (std::ops::Range<usize>, std::ops::Range<usize>),
+    shared: &Shared,
+    g: &Geometry,
+    scratch: &mut [f32],
+) {
+    let width = cols.len();
     let mut own_b: Vec<u32> = Vec::new();
     let mut own_a: Vec<u32> = Vec::new();
     let direct_a = g.direct(&a, k);
@@ -522,6 +555,11 @@ unsafe fn micro_kernel(_: usize, _: (&[*const u32; MR], usize), _: *const u32, _
 /// The rectangle lies inside the `? x n` output and belongs to this thread.
 #[inline(always)]
 unsafe fn store(tile: &[f32; MR * NR], out: OutPtr, n: usize, i0: usize, j0: usize, rows: usize, cols: usize) {
+    #[cfg(target_arch = "x86_64")]
+    if let (OutPtr::BF16(p), MR, NR) = (out, rows, cols) {
+        round_tile(tile, p.add(i0 * n + j0), n);
+        return;
+    }
     for r in 0..rows {
         let src = &tile[r * NR..r * NR + cols];
         let at = (i0 + r) * n + j0;
@@ -535,9 +573,73 @@ unsafe fn store(tile: &[f32; MR * NR], out: OutPtr, n: usize, i0: usize, j0: usi
     }
 }
 
+/// Round a whole tile to bf16 into rows `n` apart from `out`, 16 values an
+/// instruction: [`bf16_from_f32`]'s integer arithmetic (round to nearest
+/// even, NaNs quieted) in AVX-512 lanes, so the same bits.
+///
+/// # Safety
+/// The CPU has AVX-512 F; the `MR x NR` rectangle at `out` belongs to this thread.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f")]
+unsafe fn round_tile(tile: &[f32; MR * NR], out: *mut bf16, n: usize) {
+    use std::arch::x86_64::*;
+    let (magnitude, infinity) = (_mm512_set1_epi32(0x7FFF_FFFF), _mm512_set1_epi32(0x7F80_0000));
+    let (half, one, quiet) = (_mm512_set1_epi32(0x7FFF), _mm512_set1_epi32(1), _mm512_set1_epi32(0x0040));
+    for r in 0..MR {
+        for h in 0..NR / 16 {
+            let bits = _mm512_loadu_si512(tile.as_ptr().add(r * NR + 16 * h) as *const _);
+            let high = _mm512_srli_epi32::<16>(bits);
+            let bias = _mm512_add_epi32(half, _mm512_and_si512(high, one));
+            let rounded = _mm512_srli_epi32::<16>(_mm512_add_epi32(bits, bias));
+            let nan = _mm512_cmpgt_epu32_mask(_mm512_and_si512(bits, magnitude), infinity);
+            let words = _mm512_mask_blend_epi32(nan, rounded, _mm512_or_si512(high, quiet));
+            _mm256_storeu_si256(out.add(r * n + 16 * h) as *mut __m256i, _mm512_cvtepi32_epi16(words));
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The AVX-512 tile rounding gives `bf16_from_f32`'s bits on ties,
+    /// carries into the exponent, infinities, NaNs and subnormals.
+    #[test]
+    fn tile_rounding_matches_the_scalar_conversion() {
+        if !available() {
+            return;
+        }
+        let specials = [
+            f32::from_bits(0x3F80_8000),
+            f32::from_bits(0x3F81_8000),
+            f32::from_bits(0x3F7F_FFFF),
+            f32::from_bits(0x7F7F_FFFF),
+            f32::INFINITY,
+            f32::NEG_INFINITY,
+            f32::NAN,
+            f32::from_bits(0xFFC1_2345),
+            f32::from_bits(0x7F80_0001),
+            f32::from_bits(0x0000_8001),
+            -0.0,
+            1.0e-40,
+        ];
+        let mut u = vec![0f32; MR * NR];
+        crate::random::uniform_f32(3, 0, &mut u);
+        let mut tile = [0f32; MR * NR];
+        for (i, t) in tile.iter_mut().enumerate() {
+            *t = specials.get(i).copied().unwrap_or((u[i] - 0.5) * 1e3);
+        }
+        let n = NR + 3;
+        let mut out = vec![bf16::ZERO; MR * n];
+        // SAFETY: checked the CPU; the rectangle is inside `out`.
+        unsafe { round_tile(&tile, out.as_mut_ptr(), n) };
+        for r in 0..MR {
+            for c in 0..NR {
+                let expected = bf16_from_f32(tile[r * NR + c]).to_bits();
+                assert_eq!(out[r * n + c].to_bits(), expected, "{:#x}", tile[r * NR + c].to_bits());
+            }
+        }
+    }
 
     /// `a x b` in f64 from the bf16 values, and the sum of |products| per element.
     fn reference(m: usize, k: usize, n: usize, a: &[bf16], b: &[bf16]) -> (Vec<f64>, Vec<f64>) {
