@@ -113,7 +113,7 @@ pub(crate) fn matmul(m: usize, k: usize, n: usize, a: View, b: View, out: Out, t
             let pack = |cols, p0, pairs, out: &mut [u32]| pack_b(&b, k, cols, p0, pairs, out);
             Shared::B(prepack(&geometry, (n, geometry.nc, NR), parts, &pack))
         }
-        false if geometry.direct(&a, k) => Shared::None,
+        false if reads_in_place(&a, k) => Shared::None,
         false => {
             let pack = |rows, p0, pairs, out: &mut [u32]| pack_a(&a, k, rows, p0, pairs, out);
             Shared::A(prepack(&geometry, (m, geometry.mc, MR), parts, &pack))
@@ -160,12 +160,12 @@ impl Geometry {
     fn k_block(&self, kb: usize) -> (usize, usize) {
         (kb * self.kc, self.kc.min(self.pairs - kb * self.kc))
     }
+}
 
-    /// True when rows of `a` are read in place: contiguous bf16 pairs are
-    /// already the words the kernel broadcasts.
-    fn direct(&self, a: &View, k: usize) -> bool {
-        a.cs == 1 && k.is_multiple_of(2)
-    }
+/// True when rows of `a` are read in place: contiguous bf16 pairs are
+/// already the words the kernel broadcasts.
+fn reads_in_place(a: &View, k: usize) -> bool {
+    a.cs == 1 && k.is_multiple_of(2)
 }
 
 /// An operand packed once for all the threads of a product: for each
@@ -189,6 +189,7 @@ impl Packed {
 
 /// Which operand the threads of a product share packed.
 enum Shared {
+    /// Each thread packs what it reads.
     None,
     /// The right operand (the threads split rows).
     B(Packed),
@@ -299,7 +300,7 @@ unsafe fn block_with(
     let width = cols.len();
     let mut own_b: Vec<u32> = Vec::new();
     let mut own_a: Vec<u32> = Vec::new();
-    let direct_a = g.direct(&a, k);
+    let direct_a = reads_in_place(&a, k);
     let mut tile = [0f32; MR * NR];
     for jc in cols.clone().step_by(g.nc) {
         let nb = g.nc.min(cols.end - jc);
