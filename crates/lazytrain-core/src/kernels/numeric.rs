@@ -178,6 +178,27 @@ pub(crate) fn erf_f32(x: f32) -> f32 {
 mod tests {
     use super::{erf_f32, exp_f32};
 
+    /// Casts long enough to run on two threads convert every element as
+    /// the scalar conversions do, both ways (odd length: unequal halves).
+    #[test]
+    fn long_casts_match_the_elementwise_conversions() {
+        use super::{bf16_from_f32, bf16_to_f32, cast, PARALLEL_CONVERT_MIN};
+        use crate::storage::HostData;
+        use half::bf16;
+        let len = PARALLEL_CONVERT_MIN * 2 + 3;
+        let mut u = vec![0f32; len];
+        crate::random::uniform_f32(9, 0, &mut u);
+        let values: Vec<f32> = u.iter().enumerate().map(|(i, &x)| (x - 0.5) * (1u64 << (i % 40)) as f32).collect();
+        let mut narrow = HostData::BF16(vec![bf16::ZERO; len]);
+        cast(&HostData::F32(values.clone()), &mut narrow);
+        let HostData::BF16(narrow_values) = &narrow else { unreachable!("a bf16 buffer") };
+        assert!(narrow_values.iter().zip(&values).all(|(n, &v)| n.to_bits() == bf16_from_f32(v).to_bits()));
+        let mut wide = HostData::F32(vec![0.0; len]);
+        cast(&narrow, &mut wide);
+        let HostData::F32(wide_values) = &wide else { unreachable!("an f32 buffer") };
+        assert!(wide_values.iter().zip(narrow_values).all(|(w, &n)| w.to_bits() == bf16_to_f32(n).to_bits()));
+    }
+
     #[test]
     fn exp_f32_is_within_two_ulp_of_the_f64_exp() {
         let mut worst = 0f64;
@@ -342,15 +363,41 @@ pub(crate) fn fill_literal(out: &mut HostData, value: Literal) {
     }
 }
 
+/// Elements at least this many are converted on two threads.
+const PARALLEL_CONVERT_MIN: usize = 1 << 16;
+
+/// `o[i] = f(a[i])`: in two halves on two threads for large inputs (a
+/// weight cast to bf16 under autocast), each compiled for the widest
+/// vector extension this CPU has (the same bits).
+fn convert<A: Copy + Sync, B: Send>(a: &[A], o: &mut [B], f: impl Fn(A) -> B + Sync) {
+    if a.len() >= PARALLEL_CONVERT_MIN && rayon::current_num_threads() > 1 {
+        let mid = a.len() / 2;
+        let ((a1, a2), (o1, o2)) = (a.split_at(mid), o.split_at_mut(mid));
+        rayon::join(|| convert_range(a1, o1, &f), || convert_range(a2, o2, &f));
+    } else {
+        convert_range(a, o, &f);
+    }
+}
+
+/// [`convert`] on one thread.
+fn convert_range<A: Copy, B>(a: &[A], o: &mut [B], f: &impl Fn(A) -> B) {
+    super::simd::widest!(convert_lanes(a, o, f))
+}
+
+#[inline(always)]
+fn convert_lanes<A: Copy, B>(a: &[A], o: &mut [B], f: &impl Fn(A) -> B) {
+    a.iter().zip(o).for_each(|(a, o)| *o = f(*a));
+}
+
 /// Convert `x` into `out`'s dtype, element by element.
 pub(crate) fn cast(x: &HostData, out: &mut HostData) {
     if x.dtype().is_float() && out.dtype() == DType::Bool {
         fill_from_f64(out, (0..x.len()).map(|i| x.get_f64(i)));
     } else if x.dtype().is_float() {
         match (x, out) {
-            (HostData::F32(a), HostData::BF16(o)) => a.iter().zip(o).for_each(|(a, o)| *o = bf16_from_f32(*a)),
+            (HostData::F32(a), HostData::BF16(o)) => convert(a, o, bf16_from_f32),
             (HostData::F32(a), HostData::F16(o)) => a.iter().zip(o).for_each(|(a, o)| *o = f16::from_f32(*a)),
-            (HostData::BF16(a), HostData::F32(o)) => a.iter().zip(o).for_each(|(a, o)| *o = bf16_to_f32(*a)),
+            (HostData::BF16(a), HostData::F32(o)) => convert(a, o, bf16_to_f32),
             (HostData::F16(a), HostData::F32(o)) => a.iter().zip(o).for_each(|(a, o)| *o = a.to_f32()),
             (x, out) => fill_from_f64(out, (0..x.len()).map(|i| x.get_f64(i))),
         }
