@@ -384,6 +384,7 @@ fn convert_range<A: Copy, B>(a: &[A], o: &mut [B], f: &impl Fn(A) -> B) {
     super::simd::widest!(convert_lanes(a, o, f))
 }
 
+/// The loop [`convert_range`] compiles for each vector extension.
 #[inline(always)]
 fn convert_lanes<A: Copy, B>(a: &[A], o: &mut [B], f: &impl Fn(A) -> B) {
     a.iter().zip(o).for_each(|(a, o)| *o = f(*a));
