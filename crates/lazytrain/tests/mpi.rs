@@ -173,9 +173,26 @@ fn a_killed_rank_ends_the_job_and_its_checkpoint_resumes() {
         .stderr(Stdio::piped())
         .spawn()
         .unwrap();
+    // The job's stderr, collected as it comes, for the failure messages.
+    let mut pipe = job.stderr.take().expect("stderr is piped");
+    let stderr = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
+    let collected = std::sync::Arc::clone(&stderr);
+    std::thread::spawn(move || {
+        let mut chunk = [0u8; 4096];
+        while let Ok(n @ 1..) = std::io::Read::read(&mut pipe, &mut chunk) {
+            collected.lock().unwrap().extend_from_slice(&chunk[..n]);
+        }
+    });
+    let said = || String::from_utf8_lossy(&stderr.lock().unwrap()).into_owned();
     let waited = Instant::now();
     while !out.join("checkpoint-4/trainer_state.json").is_file() {
-        assert!(waited.elapsed() < Duration::from_secs(60), "no checkpoint after a minute");
+        if let Some(status) = job.try_wait().unwrap() {
+            panic!("the job ended ({status}) before its fourth step's checkpoint; stderr:\n{}", said());
+        }
+        if waited.elapsed() > Duration::from_secs(60) {
+            let _ = job.kill();
+            panic!("no checkpoint after a minute; stderr so far:\n{}", said());
+        }
         std::thread::sleep(Duration::from_millis(50));
     }
     let ranks = Command::new("pgrep").args(["-P", &job.id().to_string()]).output().unwrap();
