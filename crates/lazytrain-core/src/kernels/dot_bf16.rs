@@ -268,12 +268,8 @@ unsafe fn block(
         (OutPtr::BF16(_), true) => rows.len() * width,
         _ => 0,
     };
-    SCRATCH.with_borrow_mut(|buffer| {
-        if buffer.len() < scratch_len {
-            buffer.resize(scratch_len, 0.0);
-        }
-        block_with(k, n, (a, b), out, (rows, cols), shared, &g, &mut buffer[..scratch_len])
-    });
+    SCRATCH
+        .with_borrow_mut(|buffer| block_with(k, n, (a, b), out, (rows, cols), shared, &g, sized(buffer, scratch_len)));
 }
 
 thread_local! {
@@ -367,13 +363,14 @@ unsafe fn block_with(
     }
 }
 
-/// The first `len` words of `packed`, grown (never shrunk) to hold them;
-/// the packing loops write every word they hand out.
-fn sized(packed: &mut Vec<u32>, len: usize) -> &mut [u32] {
-    if packed.len() < len {
-        packed.resize(len, 0);
+/// The first `len` elements of `buffer`, grown (never shrunk) to hold
+/// them; its users write every element before reading it (the packing
+/// loops every word they hand out, the first `k` block every partial sum).
+fn sized<T: Copy + Default>(buffer: &mut Vec<T>, len: usize) -> &mut [T] {
+    if buffer.len() < len {
+        buffer.resize(len, T::default());
     }
-    &mut packed[..len]
+    &mut buffer[..len]
 }
 
 /// Where a tile's partial sums are kept between blocks of `k`: in the f32

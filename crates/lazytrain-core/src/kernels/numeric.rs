@@ -366,8 +366,9 @@ pub(crate) fn fill_literal(out: &mut HostData, value: Literal) {
 /// Elements at least this many are converted on two threads.
 const PARALLEL_CONVERT_MIN: usize = 1 << 16;
 
-/// `o[i] = f(a[i])`: in two halves on two threads for large inputs (a
-/// weight cast to bf16 under autocast), each compiled for the widest
+/// `o[i] = f(a[i])` for the casts between f32 and the 16-bit floats: in
+/// two halves on two threads for large inputs (a weight cast to bf16 under
+/// autocast), each compiled for the widest
 /// vector extension this CPU has (the same bits).
 fn convert<A: Copy + Sync, B: Send>(a: &[A], o: &mut [B], f: impl Fn(A) -> B + Sync) {
     if a.len() >= PARALLEL_CONVERT_MIN && rayon::current_num_threads() > 1 {
@@ -397,9 +398,9 @@ pub(crate) fn cast(x: &HostData, out: &mut HostData) {
     } else if x.dtype().is_float() {
         match (x, out) {
             (HostData::F32(a), HostData::BF16(o)) => convert(a, o, bf16_from_f32),
-            (HostData::F32(a), HostData::F16(o)) => a.iter().zip(o).for_each(|(a, o)| *o = f16::from_f32(*a)),
+            (HostData::F32(a), HostData::F16(o)) => convert(a, o, f16::from_f32),
             (HostData::BF16(a), HostData::F32(o)) => convert(a, o, bf16_to_f32),
-            (HostData::F16(a), HostData::F32(o)) => a.iter().zip(o).for_each(|(a, o)| *o = a.to_f32()),
+            (HostData::F16(a), HostData::F32(o)) => convert(a, o, f16::to_f32),
             (x, out) => fill_from_f64(out, (0..x.len()).map(|i| x.get_f64(i))),
         }
     } else {
