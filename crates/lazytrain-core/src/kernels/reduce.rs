@@ -82,12 +82,15 @@ impl<R: Real> RowLanes<R> {
                 self.sums = s;
             }
             ReduceOp::Max => {
-                let m = &mut self.maxima;
+                // Likewise in a local: written back to `self` every chunk,
+                // the lanes were compared one at a time.
+                let mut m = self.maxima;
                 head.iter().enumerate().for_each(|(i, v)| m[(col + i) % 8] = pick(m[(col + i) % 8], v.widen()));
                 for chunk in &mut chunks {
                     m.iter_mut().zip(chunk).for_each(|(a, v)| *a = pick(*a, v.widen()));
                 }
                 m.iter_mut().zip(chunks.remainder()).for_each(|(a, v)| *a = pick(*a, v.widen()));
+                self.maxima = m;
             }
         }
     }
@@ -108,7 +111,8 @@ impl<R: Real> RowLanes<R> {
 /// The running maximum `m` after seeing `v` (NaN wins).
 #[inline(always)]
 fn pick<R: Real>(m: R, v: R) -> R {
-    if v > m || v.is_nan() {
+    // `|`, not `||`: both comparisons, no branch, so the lanes vectorise.
+    if (v > m) | v.is_nan() {
         v
     } else {
         m
@@ -282,5 +286,32 @@ mod tests {
                 assert!((f64::from(got) - exact).abs() <= 1e-6 * exact.abs().max(1.0), "{op:?} {axis} {j}");
             }
         }
+    }
+
+    /// Row maxima (compared eight lanes at once): the largest element
+    /// wherever it sits, NaN when any element is NaN, `-inf` rows stay
+    /// `-inf`, and rows starting mid-lane (fused tiles) agree.
+    #[test]
+    fn row_maxima_find_the_largest_element_and_propagate_nan() {
+        let cols = 37;
+        for (place, special) in [(0, f32::NAN), (13, f32::NAN), (36, f32::NAN), (20, f32::INFINITY), (8, 1e30)] {
+            let mut row: Vec<f32> = (0..cols).map(|i| (i as f32 * 0.37).sin()).collect();
+            row[place] = special;
+            let mut whole = RowLanes::<f32>::default();
+            whole.add(ReduceOp::Max, 0, &row);
+            let mut pieces = RowLanes::<f32>::default();
+            pieces.add(ReduceOp::Max, 0, &row[..5]);
+            pieces.add(ReduceOp::Max, 5, &row[5..22]);
+            pieces.add(ReduceOp::Max, 22, &row[22..]);
+            for got in [whole.total(ReduceOp::Max), pieces.total(ReduceOp::Max)] {
+                match special.is_nan() {
+                    true => assert!(got.is_nan(), "NaN at {place}: {got}"),
+                    false => assert_eq!(got, special, "{special} at {place}"),
+                }
+            }
+        }
+        let mut lanes = RowLanes::<f32>::default();
+        lanes.add(ReduceOp::Max, 0, &[f32::NEG_INFINITY; 19]);
+        assert_eq!(lanes.total(ReduceOp::Max), f32::NEG_INFINITY);
     }
 }
