@@ -4,7 +4,7 @@
 
 use lazytrain_core::backend::{Backend, CpuBackend, ReferenceBackend};
 use lazytrain_core::compile::{
-    dead_code_elimination, fold_constants, optimize, schedule_narrow_copies, simplify_algebra,
+    dead_code_elimination, fold_constants, optimize, schedule_narrow_copies, simplify_algebra, split_scatter_sums,
 };
 use lazytrain_core::interp::interpret;
 use lazytrain_core::ir::{
@@ -214,6 +214,54 @@ fn reductions_fused_into_their_producers_match_the_unfused_bits() {
             assert!((f64::from(s) - exact).abs() <= 1e-5 * exact, "{rows}x{cols} row {r}: {s} vs {exact}");
         }
     }
+}
+
+/// The column sums of a scatter-add's result (a vocabulary bias gradient
+/// under the cross-entropy's label updates) are split into the sums of the
+/// scattered-into value, which then run in the kernel computing it, plus
+/// the updates scattered into one row: the same sums (labels repeat, and
+/// one row's update is zero), no reduction over the scattered result.
+#[test]
+fn column_sums_of_a_scatter_are_split_off_into_the_producer() {
+    let (rows, cols) = (37, 300);
+    let mut b = GraphBuilder::new();
+    let x = param(&mut b, 0, &[rows, cols]);
+    let index = b.push(Node { op: Op::Parameter(1), inputs: vec![], shape: Shape::new(&[rows, 1]), dtype: DType::I64 });
+    let updates = param(&mut b, 2, &[rows, 1]);
+    let half = constant(&mut b, 0.5, &[rows, cols]);
+    let scaled = node(&mut b, Op::Binary(BinaryOp::Mul), vec![x, half]);
+    let shape = Shape::new(&[rows, cols]);
+    let scattered =
+        b.push(Node { op: Op::ScatterAdd { axis: 1 }, inputs: vec![scaled, index, updates], shape, dtype: DType::F32 });
+    let sums = node(&mut b, Op::Reduce { op: ReduceOp::Sum, axes: vec![0] }, vec![scattered]);
+    let graph = b.finish(vec![sums, scattered], 3);
+
+    let split = split_scatter_sums(&graph);
+    let reduces_a_scatter = |g: &Graph| {
+        g.nodes.iter().any(|n| {
+            matches!(n.op, Op::Reduce { .. }) && matches!(g.nodes[n.inputs[0].index()].op, Op::ScatterAdd { .. })
+        })
+    };
+    assert!(reduces_a_scatter(&graph) && !reduces_a_scatter(&split), "{split}");
+    assert!(!reduces_a_scatter(&optimize(&graph, None).unwrap()), "the pipeline runs the pass");
+    verify(&split).unwrap();
+
+    let mut u = vec![0f32; rows * cols];
+    lazytrain_core::random::uniform_f32(3, 0, &mut u);
+    let labels: Vec<i64> = (0..rows).map(|r| (r * r % 7) as i64 * 41 % cols as i64).collect();
+    let mut v: Vec<f32> = (0..rows).map(|r| r as f32 * 0.25 - 3.0).collect();
+    v[5] = 0.0;
+    let params = [HostData::F32(u.clone()), HostData::I64(labels.clone()), HostData::F32(v.clone())];
+    let out = run_compiled(&graph, &params);
+    let HostData::F32(got) = &out[0] else { panic!("f32 sums") };
+    for (j, &g) in got.iter().enumerate() {
+        let column: f64 = (0..rows).map(|r| f64::from(u[r * cols + j] * 0.5)).sum();
+        let scattered: f64 = (0..rows).filter(|&r| labels[r] == j as i64).map(|r| f64::from(v[r])).sum();
+        let exact = column + scattered;
+        assert!((f64::from(g) - exact).abs() <= 1e-5 * (1.0 + exact.abs()), "column {j}: {g} vs {exact}");
+    }
+    let reference = interpret(&graph, &params.iter().collect::<Vec<_>>()).unwrap();
+    assert_eq!(out[1], reference[1], "the scattered result itself is unchanged");
 }
 
 /// Folding integer constants keeps every bit (3 * 3002399751580331 =

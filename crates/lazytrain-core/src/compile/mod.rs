@@ -11,7 +11,7 @@ mod rewrite;
 
 pub(crate) use casts::narrow_copies;
 pub use casts::{reorder_casts, schedule_narrow_copies};
-pub use passes::{dead_code_elimination, fold_constants, live_nodes, simplify_algebra};
+pub use passes::{dead_code_elimination, fold_constants, live_nodes, simplify_algebra, split_scatter_sums};
 
 use crate::error::{Error, Result};
 use crate::ir::{verify::verify, Graph};
@@ -32,6 +32,7 @@ pub const PIPELINE: &[Pass] = &[
     Pass { name: "dead_code_elimination", run: dead_code_elimination },
     Pass { name: "fold_constants", run: fold_constants },
     Pass { name: "simplify_algebra", run: simplify_algebra },
+    Pass { name: "split_scatter_sums", run: split_scatter_sums },
     Pass { name: "reorder_casts", run: reorder_casts },
     Pass { name: "schedule_narrow_copies", run: schedule_narrow_copies },
     Pass { name: "dead_code_elimination", run: dead_code_elimination },

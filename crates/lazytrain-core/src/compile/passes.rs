@@ -149,6 +149,7 @@ fn zero_scatter(b: &GraphBuilder, id: NodeId) -> Option<usize> {
 /// or that compose (reshape of reshape, permute of permute).
 pub fn simplify_algebra(graph: &Graph) -> Graph {
     rebuild(graph, |b, node| {
+        let b = &*b;
         let input = |k: usize| node.inputs[k];
         let in_node = |k: usize| b.node(node.inputs[k]);
         match &node.op {
@@ -200,5 +201,39 @@ pub fn simplify_algebra(graph: &Graph) -> Graph {
             Op::StopGradient => Rewrite::Forward(input(0)),
             _ => Rewrite::Emit(node),
         }
+    })
+}
+
+/// Column sums of a scatter-add's result split in two:
+/// `sum(scatter_add(m, i, u), axis 0) = scatter_add(sum(m, axis 0), i', u')`
+/// for a rank-2 `m` scattered along axis 1, with `i'` and `u'` the index
+/// and updates laid out as one row. The sum of `m` then runs in the kernel
+/// that computes `m` (the bias gradient of a vocabulary projection is summed
+/// while the cross-entropy's softmax gradient is written, before the labels'
+/// updates are scattered into it) instead of reading the scattered result
+/// back in a pass of its own; the scatter keeps its other readers. The
+/// updates are added after the column's other values instead of among them
+/// (a different rounding of the same sum).
+pub fn split_scatter_sums(graph: &Graph) -> Graph {
+    rebuild(graph, |b, node| {
+        let Op::Reduce { op: ReduceOp::Sum, axes } = &node.op else { return Rewrite::Emit(node) };
+        let scatter = b.node(node.inputs[0]).clone();
+        let splits = axes == &[0]
+            && scatter.op == (Op::ScatterAdd { axis: 1 })
+            && scatter.shape.rank() == 2
+            && scatter.dtype.is_float();
+        if !splits {
+            return Rewrite::Emit(node);
+        }
+        let [base, index, updates] = scatter.inputs[..] else { return Rewrite::Emit(node) };
+        let count = b.node(index).shape.numel();
+        let row = |b: &mut GraphBuilder, id: NodeId| {
+            let source = b.node(id);
+            let reshaped = Node { op: Op::Reshape, inputs: vec![id], shape: [1, count].into(), dtype: source.dtype };
+            b.push(reshaped)
+        };
+        let (index, updates) = (row(b, index), row(b, updates));
+        let sums = b.push(Node { inputs: vec![base], ..node.clone() });
+        Rewrite::Emit(Node { op: Op::ScatterAdd { axis: 1 }, inputs: vec![sums, index, updates], ..node })
     })
 }

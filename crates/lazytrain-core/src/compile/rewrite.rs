@@ -11,8 +11,9 @@ pub(crate) enum Rewrite {
 }
 
 /// Rebuild `graph` node by node. `decide` sees each node with inputs already
-/// renamed into the new graph, and the new graph built so far.
-pub(crate) fn rebuild(graph: &Graph, mut decide: impl FnMut(&GraphBuilder, Node) -> Rewrite) -> Graph {
+/// renamed into the new graph, and the new graph built so far (to which it
+/// may add the nodes a replacement reads).
+pub(crate) fn rebuild(graph: &Graph, mut decide: impl FnMut(&mut GraphBuilder, Node) -> Rewrite) -> Graph {
     let mut builder = GraphBuilder::new();
     let mut map: Vec<NodeId> = Vec::with_capacity(graph.nodes.len());
     for node in &graph.nodes {
@@ -20,7 +21,7 @@ pub(crate) fn rebuild(graph: &Graph, mut decide: impl FnMut(&GraphBuilder, Node)
         for input in renamed.inputs.iter_mut() {
             *input = map[input.index()];
         }
-        let id = match decide(&builder, renamed) {
+        let id = match decide(&mut builder, renamed) {
             Rewrite::Emit(n) => builder.push(n),
             Rewrite::Forward(id) => id,
         };
