@@ -404,6 +404,35 @@ fn kernel_counts_follow_the_ir() {
     assert_eq!(kernels_after_optimize(&g, true), 2, "max, then sub+exp reading the max through a broadcast");
 }
 
+/// Merged attention heads (a permute of `[b, h, s, d]` read as `[b*s, h*d]`
+/// by a matmul and as `[b, s, h*d]` by a bias-gradient sum): the permute is
+/// copied once and both reshapes read that copy in place (they were copies
+/// of their own, reading the permute as a view).
+#[test]
+fn reshapes_of_a_copied_permute_are_views_of_the_copy() {
+    let mut b = GraphBuilder::new();
+    let x = param(&mut b, 0, &[2, 3, 4, 5]);
+    let w = param(&mut b, 1, &[15, 6]);
+    let merged = node(&mut b, Op::Permute(vec![0, 2, 1, 3]), vec![x]);
+    let rows = b.push(Node { op: Op::Reshape, inputs: vec![merged], shape: Shape::new([8, 15]), dtype: DType::F32 });
+    let projected = node(&mut b, Op::Dot { lhs_t: false, rhs_t: false }, vec![rows, w]);
+    let batched =
+        b.push(Node { op: Op::Reshape, inputs: vec![merged], shape: Shape::new([2, 4, 15]), dtype: DType::F32 });
+    let sums = node(&mut b, Op::Reduce { op: ReduceOp::Sum, axes: vec![0, 1] }, vec![batched]);
+    let g = b.finish(vec![projected, sums], 2);
+    assert_eq!(kernels_after_optimize(&g, false), 5, "permute, two reshapes, matmul, sum");
+    assert_eq!(kernels_after_optimize(&g, true), 3, "the permute's copy, the matmul and the sum");
+    let input = |k: u64, len: usize| {
+        let mut v = vec![0f32; len];
+        lazytrain_core::random::uniform_f32(k, 0, &mut v);
+        HostData::F32(v)
+    };
+    let params = [input(1, 120), input(2, 90)];
+    let reference = interpret(&g, &params.iter().collect::<Vec<_>>()).unwrap();
+    let got = run_compiled(&g, &params);
+    assert!(got.iter().zip(&reference).all(|(a, b)| close(a, b)), "{got:?} vs {reference:?}");
+}
+
 fn cast(b: &mut GraphBuilder, x: NodeId, dtype: DType) -> NodeId {
     let shape = b.node(x).shape.clone();
     b.push(Node { op: Op::Cast, inputs: vec![x], shape, dtype })

@@ -540,16 +540,21 @@ fn plan_views(
         keep[i] = candidate(i) && consumers[i].iter().all(|&c| reads_views(i, c) || keep[c]);
     }
     let mut view: Vec<Option<View>> = vec![None; n];
-    for _ in 0..2 {
+    // Until nothing changes: a candidate that is no view because its input
+    // is one (a reshape of permuted heads) is tried again once that input
+    // has to have a buffer (it is then a view of that buffer, not a second
+    // copy); `needs_buffer` only grows, so this ends.
+    let candidates = keep.clone();
+    let mut needs_buffer = vec![false; n];
+    loop {
+        let before = keep.clone();
         for i in 0..n {
-            if !keep[i] {
+            if !candidates[i] || needs_buffer[i] {
                 view[i] = None;
                 continue;
             }
             view[i] = view_of(graph, &view, splat, i);
-            if view[i].is_none() {
-                keep[i] = false;
-            }
+            keep[i] = view[i].is_some();
         }
         // A view read by a node that is no longer a view must have a buffer.
         for i in (0..n).rev() {
@@ -567,7 +572,11 @@ fn plan_views(
             };
             if keep[i] && !consumers[i].iter().all(|&c| (reads_views(i, c) && dot_ok(c)) || keep[c]) {
                 keep[i] = false;
+                needs_buffer[i] = true;
             }
+        }
+        if keep == before {
+            break;
         }
     }
     for i in 0..n {
