@@ -4,7 +4,8 @@
 
 use lazytrain_core::backend::{Backend, CpuBackend, ReferenceBackend};
 use lazytrain_core::compile::{
-    dead_code_elimination, fold_constants, optimize, schedule_narrow_copies, simplify_algebra, split_scatter_sums,
+    dead_code_elimination, fold_constant_indices, fold_constants, optimize, schedule_narrow_copies, simplify_algebra,
+    split_scatter_sums,
 };
 use lazytrain_core::interp::interpret;
 use lazytrain_core::ir::{
@@ -262,6 +263,63 @@ fn column_sums_of_a_scatter_are_split_off_into_the_producer() {
     }
     let reference = interpret(&graph, &params.iter().collect::<Vec<_>>()).unwrap();
     assert_eq!(out[1], reference[1], "the scattered result itself is unchanged");
+}
+
+/// A gather and a scatter-add whose index is one constant (token types of
+/// inputs without them) become a broadcast row and a sum padded into that
+/// row: the reference interpreter's values, no gather or scatter left, and
+/// an index past the axis is left for the kernel to report.
+#[test]
+fn constant_indices_fold_into_a_row_and_a_sum() {
+    let (rows, cols, table) = (50, 6, 3);
+    let mut b = GraphBuilder::new();
+    let x = param(&mut b, 0, &[table, cols]);
+    let u = param(&mut b, 1, &[rows, cols]);
+    let shape = Shape::new([rows, cols]);
+    let one = b.push(Node {
+        op: Op::Constant(Literal::new(1.0, DType::I64)),
+        inputs: vec![],
+        shape: shape.clone(),
+        dtype: DType::I64,
+    });
+    let picked = b.push(Node { op: Op::Gather { axis: 0 }, inputs: vec![x, one], shape, dtype: DType::F32 });
+    let zeros = constant(&mut b, 0.0, &[table, cols]);
+    let table_shape = Shape::new([table, cols]);
+    let grad = b.push(Node {
+        op: Op::ScatterAdd { axis: 0 },
+        inputs: vec![zeros, one, u],
+        shape: table_shape.clone(),
+        dtype: DType::F32,
+    });
+    let onto =
+        b.push(Node { op: Op::ScatterAdd { axis: 0 }, inputs: vec![x, one, u], shape: table_shape, dtype: DType::F32 });
+    let g = b.finish(vec![picked, grad, onto], 2);
+    let folded = fold_constant_indices(&g);
+    verify(&folded).unwrap();
+    assert!(!folded.nodes.iter().any(|n| matches!(n.op, Op::Gather { .. } | Op::ScatterAdd { .. })), "{folded}");
+    let input = |k: u64, len: usize| {
+        let mut v = vec![0f32; len];
+        lazytrain_core::random::uniform_f32(k, 0, &mut v);
+        HostData::F32(v)
+    };
+    let params = [input(4, table * cols), input(5, rows * cols)];
+    let reference = interpret(&g, &params.iter().collect::<Vec<_>>()).unwrap();
+    let got = run_compiled(&g, &params);
+    assert_eq!(got[0], reference[0], "the gathered rows are copies");
+    assert!(got.iter().zip(&reference).all(|(a, b)| close(a, b)), "{got:?} vs {reference:?}");
+
+    let mut b = GraphBuilder::new();
+    let x = param(&mut b, 0, &[table, cols]);
+    let shape = Shape::new([rows, cols]);
+    let past = b.push(Node {
+        op: Op::Constant(Literal::new(3.0, DType::I64)),
+        inputs: vec![],
+        shape: shape.clone(),
+        dtype: DType::I64,
+    });
+    let picked = b.push(Node { op: Op::Gather { axis: 0 }, inputs: vec![x, past], shape, dtype: DType::F32 });
+    let g = b.finish(vec![picked], 1);
+    assert!(fold_constant_indices(&g).nodes.iter().any(|n| matches!(n.op, Op::Gather { .. })));
 }
 
 /// Folding integer constants keeps every bit (3 * 3002399751580331 =

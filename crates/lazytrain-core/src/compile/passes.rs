@@ -237,3 +237,50 @@ pub fn split_scatter_sums(graph: &Graph) -> Graph {
         Rewrite::Emit(Node { op: Op::ScatterAdd { axis: 1 }, inputs: vec![sums, index, updates], ..node })
     })
 }
+
+/// Gathers and scatter-adds whose index is one constant `c` everywhere (the
+/// token-type embedding of inputs without token types) as movement and a
+/// sum: `gather(x, c)` reads row `c` of `x` broadcast (a view, no kernel),
+/// and `scatter_add(base, c, u)` adds the sum of `u` along the axis into
+/// row `c` of `base` (a column sum its producer's kernel computes, instead
+/// of one scattered add per element). An index outside the axis is left to
+/// the kernel, which reports it.
+pub fn fold_constant_indices(graph: &Graph) -> Graph {
+    rebuild(graph, |b, node| {
+        let (Op::Gather { axis } | Op::ScatterAdd { axis }) = node.op else { return Rewrite::Emit(node) };
+        let Some(c) = constant(b, node.inputs[1]) else { return Rewrite::Emit(node) };
+        let data = b.node(node.inputs[0]).clone();
+        let Some(c) = usize::try_from(c.as_i64()).ok().filter(|&c| c < data.shape.dims()[axis]) else {
+            return Rewrite::Emit(node);
+        };
+        let index_dims = b.node(node.inputs[1]).shape.dims().to_vec();
+        let mut row = index_dims.clone();
+        row[axis] = 1;
+        match node.op {
+            Op::Gather { .. } => {
+                let starts = (0..row.len()).map(|d| if d == axis { c } else { 0 }).collect();
+                let picked =
+                    b.push(Node { op: Op::Slice { starts }, inputs: vec![node.inputs[0]], shape: row.into(), ..node });
+                Rewrite::Emit(Node { op: Op::Expand, inputs: vec![picked], ..node })
+            }
+            _ => {
+                let updates = node.inputs[2];
+                let sums = b.push(Node {
+                    op: Op::Reduce { op: ReduceOp::Sum, axes: vec![axis] },
+                    inputs: vec![updates],
+                    shape: row.clone().into(),
+                    ..node.clone()
+                });
+                let low: Vec<usize> = (0..row.len()).map(|d| if d == axis { c } else { 0 }).collect();
+                let high = data.shape.dims().iter().zip(&row).zip(&low).map(|((&d, &r), &l)| d - r - l).collect();
+                let value = Literal::new(0.0, node.dtype);
+                let placed = Node { op: Op::Pad { low, high, value }, inputs: vec![sums], ..node.clone() };
+                if is_splat(b, node.inputs[0], 0.0) {
+                    return Rewrite::Emit(placed);
+                }
+                let placed = b.push(placed);
+                Rewrite::Emit(Node { op: Op::Binary(BinaryOp::Add), inputs: vec![node.inputs[0], placed], ..node })
+            }
+        }
+    })
+}
