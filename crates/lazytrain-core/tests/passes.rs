@@ -4,8 +4,8 @@
 
 use lazytrain_core::backend::{Backend, CpuBackend, ReferenceBackend};
 use lazytrain_core::compile::{
-    dead_code_elimination, fold_constant_indices, fold_constants, optimize, schedule_narrow_copies, simplify_algebra,
-    split_scatter_sums,
+    dead_code_elimination, fold_constant_indices, fold_constants, optimize, reorder_casts, schedule_narrow_copies,
+    simplify_algebra, split_scatter_sums,
 };
 use lazytrain_core::interp::interpret;
 use lazytrain_core::ir::{
@@ -320,6 +320,25 @@ fn constant_indices_fold_into_a_row_and_a_sum() {
     let picked = b.push(Node { op: Op::Gather { axis: 0 }, inputs: vec![x, past], shape, dtype: DType::F32 });
     let g = b.finish(vec![picked], 1);
     assert!(fold_constant_indices(&g).nodes.iter().any(|n| matches!(n.op, Op::Gather { .. })));
+}
+
+/// bf16 widened to f32 and narrowed back is the bf16 value itself (autocast
+/// casting a merged-heads value the model holds in f32 back for a matmul):
+/// the two casts go. f32 narrowed to bf16 and widened back rounds, so
+/// those two stay.
+#[test]
+fn a_narrow_value_widened_and_narrowed_back_is_itself() {
+    let mut b = GraphBuilder::new();
+    let x = b.push(Node { op: Op::Parameter(0), inputs: vec![], shape: Shape::new([4, 8]), dtype: DType::BF16 });
+    let y = param(&mut b, 1, &[4, 8]);
+    let wide = cast(&mut b, x, DType::F32);
+    let back = cast(&mut b, wide, DType::BF16);
+    let rounded = cast(&mut b, y, DType::BF16);
+    let widened = cast(&mut b, rounded, DType::F32);
+    let g = b.finish(vec![back, widened], 2);
+    let out = dead_code_elimination(&reorder_casts(&g));
+    assert_eq!(out.outputs[0], NodeId(0), "the parameter itself: {out}");
+    assert_eq!(out.nodes.iter().filter(|n| n.op == Op::Cast).count(), 2, "f32 -> bf16 -> f32 rounds: {out}");
 }
 
 /// Folding integer constants keeps every bit (3 * 3002399751580331 =

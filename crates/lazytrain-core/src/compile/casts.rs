@@ -4,7 +4,8 @@
 //! widening cast (bf16 → f32) goes after them (the movement reads the
 //! narrow data, and the cast lands next to the elementwise op that reads it,
 //! where the fuser folds it into that kernel's loads). Casts commute with
-//! movement exactly, so results do not change.
+//! movement exactly, so results do not change; and a narrow value widened
+//! and narrowed back is the narrow value itself.
 
 use crate::dtype::DType;
 use crate::ir::{Graph, GraphBuilder, Node, NodeId, Op};
@@ -51,7 +52,15 @@ pub fn reorder_casts(graph: &Graph) -> Graph {
         let id = match &node.op {
             Op::Cast => {
                 let source = builder.node(node.inputs[0]);
-                if narrows(source.dtype, node.dtype) == Some(true) && is_movement(&source.op) {
+                // A narrow value widened and narrowed back (autocast's bf16
+                // copy of a value the model holds in f32, e.g. merged
+                // attention heads) is the narrow value: widening is exact.
+                let round_trip = source.op == Op::Cast
+                    && builder.node(source.inputs[0]).dtype == node.dtype
+                    && narrows(node.dtype, source.dtype) == Some(false);
+                if round_trip {
+                    source.inputs[0]
+                } else if narrows(source.dtype, node.dtype) == Some(true) && is_movement(&source.op) {
                     cast_below_movement(&mut builder, node.inputs[0], node.dtype)
                 } else {
                     builder.push(node)
