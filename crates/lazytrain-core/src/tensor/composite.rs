@@ -46,7 +46,13 @@ impl Tensor {
     pub fn layer_norm(&self, weight: Option<&Tensor>, bias: Option<&Tensor>, eps: f64) -> Result<Tensor> {
         let mean = self.mean(&[-1], true)?;
         let centered = self.sub(&mean)?;
-        let var = centered.square()?.mean(&[-1], true)?;
+        // The variance's gradient reaches `x` directly, not back through the
+        // mean: that path adds `(2/N) d_var sum(centered)`, zero in exact
+        // arithmetic, and without it the backward's two row sums (of `g w`
+        // and of `g w centered`) are independent, one pass over the rows
+        // instead of two in sequence. The forward values are the same (the
+        // compiler merges the two subtractions once the stop is dropped).
+        let var = self.sub(&mean.stop_gradient()?)?.square()?.mean(&[-1], true)?;
         let mut y = centered.mul(&var.add_scalar(eps)?.rsqrt()?)?;
         if let Some(w) = weight {
             y = y.mul(w)?;
