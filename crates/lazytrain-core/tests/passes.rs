@@ -227,11 +227,11 @@ fn column_sums_of_a_scatter_are_split_off_into_the_producer() {
     let (rows, cols) = (37, 300);
     let mut b = GraphBuilder::new();
     let x = param(&mut b, 0, &[rows, cols]);
-    let index = b.push(Node { op: Op::Parameter(1), inputs: vec![], shape: Shape::new(&[rows, 1]), dtype: DType::I64 });
+    let index = b.push(Node { op: Op::Parameter(1), inputs: vec![], shape: Shape::new([rows, 1]), dtype: DType::I64 });
     let updates = param(&mut b, 2, &[rows, 1]);
     let half = constant(&mut b, 0.5, &[rows, cols]);
     let scaled = node(&mut b, Op::Binary(BinaryOp::Mul), vec![x, half]);
-    let shape = Shape::new(&[rows, cols]);
+    let shape = Shape::new([rows, cols]);
     let scattered =
         b.push(Node { op: Op::ScatterAdd { axis: 1 }, inputs: vec![scaled, index, updates], shape, dtype: DType::F32 });
     let sums = node(&mut b, Op::Reduce { op: ReduceOp::Sum, axes: vec![0] }, vec![scattered]);
