@@ -265,6 +265,14 @@ fn column_sums_of_a_scatter_are_split_off_into_the_producer() {
     assert_eq!(out[1], reference[1], "the scattered result itself is unchanged");
 }
 
+/// A gather along axis 0 of `x` with the constant index `row` everywhere
+/// over `shape`: the gather and the index.
+fn gather_rows(b: &mut GraphBuilder, x: NodeId, row: i64, shape: Shape) -> (NodeId, NodeId) {
+    let literal = Literal::new(row as f64, DType::I64);
+    let index = b.push(Node { op: Op::Constant(literal), inputs: vec![], shape: shape.clone(), dtype: DType::I64 });
+    (b.push(Node { op: Op::Gather { axis: 0 }, inputs: vec![x, index], shape, dtype: DType::F32 }), index)
+}
+
 /// A gather and a scatter-add whose index is one constant (token types of
 /// inputs without them) become a broadcast row and a sum padded into that
 /// row: the reference interpreter's values, no gather or scatter left, and
@@ -275,14 +283,7 @@ fn constant_indices_fold_into_a_row_and_a_sum() {
     let mut b = GraphBuilder::new();
     let x = param(&mut b, 0, &[table, cols]);
     let u = param(&mut b, 1, &[rows, cols]);
-    let shape = Shape::new([rows, cols]);
-    let one = b.push(Node {
-        op: Op::Constant(Literal::new(1.0, DType::I64)),
-        inputs: vec![],
-        shape: shape.clone(),
-        dtype: DType::I64,
-    });
-    let picked = b.push(Node { op: Op::Gather { axis: 0 }, inputs: vec![x, one], shape, dtype: DType::F32 });
+    let (picked, one) = gather_rows(&mut b, x, 1, Shape::new([rows, cols]));
     let zeros = constant(&mut b, 0.0, &[table, cols]);
     let table_shape = Shape::new([table, cols]);
     let grad = b.push(Node {
@@ -310,14 +311,7 @@ fn constant_indices_fold_into_a_row_and_a_sum() {
 
     let mut b = GraphBuilder::new();
     let x = param(&mut b, 0, &[table, cols]);
-    let shape = Shape::new([rows, cols]);
-    let past = b.push(Node {
-        op: Op::Constant(Literal::new(3.0, DType::I64)),
-        inputs: vec![],
-        shape: shape.clone(),
-        dtype: DType::I64,
-    });
-    let picked = b.push(Node { op: Op::Gather { axis: 0 }, inputs: vec![x, past], shape, dtype: DType::F32 });
+    let (picked, _) = gather_rows(&mut b, x, 3, Shape::new([rows, cols]));
     let g = b.finish(vec![picked], 1);
     assert!(fold_constant_indices(&g).nodes.iter().any(|n| matches!(n.op, Op::Gather { .. })));
 }
