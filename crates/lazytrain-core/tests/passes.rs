@@ -265,6 +265,13 @@ fn column_sums_of_a_scatter_are_split_off_into_the_producer() {
     assert_eq!(out[1], reference[1], "the scattered result itself is unchanged");
 }
 
+/// `len` f32 values drawn uniformly from [0, 1) with `seed`.
+fn uniform_input(seed: u64, len: usize) -> HostData {
+    let mut v = vec![0f32; len];
+    lazytrain_core::random::uniform_f32(seed, 0, &mut v);
+    HostData::F32(v)
+}
+
 /// A gather along axis 0 of `x` with the constant index `row` everywhere
 /// over `shape`: the gather and the index.
 fn gather_rows(b: &mut GraphBuilder, x: NodeId, row: i64, shape: Shape) -> (NodeId, NodeId) {
@@ -298,12 +305,7 @@ fn constant_indices_fold_into_a_row_and_a_sum() {
     let folded = fold_constant_indices(&g);
     verify(&folded).unwrap();
     assert!(!folded.nodes.iter().any(|n| matches!(n.op, Op::Gather { .. } | Op::ScatterAdd { .. })), "{folded}");
-    let input = |k: u64, len: usize| {
-        let mut v = vec![0f32; len];
-        lazytrain_core::random::uniform_f32(k, 0, &mut v);
-        HostData::F32(v)
-    };
-    let params = [input(4, table * cols), input(5, rows * cols)];
+    let params = [uniform_input(4, table * cols), uniform_input(5, rows * cols)];
     let reference = interpret(&g, &params.iter().collect::<Vec<_>>()).unwrap();
     let got = run_compiled(&g, &params);
     assert_eq!(got[0], reference[0], "the gathered rows are copies");
@@ -493,12 +495,7 @@ fn reshapes_of_a_copied_permute_are_views_of_the_copy() {
     let g = b.finish(vec![projected, sums], 2);
     assert_eq!(kernels_after_optimize(&g, false), 5, "permute, two reshapes, matmul, sum");
     assert_eq!(kernels_after_optimize(&g, true), 3, "the permute's copy, the matmul and the sum");
-    let input = |k: u64, len: usize| {
-        let mut v = vec![0f32; len];
-        lazytrain_core::random::uniform_f32(k, 0, &mut v);
-        HostData::F32(v)
-    };
-    let params = [input(1, 120), input(2, 90)];
+    let params = [uniform_input(1, 120), uniform_input(2, 90)];
     let reference = interpret(&g, &params.iter().collect::<Vec<_>>()).unwrap();
     let got = run_compiled(&g, &params);
     assert!(got.iter().zip(&reference).all(|(a, b)| close(a, b)), "{got:?} vs {reference:?}");

@@ -253,12 +253,13 @@ pub fn fold_constant_indices(graph: &Graph) -> Graph {
         let Some(c) = usize::try_from(c.as_i64()).ok().filter(|&c| c < data.shape.dims()[axis]) else {
             return Rewrite::Emit(node);
         };
-        let index_dims = b.node(node.inputs[1]).shape.dims().to_vec();
-        let mut row = index_dims.clone();
+        let mut row = b.node(node.inputs[1]).shape.dims().to_vec();
         row[axis] = 1;
+        // Where row `c` starts: `c` along the axis, 0 along the others.
+        let corner: Vec<usize> = (0..row.len()).map(|d| if d == axis { c } else { 0 }).collect();
         match node.op {
             Op::Gather { .. } => {
-                let starts = (0..row.len()).map(|d| if d == axis { c } else { 0 }).collect();
+                let starts = corner;
                 let picked =
                     b.push(Node { op: Op::Slice { starts }, inputs: vec![node.inputs[0]], shape: row.into(), ..node });
                 Rewrite::Emit(Node { op: Op::Expand, inputs: vec![picked], ..node })
@@ -271,8 +272,8 @@ pub fn fold_constant_indices(graph: &Graph) -> Graph {
                     shape: row.clone().into(),
                     ..node.clone()
                 });
-                let low: Vec<usize> = (0..row.len()).map(|d| if d == axis { c } else { 0 }).collect();
-                let high = data.shape.dims().iter().zip(&row).zip(&low).map(|((&d, &r), &l)| d - r - l).collect();
+                let high = data.shape.dims().iter().zip(&row).zip(&corner).map(|((&d, &r), &l)| d - r - l).collect();
+                let low = corner;
                 let value = Literal::new(0.0, node.dtype);
                 let placed = Node { op: Op::Pad { low, high, value }, inputs: vec![sums], ..node.clone() };
                 if is_splat(b, node.inputs[0], 0.0) {
