@@ -704,8 +704,10 @@ proptest! {
         let refs: Vec<&HostData> = params.iter().collect();
         let expected = interpret(&graph, &refs).unwrap();
         // The optimised graph on both backends (the same schedule interface,
-        // fused and unfused) against the unoptimised graph.
-        for got in [run_compiled(&graph, &params), run_on(&ReferenceBackend, &graph, &params)] {
+        // fused and unfused; the CPU also with every row chain run by blocks
+        // of rows) against the unoptimised graph.
+        let chained = CpuBackend::default().with_row_chains(Some(0));
+        for got in [run_compiled(&graph, &params), run_on(&chained, &graph, &params), run_on(&ReferenceBackend, &graph, &params)] {
             prop_assert_eq!(expected.len(), got.len());
             for (e, g) in expected.iter().zip(&got) {
                 prop_assert!(close(g, e), "graph:\n{}\nexpected {:?}\ngot {:?}", graph, e, g);

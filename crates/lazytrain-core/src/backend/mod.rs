@@ -126,6 +126,8 @@ pub struct ExecutableStats {
     /// Matmuls whose epilogue (the fused kernel after them) runs on each row
     /// panel of the product as it is computed (counted in `kernels` as two).
     pub epilogues: usize,
+    /// Row chains run a block of rows at a time (see [`crate::schedule::chain`]).
+    pub row_chains: usize,
     /// Intermediate buffers after liveness-based reuse.
     pub buffers: usize,
     /// Bytes of all intermediate buffers (the planned peak).

@@ -20,6 +20,9 @@ use crate::schedule::{Access, Load};
 use crate::storage::HostData;
 use half::bf16;
 
+mod chain;
+pub(crate) use chain::{run_chain, ChainLink};
+
 /// Elements per tile: small enough that a program's live registers stay in
 /// the L1/L2 caches, large enough to amortise the per-op dispatch.
 pub(crate) const TILE: usize = 1024;
@@ -93,6 +96,15 @@ pub(crate) enum Source<'a> {
     Data(&'a HostData),
     /// The buffer of output `k`, holding this input on entry.
     Output(usize),
+    /// A buffer an earlier kernel of a row chain is writing: element `i`
+    /// reads element `i / per_row` (1: the reader's own positions; the row
+    /// length: one value per row, broadcast along it).
+    Chained {
+        /// The buffer.
+        view: OutView,
+        /// Reader elements per element read.
+        per_row: usize,
+    },
 }
 
 impl FusedProgram {
@@ -343,6 +355,11 @@ impl FusedProgram {
                         unsafe { outs.0[k].read(start, &mut regs[dst][..len]) }
                     }
                     Source::Output(_) => return Err("an in-place input must be read at its own positions".into()),
+                    // SAFETY: a row chain reads only rows its thread has
+                    // already computed (the schedule checked the accesses).
+                    Source::Chained { view, per_row } => unsafe {
+                        view.read_rows(start, per_row, &mut regs[dst][..len])
+                    },
                 }
             }
             Instr::Unary { op, src, dst } => {
@@ -441,14 +458,54 @@ impl FusedProgram {
 const PARALLEL_MIN: usize = 1 << 18;
 
 /// Where an output's elements are written (the buffer outlives the run).
-#[derive(Clone, Copy)]
-enum OutView {
+#[derive(Clone, Copy, Debug)]
+pub(crate) enum OutView {
+    /// An f32 buffer.
     F32(*mut f32),
+    /// A bf16 buffer.
     BF16(*mut bf16),
+    /// A bool buffer.
     Bool(*mut bool),
 }
 
+// SAFETY: an `OutView` is only dereferenced by the threads of one run, which
+// touch disjoint element ranges (or ranges a chain has finished writing).
+unsafe impl Send for OutView {}
+// SAFETY: as for `Send`.
+unsafe impl Sync for OutView {}
+
 impl OutView {
+    /// A view of `data`'s elements (f32, bf16 or bool), valid while `data`
+    /// is neither moved nor resized.
+    pub(crate) fn of(data: &mut HostData) -> Result<OutView, String> {
+        match data {
+            HostData::F32(v) => Ok(OutView::F32(v.as_mut_ptr())),
+            HostData::BF16(v) => Ok(OutView::BF16(v.as_mut_ptr())),
+            HostData::Bool(v) => Ok(OutView::Bool(v.as_mut_ptr())),
+            other => Err(format!("a fused kernel cannot write {} values", other.dtype())),
+        }
+    }
+
+    /// Fill `out` with reader elements `start..` where reader element `i`
+    /// reads element `i / per_row`.
+    ///
+    /// # Safety
+    /// As for [`OutView::read`], for the elements read.
+    unsafe fn read_rows(self, start: usize, per_row: usize, out: &mut [f32]) {
+        if per_row == 1 {
+            return self.read(start, out);
+        }
+        let mut done = 0;
+        while done < out.len() {
+            let at = start + done;
+            let run = (per_row - at % per_row).min(out.len() - done);
+            let mut value = [0f32];
+            self.read(at / per_row, &mut value);
+            out[done..done + run].fill(value[0]);
+            done += run;
+        }
+    }
+
     /// Copy elements `start..start + out.len()` into `out`.
     ///
     /// # Safety

@@ -7,11 +7,13 @@
 //! A backend answers a small [`Capabilities`] query; it makes none of these
 //! decisions itself.
 
+pub mod chain;
 pub mod epilogue;
 pub mod fusion;
 pub mod memory;
 mod splat;
 
+pub use chain::{row_chains, ChainRead, RowChain};
 pub use epilogue::{matmul_epilogues, Epilogue};
 pub use fusion::{Access, Fusion, Group, Load, MemberRead, View};
 pub use memory::{writes_in_place, MemoryPlan, Operand};
@@ -81,6 +83,8 @@ pub struct Schedule<'g> {
     pub steps: Vec<Step>,
     /// Matmul steps whose next step may run as their epilogue.
     pub epilogues: Vec<Epilogue>,
+    /// Consecutive group steps that may run a block of rows at a time.
+    pub row_chains: Vec<RowChain>,
     /// Where each graph output is after the last step.
     pub outputs: Vec<Operand>,
 }
@@ -109,8 +113,9 @@ impl<'g> Schedule<'g> {
         let memory = MemoryPlan::new(graph, &lengths, &fusion, capabilities);
         let steps = steps(graph, &splat, &fusion, &memory);
         let epilogues = matmul_epilogues(graph, &fusion, &steps);
+        let row_chains = row_chains(graph, &fusion, &steps);
         let outputs = graph.outputs.iter().map(|id| memory.operands[id.index()]).collect();
-        Schedule { graph, splat, fusion, memory, steps, epilogues, outputs }
+        Schedule { graph, splat, fusion, memory, steps, epilogues, row_chains, outputs }
     }
 
     /// The number of kernel calls.

@@ -6,12 +6,25 @@ use crate::backend::{profile, Executable, ExecutableStats};
 use crate::collective::RunContext;
 use crate::error::{Error, Result};
 use crate::ir::Op;
-use crate::kernels::fused::Source;
+use crate::kernels::fused::{ChainLink, FusedProgram, OutView, Source};
 use crate::kernels::{self, MatmulKernel};
-use crate::schedule::Operand;
+use crate::schedule::{ChainRead, Operand};
 use crate::storage::{Buffer, HostData};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, Weak};
+
+/// A fused step's program, output slots and in-place inputs.
+type FusedParts<'s> = (&'s FusedProgram, &'s [usize], &'s [Option<usize>]);
+
+/// The parts of a fused step (a row chain's member).
+fn fused_parts(step: &Step) -> FusedParts<'_> {
+    match &step.kernel {
+        Kernel::Fused { program, outputs, alias } => (program, outputs, alias),
+        Kernel::Primitive { .. } | Kernel::Epilogue { .. } | Kernel::Chain { .. } => {
+            unreachable!("a row chain's members are fused groups")
+        }
+    }
+}
 
 impl CpuExecutable {
     /// A slot's buffer, at its planned capacity: every value the slot holds
@@ -71,6 +84,9 @@ impl CpuExecutable {
                 Kernel::Epilogue { .. } => {
                     let result = self.run_epilogue(step, &mut run, context);
                     (result.map_err(|detail| ("dot + epilogue", detail)), "matmul + epilogue")
+                }
+                Kernel::Chain { .. } => {
+                    (self.run_chain(step, &mut run).map_err(|detail| ("row chain", detail)), "fused row chains")
                 }
             };
             result.map_err(|(op, detail)| Error::Execution { node: step.node_index, op, detail })?;
@@ -252,6 +268,74 @@ impl CpuExecutable {
         result
     }
 
+    /// A row chain: its members' output buffers (each slot once) are taken
+    /// out of the slots, members read earlier members' values through
+    /// views of them, and the chain runs a block of rows at a time.
+    fn run_chain(&self, step: &Step, run: &mut RunBuffers) -> std::result::Result<(), String> {
+        let Kernel::Chain { members, reads, rows } = &step.kernel else { unreachable!("called for row chains") };
+        let fused: Vec<FusedParts> = members.iter().map(fused_parts).collect();
+        let mut slots: Vec<usize> = Vec::new();
+        for &s in fused.iter().flat_map(|&(_, outputs, _)| outputs) {
+            if !slots.contains(&s) {
+                slots.push(s);
+            }
+        }
+        let mut buffers: Vec<HostData> =
+            slots.iter().map(|&s| run.slots[s].take().unwrap_or_else(|| self.fresh_slot(s, &mut run.spare))).collect();
+        let at = |s: usize| slots.iter().position(|&x| x == s).expect("a chain output's slot");
+        for &(program, outputs, alias) in &fused {
+            for (k, &s) in outputs.iter().enumerate() {
+                if !alias.contains(&Some(k)) {
+                    buffers[at(s)].reset(program.output_dtypes[k], program.output_len(k));
+                }
+            }
+        }
+        let views = buffers.iter_mut().map(OutView::of).collect::<std::result::Result<Vec<_>, _>>();
+        let result = views.and_then(|views| {
+            let mut links = Vec::with_capacity(members.len());
+            for ((member, &(program, outputs, alias)), member_reads) in members.iter().zip(&fused).zip(reads) {
+                for (k, &s) in outputs.iter().enumerate() {
+                    if buffers[at(s)].len() != program.output_len(k) {
+                        return Err(format!(
+                            "a chain output holds {} elements, not {}",
+                            buffers[at(s)].len(),
+                            program.output_len(k)
+                        ));
+                    }
+                }
+                let width = program.shape.iter().product::<usize>() / rows;
+                let chained = |op: &Operand, per_row: usize| match op {
+                    Operand::Slot(s) => slots
+                        .iter()
+                        .position(|x| x == s)
+                        .map(|at| Source::Chained { view: views[at], per_row })
+                        .ok_or_else(|| {
+                            format!("slot {s} is read as a chain value but no kernel of the chain writes it")
+                        }),
+                    Operand::Param(_) | Operand::Fused => Err("a chain value has no slot".to_string()),
+                };
+                let inputs = member
+                    .inputs
+                    .iter()
+                    .zip(alias)
+                    .zip(member_reads)
+                    .map(|((op, a), read)| match (a, read) {
+                        (Some(k), _) => Ok(Source::Output(*k)),
+                        (None, ChainRead::Before) => Ok(Source::Data(operand(op, &run.inputs, &run.slots))),
+                        (None, ChainRead::Rows) => chained(op, 1),
+                        (None, ChainRead::RowValue) => chained(op, width),
+                    })
+                    .collect::<std::result::Result<Vec<_>, _>>()?;
+                links.push(ChainLink { program, inputs, outputs: outputs.iter().map(|&s| views[at(s)]).collect() });
+            }
+            kernels::fused::run_chain(&links, *rows)
+        });
+        for (s, buffer) in slots.into_iter().zip(buffers) {
+            run.slots[s] = Some(buffer);
+        }
+        result
+    }
+
     /// The graph outputs as buffers (a slot read by two outputs is one buffer).
     fn hand_out_outputs(&self, run: &mut RunBuffers) -> Vec<Arc<Buffer>> {
         let mut taken: Vec<Option<Arc<Buffer>>> = vec![None; run.slots.len()];
@@ -283,10 +367,11 @@ impl CpuExecutable {
                 .filter(|s| match &s.kernel {
                     Kernel::Primitive { in_place, .. } => in_place.is_some(),
                     Kernel::Fused { alias, .. } => alias.iter().any(Option::is_some),
-                    Kernel::Epilogue { .. } => unreachable!("parts are single kernels"),
+                    Kernel::Epilogue { .. } | Kernel::Chain { .. } => unreachable!("parts are single kernels"),
                 })
                 .count(),
             epilogues: self.steps.iter().filter(|s| matches!(s.kernel, Kernel::Epilogue { .. })).count(),
+            row_chains: self.steps.iter().filter(|s| matches!(s.kernel, Kernel::Chain { .. })).count(),
             buffers: self.plan.slots.len(),
             planned_bytes: self.plan.planned_bytes(),
             unplanned_bytes: self.plan.unplanned_bytes,

@@ -10,7 +10,7 @@ use crate::collective::RunContext;
 use crate::error::{Error, Result};
 use crate::ir::{Graph, Node};
 use crate::kernels::fused::FusedProgram;
-use crate::schedule::{self, Capabilities, MemoryPlan, Operand, Schedule};
+use crate::schedule::{self, Capabilities, ChainRead, MemoryPlan, Operand, Schedule};
 use crate::shape::Shape;
 use crate::storage::Buffer;
 use executable::{LastRun, SlotPool};
@@ -28,6 +28,10 @@ pub struct CpuBackend {
     /// Run matmul epilogues on each row panel of the product (see
     /// [`schedule::epilogue`]).
     epilogues: bool,
+    /// Run row chains a block of rows at a time (see [`schedule::chain`])
+    /// when a step of the chain computes at least this many elements
+    /// (`usize::MAX`: never).
+    row_chains_from: usize,
     /// The kernel threads (`None`: rayon's global pool, all cores).
     pool: Option<Arc<rayon::ThreadPool>>,
     last_run: Arc<LastRun>,
@@ -36,17 +40,24 @@ pub struct CpuBackend {
 impl std::fmt::Debug for CpuBackend {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         let threads = self.pool.as_ref().map_or(rayon::current_num_threads(), |p| p.current_num_threads());
-        write!(f, "CpuBackend {{ fuse: {}, epilogues: {}, threads: {threads} }}", self.fuse, self.epilogues)
+        write!(
+            f,
+            "CpuBackend {{ fuse: {}, epilogues: {}, row_chains_from: {}, threads: {threads} }}",
+            self.fuse, self.epilogues, self.row_chains_from
+        )
     }
 }
 
 impl Default for CpuBackend {
-    /// Fusion on, unless `LAZYTRAIN_FUSION=0`, and matmul epilogues on,
-    /// unless `LAZYTRAIN_EPILOGUES=0` (both for A/B measurements); the
-    /// kernels run in rayon's global pool.
+    /// Fusion on, unless `LAZYTRAIN_FUSION=0`, matmul epilogues on, unless
+    /// `LAZYTRAIN_EPILOGUES=0`, and row chains on, unless
+    /// `LAZYTRAIN_ROW_CHAINS=0` (all for A/B measurements); the kernels run
+    /// in rayon's global pool.
     fn default() -> CpuBackend {
         let on = |name: &str| std::env::var(name).map_or(true, |v| v != "0");
-        CpuBackend { epilogues: on("LAZYTRAIN_EPILOGUES"), ..CpuBackend::with_fusion(on("LAZYTRAIN_FUSION")) }
+        CpuBackend::with_fusion(on("LAZYTRAIN_FUSION"))
+            .with_epilogues(on("LAZYTRAIN_EPILOGUES"))
+            .with_row_chains(on("LAZYTRAIN_ROW_CHAINS").then_some(ROW_CHAINS_FROM))
     }
 }
 
@@ -54,7 +65,8 @@ impl CpuBackend {
     /// A backend that fuses elementwise chains (and folds views into their
     /// loads) when `fuse`, running in rayon's global pool.
     pub fn with_fusion(fuse: bool) -> CpuBackend {
-        CpuBackend { fuse, epilogues: fuse, pool: None, last_run: Arc::default() }
+        let row_chains_from = if fuse { ROW_CHAINS_FROM } else { usize::MAX };
+        CpuBackend { fuse, epilogues: fuse, row_chains_from, pool: None, last_run: Arc::default() }
     }
 
     /// A backend with a thread pool of its own, `threads` threads: a step
@@ -83,6 +95,12 @@ impl CpuBackend {
         CpuBackend { epilogues: epilogues && self.fuse, ..self }
     }
 
+    /// The same backend running row chains whose largest step computes at
+    /// least `from` elements (`None`: none; with fusion off there are none).
+    pub fn with_row_chains(self, from: Option<usize>) -> CpuBackend {
+        CpuBackend { row_chains_from: from.filter(|_| self.fuse).unwrap_or(usize::MAX), ..self }
+    }
+
     /// True when the backend fuses elementwise chains.
     pub fn fuses(&self) -> bool {
         self.fuse
@@ -106,6 +124,9 @@ pub(super) enum Kernel {
     /// A matmul (a `Primitive` step) and its epilogue (a `Fused` step, whose
     /// input `product_input` is the product), run panel by panel.
     Epilogue { product: Box<Step>, epilogue: Box<Step>, product_input: usize },
+    /// Fused groups (`Fused` steps) run a block of `rows` rows at a time,
+    /// each in turn; `reads[m][j]` says how member `m` reads input `j`.
+    Chain { members: Vec<Step>, reads: Vec<Vec<ChainRead>>, rows: usize },
 }
 
 /// One kernel call.
@@ -122,6 +143,7 @@ impl Step {
     fn parts(&self) -> Vec<&Step> {
         match &self.kernel {
             Kernel::Epilogue { product, epilogue, .. } => vec![product, epilogue],
+            Kernel::Chain { members, .. } => members.iter().collect(),
             Kernel::Primitive { .. } | Kernel::Fused { .. } => vec![self],
         }
     }
@@ -169,10 +191,35 @@ impl Backend for CpuBackend {
     fn lower(&self, schedule: &Schedule) -> Result<Arc<dyn Executable>> {
         let graph = schedule.graph;
         let mut steps = Vec::with_capacity(schedule.steps.len());
-        let mut pairs =
-            schedule.epilogues.iter().filter(|e| self.epilogues && panels_stay_cached(graph, schedule, e)).peekable();
+        let pairs: Vec<&schedule::Epilogue> =
+            schedule.epilogues.iter().filter(|e| self.epilogues && panels_stay_cached(graph, schedule, e)).collect();
+        // A chain yields to an epilogue that takes one of its steps.
+        let paired = |k: usize| pairs.iter().any(|e| e.product_step == k || e.product_step + 1 == k);
+        let chains: Vec<&schedule::RowChain> = schedule
+            .row_chains
+            .iter()
+            .filter(|c| {
+                let largest = (c.first..c.first + c.reads.len()).map(|k| elements(schedule, k)).max().unwrap_or(0);
+                largest >= self.row_chains_from && !(c.first..c.first + c.reads.len()).any(paired)
+            })
+            .collect();
+        let mut chains = chains.into_iter().peekable();
+        let mut pairs = pairs.into_iter().peekable();
         let mut k = 0;
         while k < schedule.steps.len() {
+            if let Some(chain) = chains.next_if(|c| c.first == k) {
+                let members: Vec<Step> =
+                    (k..k + chain.reads.len()).map(|m| lower_step(graph, schedule, &schedule.steps[m])).collect();
+                let labels: Vec<&str> = members.iter().map(|m| m.label.as_str()).collect();
+                steps.push(Step {
+                    node_index: members.last().map_or(0, |m| m.node_index),
+                    label: format!("row chain: {}", labels.join(" | ")),
+                    inputs: Vec::new(),
+                    kernel: Kernel::Chain { members, reads: chain.reads.clone(), rows: chain.rows },
+                });
+                k += chain.reads.len();
+                continue;
+            }
             let step = lower_step(graph, schedule, &schedule.steps[k]);
             match pairs.next_if(|e| e.product_step == k) {
                 Some(e) => {
@@ -203,6 +250,22 @@ impl Backend for CpuBackend {
             pool: Arc::default(),
             allocated: AtomicU64::new(0),
         }))
+    }
+}
+
+/// Row chains run a block of rows at a time only where a step computes at
+/// least this many elements (64 MB of f32): smaller values stay in this
+/// CPU's last-level cache between kernels anyway, and running them by
+/// blocks measured no faster (bert-mini's attention and LayerNorm chains),
+/// while the `[tokens, vocabulary]` log-softmax reads its second pass from
+/// cache.
+const ROW_CHAINS_FROM: usize = 1 << 24;
+
+/// Elements group step `k` of `schedule` computes (0 for other steps).
+fn elements(schedule: &Schedule, k: usize) -> usize {
+    match &schedule.steps[k] {
+        schedule::Step::Group { group, .. } => schedule.fusion.groups[*group].shape.iter().product(),
+        schedule::Step::Node { .. } => 0,
     }
 }
 

@@ -1,0 +1,153 @@
+//! Row chains: consecutive fused kernels over the same rows (a log-softmax
+//! and its gradient: add and row max, exp and row sum, the reciprocal of
+//! each row's sum, the normalised rows and their column sums) give the same
+//! bits run a block of rows at a time as run one after the other, and the
+//! CPU backend really chains them; a kernel reading an earlier one's value
+//! outside its own rows is not chained.
+
+use lazytrain_core::backend::{Backend, CpuBackend, ReferenceBackend};
+use lazytrain_core::compile::optimize;
+use lazytrain_core::ir::{infer, BinaryOp, Graph, GraphBuilder, Node, NodeId, Op, ReduceOp, UnaryOp};
+use lazytrain_core::{Buffer, DType, HostData, Literal, Shape};
+use std::sync::Arc;
+
+fn param(b: &mut GraphBuilder, k: usize, dims: &[usize]) -> NodeId {
+    b.push(Node { op: Op::Parameter(k), inputs: vec![], shape: Shape::new(dims), dtype: DType::F32 })
+}
+
+fn node(b: &mut GraphBuilder, op: Op, inputs: Vec<NodeId>) -> NodeId {
+    let (shape, dtype) = {
+        let m: Vec<_> = inputs.iter().map(|i| (&b.node(*i).shape, b.node(*i).dtype)).collect();
+        match &op {
+            Op::Unary(u) => infer::unary(*u, m[0]),
+            Op::Binary(o) => infer::binary(*o, m[0], m[1]),
+            Op::Reduce { axes, .. } => infer::reduce(m[0], axes),
+            Op::Permute(p) => infer::permute(m[0], p),
+            other => panic!("{other:?} needs an explicit shape"),
+        }
+        .expect("valid node")
+    };
+    b.push(Node { op, inputs, shape, dtype })
+}
+
+fn shaped(b: &mut GraphBuilder, op: Op, input: NodeId, dims: &[usize]) -> NodeId {
+    b.push(Node { op, inputs: vec![input], shape: Shape::new(dims), dtype: DType::F32 })
+}
+
+fn scalar(b: &mut GraphBuilder, v: f64) -> NodeId {
+    b.push(Node {
+        op: Op::Constant(Literal::new(v, DType::F32)),
+        inputs: vec![],
+        shape: Shape::scalar(),
+        dtype: DType::F32,
+    })
+}
+
+fn reduce(b: &mut GraphBuilder, op: ReduceOp, x: NodeId, axis: usize) -> NodeId {
+    node(b, Op::Reduce { op, axes: vec![axis] }, vec![x])
+}
+
+/// `x` broadcast to `dims`.
+fn expand(b: &mut GraphBuilder, x: NodeId, dims: &[usize]) -> NodeId {
+    shaped(b, Op::Expand, x, dims)
+}
+
+/// Log-softmax of `x + bias` over rows of `[rows, cols]` and its gradient
+/// for a loss summing the probabilities scaled by `scale`: outputs the
+/// gradient, its column sums, each row's maximum and each row's sum. With
+/// `transposed_read`, the exponentials also add the transposed shifted
+/// logits (rows == cols), which reads other rows.
+fn softmax_graph(rows: usize, cols: usize, transposed_read: bool) -> Graph {
+    let mut b = GraphBuilder::new();
+    let x = param(&mut b, 0, &[rows, cols]);
+    let bias = param(&mut b, 1, &[cols]);
+    let scale = param(&mut b, 2, &[rows, 1]);
+    let bias_row = shaped(&mut b, Op::Reshape, bias, &[1, cols]);
+    let bias = expand(&mut b, bias_row, &[rows, cols]);
+    let logits = node(&mut b, Op::Binary(BinaryOp::Add), vec![x, bias]);
+    let max = reduce(&mut b, ReduceOp::Max, logits, 1);
+    let max_rows = expand(&mut b, max, &[rows, cols]);
+    let mut shifted = node(&mut b, Op::Binary(BinaryOp::Sub), vec![logits, max_rows]);
+    if transposed_read {
+        let across = node(&mut b, Op::Permute(vec![1, 0]), vec![logits]);
+        shifted = node(&mut b, Op::Binary(BinaryOp::Sub), vec![shifted, across]);
+    }
+    let e = node(&mut b, Op::Unary(UnaryOp::Exp), vec![shifted]);
+    let sum = reduce(&mut b, ReduceOp::Sum, e, 1);
+    let one = scalar(&mut b, 1.0);
+    let one = expand(&mut b, one, &[rows, 1]);
+    let inverse = node(&mut b, Op::Binary(BinaryOp::Div), vec![one, sum]);
+    let factor = node(&mut b, Op::Binary(BinaryOp::Mul), vec![inverse, scale]);
+    let factor_rows = expand(&mut b, factor, &[rows, cols]);
+    let grad = node(&mut b, Op::Binary(BinaryOp::Mul), vec![e, factor_rows]);
+    let columns = reduce(&mut b, ReduceOp::Sum, grad, 0);
+    b.finish(vec![grad, columns, max, sum], 3)
+}
+
+fn inputs(rows: usize, cols: usize) -> Vec<HostData> {
+    let values = |len: usize, salt: usize, spread: f32| -> Vec<f32> {
+        (0..len).map(|i| (((i * 7919 + salt * 104_729) % 2003) as f32 / 1001.0 - 1.0) * spread).collect()
+    };
+    vec![
+        HostData::F32(values(rows * cols, 1, 6.0)),
+        HostData::F32(values(cols, 2, 1.0)),
+        HostData::F32(values(rows, 3, 2.0)),
+    ]
+}
+
+/// The outputs of `graph` on `backend`, and how many row chains it ran.
+fn run(backend: &dyn Backend, graph: &Graph, params: &[HostData]) -> (Vec<Vec<f32>>, usize) {
+    let exe = backend.compile(&optimize(graph, None).unwrap()).unwrap();
+    let inputs = params.iter().map(|p| Arc::new(Buffer::new(p.clone()))).collect();
+    let outputs = exe
+        .run(inputs, &Default::default())
+        .unwrap()
+        .iter()
+        .map(|b| match b.wait().unwrap() {
+            HostData::F32(v) => v.clone(),
+            other => panic!("unexpected {}", other.dtype()),
+        })
+        .collect();
+    (outputs, exe.stats().row_chains)
+}
+
+/// Chained and unchained runs give the same bits and agree with the
+/// reference interpreter; returns how many chains the chained run ran.
+fn check(name: &str, rows: usize, cols: usize, transposed_read: bool) -> usize {
+    let graph = softmax_graph(rows, cols, transposed_read);
+    let params = inputs(rows, cols);
+    let (chained, chains) = run(&CpuBackend::default().with_row_chains(Some(0)), &graph, &params);
+    let (separate, none) = run(&CpuBackend::default().with_row_chains(None), &graph, &params);
+    assert_eq!(none, 0, "{name}");
+    for (k, (a, b)) in chained.iter().zip(&separate).enumerate() {
+        assert_eq!(a.len(), b.len(), "{name} output {k}");
+        let same = a.iter().zip(b).all(|(x, y)| x.to_bits() == y.to_bits());
+        assert!(same, "{name} output {k}: running by blocks of rows changed the values");
+    }
+    let (reference, _) = run(&ReferenceBackend, &graph, &params);
+    for (k, (a, r)) in chained.iter().zip(&reference).enumerate() {
+        for (i, (x, y)) in a.iter().zip(r).enumerate() {
+            assert!((x - y).abs() <= 1e-4 * (1.0 + y.abs()), "{name} output {k}[{i}]: {x} vs {y}");
+        }
+    }
+    chains
+}
+
+#[test]
+fn a_log_softmax_and_its_gradient_run_as_one_chain_with_the_same_bits() {
+    // Odd rows: the halves split unevenly and the column sums at the middle row.
+    assert_eq!(check("small", 301, 96, false), 1, "the four kernels run as one chain");
+    // Rows wider than a block: one row per block.
+    assert_eq!(check("wide rows", 9, 40_000, false), 1);
+    // Large enough for two threads, many blocks per half.
+    assert_eq!(check("two threads", 4099, 130, false), 1);
+}
+
+#[test]
+fn a_kernel_reading_other_rows_is_not_chained_to_their_producer() {
+    // The shifted logits read the logits transposed: they cannot run by
+    // blocks of rows behind the kernel computing the row max and the
+    // logits (which would read rows not computed yet, and differ) but start
+    // a chain of their own with the reciprocal and the gradient.
+    assert_eq!(check("transposed", 64, 64, true), 1);
+}
