@@ -4,8 +4,8 @@
 
 use lazytrain_core::backend::{Backend, CpuBackend, ReferenceBackend};
 use lazytrain_core::compile::{
-    dead_code_elimination, fold_constant_indices, fold_constants, optimize, reorder_casts, schedule_narrow_copies,
-    simplify_algebra, split_scatter_sums,
+    dead_code_elimination, fold_constant_indices, fold_constants, gather_from_operands, optimize, reorder_casts,
+    schedule_narrow_copies, simplify_algebra, split_scatter_sums,
 };
 use lazytrain_core::interp::interpret;
 use lazytrain_core::ir::{
@@ -263,6 +263,77 @@ fn column_sums_of_a_scatter_are_split_off_into_the_producer() {
     }
     let reference = interpret(&graph, &params.iter().collect::<Vec<_>>()).unwrap();
     assert_eq!(out[1], reference[1], "the scattered result itself is unchanged");
+}
+
+/// The cross-entropy of `x · wᵀ + bias` over `[rows, vocab]` logits at
+/// `labels`: the label logits gather from the product and the bias, not
+/// from their sum, which is then never stored (the row max recomputes it
+/// beside the max, the exponentials beside themselves); the same bits
+/// fused and unfused, the interpreter's values.
+#[test]
+fn label_logits_gather_from_the_product_and_the_bias_which_are_not_added_in_memory() {
+    let (rows, hidden, vocab) = (40, 8, 300);
+    let mut b = GraphBuilder::new();
+    let x = param(&mut b, 0, &[rows, hidden]);
+    let w = param(&mut b, 1, &[vocab, hidden]);
+    let bias = param(&mut b, 2, &[vocab]);
+    let labels = b.push(Node { op: Op::Parameter(3), inputs: vec![], shape: Shape::new([rows, 1]), dtype: DType::I64 });
+    let product = node(&mut b, Op::Dot { lhs_t: false, rhs_t: true }, vec![x, w]);
+    let row = b.push(Node { op: Op::Reshape, inputs: vec![bias], shape: Shape::new([1, vocab]), dtype: DType::F32 });
+    let bias = b.push(Node { op: Op::Expand, inputs: vec![row], shape: Shape::new([rows, vocab]), dtype: DType::F32 });
+    let logits = node(&mut b, Op::Binary(BinaryOp::Add), vec![product, bias]);
+    let max = node(&mut b, Op::Reduce { op: ReduceOp::Max, axes: vec![1] }, vec![logits]);
+    let max_rows =
+        b.push(Node { op: Op::Expand, inputs: vec![max], shape: Shape::new([rows, vocab]), dtype: DType::F32 });
+    let shifted = node(&mut b, Op::Binary(BinaryOp::Sub), vec![logits, max_rows]);
+    let e = node(&mut b, Op::Unary(UnaryOp::Exp), vec![shifted]);
+    let sum = node(&mut b, Op::Reduce { op: ReduceOp::Sum, axes: vec![1] }, vec![e]);
+    let picked = b.push(Node {
+        op: Op::Gather { axis: 1 },
+        inputs: vec![logits, labels],
+        shape: Shape::new([rows, 1]),
+        dtype: DType::F32,
+    });
+    let log_sum = node(&mut b, Op::Unary(UnaryOp::Log), vec![sum]);
+    let lse = node(&mut b, Op::Binary(BinaryOp::Add), vec![log_sum, max]);
+    let loss = node(&mut b, Op::Binary(BinaryOp::Sub), vec![lse, picked]);
+    let graph = b.finish(vec![loss, e], 4);
+
+    let gathers_a_sum = |g: &Graph| {
+        g.nodes.iter().any(|n| {
+            matches!(n.op, Op::Gather { .. }) && matches!(g.nodes[n.inputs[0].index()].op, Op::Binary(BinaryOp::Add))
+        })
+    };
+    let rewritten = gather_from_operands(&graph);
+    verify(&rewritten).unwrap();
+    assert!(gathers_a_sum(&graph) && !gathers_a_sum(&rewritten), "{rewritten}");
+    let optimized = optimize(&graph, None).unwrap();
+    assert!(!gathers_a_sum(&optimized), "the pipeline runs the pass");
+
+    // The sum is a member of two fused kernels and an output of neither.
+    let schedule = lazytrain_core::schedule::Schedule::new(&optimized, &CpuBackend::default().capabilities());
+    let adds: Vec<usize> = (0..optimized.nodes.len())
+        .filter(|&i| {
+            let n = &optimized.nodes[i];
+            matches!(n.op, Op::Binary(BinaryOp::Add)) && n.shape.dims() == [rows, vocab]
+        })
+        .collect();
+    assert_eq!(adds.len(), 1, "{optimized}");
+    let groups = &schedule.fusion.groups;
+    assert_eq!(groups.iter().filter(|g| g.members.contains(&adds[0])).count(), 2, "recomputed in two kernels");
+    assert!(!groups.iter().any(|g| g.outputs.contains(&adds[0])), "never stored");
+
+    let labels: Vec<i64> = (0..rows).map(|r| (r * 37 % vocab) as i64).collect();
+    let params = [
+        uniform_input(1, rows * hidden),
+        uniform_input(2, vocab * hidden),
+        uniform_input(3, vocab),
+        HostData::I64(labels),
+    ];
+    let reference = interpret(&graph, &params.iter().collect::<Vec<_>>()).unwrap();
+    let fused = run_compiled(&graph, &params);
+    assert!(fused == run_on(&CpuBackend::with_fusion(false), &graph, &params), "fused and unfused: the same bits");
+    assert!(fused.iter().zip(&reference).all(|(a, b)| close(a, b)), "the interpreter's values");
 }
 
 /// `len` f32 values drawn uniformly from [0, 1) with `seed`.

@@ -12,7 +12,8 @@ mod rewrite;
 pub(crate) use casts::narrow_copies;
 pub use casts::{reorder_casts, schedule_narrow_copies};
 pub use passes::{
-    dead_code_elimination, fold_constant_indices, fold_constants, live_nodes, simplify_algebra, split_scatter_sums,
+    dead_code_elimination, fold_constant_indices, fold_constants, gather_from_operands, live_nodes, simplify_algebra,
+    split_scatter_sums,
 };
 
 use crate::error::{Error, Result};
@@ -36,6 +37,7 @@ pub const PIPELINE: &[Pass] = &[
     Pass { name: "simplify_algebra", run: simplify_algebra },
     Pass { name: "split_scatter_sums", run: split_scatter_sums },
     Pass { name: "fold_constant_indices", run: fold_constant_indices },
+    Pass { name: "gather_from_operands", run: gather_from_operands },
     Pass { name: "reorder_casts", run: reorder_casts },
     Pass { name: "schedule_narrow_copies", run: schedule_narrow_copies },
     Pass { name: "dead_code_elimination", run: dead_code_elimination },

@@ -6,6 +6,7 @@ use crate::dtype::{DType, Literal};
 use crate::ir::{BinaryOp, Graph, GraphBuilder, Node, NodeId, Op, ReduceOp, UnaryOp};
 use crate::kernels::{self, MatmulKernel};
 use crate::storage::HostData;
+use crate::Shape;
 
 /// Which nodes an output depends on (the liveness sweep of dead-code
 /// elimination, shared with the cut at `sync`).
@@ -235,6 +236,70 @@ pub fn split_scatter_sums(graph: &Graph) -> Graph {
         let (index, updates) = (row(b, index), row(b, updates));
         let sums = b.push(Node { inputs: vec![base], ..node.clone() });
         Rewrite::Emit(Node { op: Op::ScatterAdd { axis: 1 }, inputs: vec![sums, index, updates], ..node })
+    })
+}
+
+/// A gather of a few elements of a large sum (or other elementwise binary
+/// op) of a matmul product and a row vector broadcast over its rows, along
+/// the rows (the label logits of `logits + bias`), picks from the product
+/// and the vector instead: `gather(p + expand(b), i) = gather(p, i) +
+/// b[i]`, the same values. The sum is then read only by fused kernels,
+/// which recompute it from the product instead of storing it (the dense
+/// masked-LM head's `[tokens, vocab]` biased logits: one write and one read
+/// of the logits fewer a step).
+pub fn gather_from_operands(graph: &Graph) -> Graph {
+    rebuild(graph, |b, node| {
+        let Op::Gather { axis: 1 } = node.op else { return Rewrite::Emit(node) };
+        let (data, index) = (b.node(node.inputs[0]).clone(), node.inputs[1]);
+        let Op::Binary(op) = data.op else { return Rewrite::Emit(node) };
+        let dims = data.shape.dims().to_vec();
+        if dims.len() != 2 || node.shape.numel().saturating_mul(2) > data.shape.numel() {
+            return Rewrite::Emit(node);
+        }
+        // Each operand: a product (which has a buffer anyway) or a row
+        // vector broadcast over the rows, as its `[columns]` vector.
+        let picks: Vec<Result<NodeId, NodeId>> = data
+            .inputs
+            .iter()
+            .filter_map(|&x| {
+                let operand = b.node(x);
+                match operand.op {
+                    Op::Dot { .. } if operand.shape == data.shape => Some(Ok(x)),
+                    Op::Expand if b.node(operand.inputs[0]).shape.dims() == [1, dims[1]] => {
+                        Some(Err(operand.inputs[0]))
+                    }
+                    _ => None,
+                }
+            })
+            .collect();
+        if picks.len() != 2 || !picks.iter().any(Result::is_ok) {
+            return Rewrite::Emit(node);
+        }
+        let picked: Vec<NodeId> = picks
+            .into_iter()
+            .map(|pick| match pick {
+                Ok(product) => {
+                    let dtype = b.node(product).dtype;
+                    b.push(Node { inputs: vec![product, index], dtype, ..node.clone() })
+                }
+                Err(row) => {
+                    let (dtype, index_dtype) = (b.node(row).dtype, b.node(index).dtype);
+                    let flat = |n: usize| Shape::new([n]);
+                    let vector = b.push(Node { op: Op::Reshape, inputs: vec![row], shape: flat(dims[1]), dtype });
+                    let count = node.shape.numel();
+                    let indices =
+                        b.push(Node { op: Op::Reshape, inputs: vec![index], shape: flat(count), dtype: index_dtype });
+                    let values = b.push(Node {
+                        op: Op::Gather { axis: 0 },
+                        inputs: vec![vector, indices],
+                        shape: flat(count),
+                        dtype,
+                    });
+                    b.push(Node { op: Op::Reshape, inputs: vec![values], dtype, ..node.clone() })
+                }
+            })
+            .collect();
+        Rewrite::Emit(Node { op: Op::Binary(op), inputs: picked, ..node })
     })
 }
 

@@ -270,6 +270,19 @@ pub fn plan(graph: &Graph, splat: &[bool]) -> Fusion {
                 }
                 copies_in[i] = gs;
             }
+            _ if !narrow_copy[i]
+                && recomputed_beside_row_reductions(graph, &fusion, &facts, &copies_in, i).is_some() =>
+            {
+                let gs = recomputed_beside_row_reductions(graph, &fusion, &facts, &copies_in, i).unwrap_or_default();
+                // A group of its own for the reductions to join, which
+                // stores only them; every other reader computes it again.
+                members.push(vec![i]);
+                fusion.group_of[i] = Some(members.len() - 1);
+                for &g in &gs {
+                    members[g].push(i);
+                }
+                copies_in[i] = gs;
+            }
             _ => match first_reader_group(&fusion, &members, &consumers[i], &copies_in, narrow_copy[i]) {
                 Some(g) => {
                     members[g].push(i);
@@ -346,6 +359,42 @@ fn first_reader_group(
         None => c > root(first),
     };
     readers.iter().all(|&c| runs_after(c)).then_some(first)
+}
+
+/// The groups of node `i`'s other readers, when `i` is read by f32 row
+/// reductions of one row length (which join a group of `i`'s own, see
+/// [`absorb_reductions`]) and by fused groups, and is cheap to compute
+/// again from stored operands: each of those groups then computes `i`
+/// itself and `i` is never stored (the biased vocabulary logits: their row
+/// maximum is taken beside them, the exponentials recompute them).
+fn recomputed_beside_row_reductions(
+    graph: &Graph,
+    fusion: &Fusion,
+    facts: &NodeFacts,
+    copies_in: &[Vec<usize>],
+    i: usize,
+) -> Option<Vec<usize>> {
+    if graph.nodes[i].dtype != DType::F32 || !recomputable(graph, fusion, facts, i, 0) {
+        return None;
+    }
+    let mut groups = Vec::new();
+    let mut inner = None;
+    for &c in &facts.consumers[i] {
+        let node = &graph.nodes[c];
+        match trailing_rows(graph, c) {
+            Some(rows) if node.dtype == DType::F32 && node.inputs.len() == 1 => {
+                if inner.is_some_and(|r| r != rows) {
+                    return None;
+                }
+                inner = Some(rows);
+            }
+            _ if facts.fusible[c] && copies_in[c].is_empty() => groups.push(fusion.group_of[c]?),
+            _ => return None,
+        }
+    }
+    groups.sort_unstable();
+    groups.dedup();
+    (inner.is_some() && !groups.is_empty()).then_some(groups)
 }
 
 /// What [`recomputable`] knows of every node.
