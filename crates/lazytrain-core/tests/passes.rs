@@ -4,8 +4,8 @@
 
 use lazytrain_core::backend::{Backend, CpuBackend, ReferenceBackend};
 use lazytrain_core::compile::{
-    dead_code_elimination, fold_constant_indices, fold_constants, gather_from_operands, optimize, reorder_casts,
-    schedule_narrow_copies, simplify_algebra, split_scatter_sums,
+    dead_code_elimination, fold_constant_indices, fold_constants, gather_from_operands, optimize, order_small_nodes,
+    reorder_casts, schedule_narrow_copies, simplify_algebra, split_scatter_sums,
 };
 use lazytrain_core::interp::interpret;
 use lazytrain_core::ir::{
@@ -334,6 +334,54 @@ fn label_logits_gather_from_the_product_and_the_bias_which_are_not_added_in_memo
     let fused = run_compiled(&graph, &params);
     assert!(fused == run_on(&CpuBackend::with_fusion(false), &graph, &params), "fused and unfused: the same bits");
     assert!(fused.iter().zip(&reference).all(|(a, b)| close(a, b)), "the interpreter's values");
+}
+
+/// A loss's bookkeeping traced between two large kernels over the same rows
+/// moves out of their way: what only the loss needs goes to the end, what
+/// depends on inputs alone to the start; large values keep their order and
+/// every value its bits.
+#[test]
+fn small_values_move_out_from_between_large_kernels() {
+    let (rows, cols) = (300, 400);
+    let mut b = GraphBuilder::new();
+    let x = param(&mut b, 0, &[rows, cols]);
+    let e = node(&mut b, Op::Unary(UnaryOp::Exp), vec![x]);
+    let sums = node(&mut b, Op::Reduce { op: ReduceOp::Sum, axes: vec![1] }, vec![e]);
+    let logs = node(&mut b, Op::Unary(UnaryOp::Log), vec![sums]);
+    let loss = node(&mut b, Op::Reduce { op: ReduceOp::Sum, axes: vec![0, 1] }, vec![logs]);
+    let weights = param(&mut b, 1, &[rows, 1]);
+    let count = node(&mut b, Op::Reduce { op: ReduceOp::Sum, axes: vec![0, 1] }, vec![weights]);
+    let count = b.push(Node { op: Op::Expand, inputs: vec![count], shape: Shape::new([rows, 1]), dtype: DType::F32 });
+    let scale = node(&mut b, Op::Binary(BinaryOp::Div), vec![weights, count]);
+    let factor = node(&mut b, Op::Binary(BinaryOp::Div), vec![scale, sums]);
+    let factor =
+        b.push(Node { op: Op::Expand, inputs: vec![factor], shape: Shape::new([rows, cols]), dtype: DType::F32 });
+    let grad = node(&mut b, Op::Binary(BinaryOp::Mul), vec![e, factor]);
+    let graph = b.finish(vec![loss, grad], 2);
+
+    let ordered = order_small_nodes(&graph);
+    verify(&ordered).unwrap();
+    let at = |g: &Graph, pick: &dyn Fn(&Node) -> bool| g.nodes.iter().position(pick).expect("present");
+    let is = |op: Op, dims: &'static [usize]| move |n: &Node| n.op == op && n.shape.dims() == dims;
+    let exp = |g: &Graph| at(g, &is(Op::Unary(UnaryOp::Exp), &[300, 400]));
+    let mul = |g: &Graph| at(g, &is(Op::Binary(BinaryOp::Mul), &[300, 400]));
+    let log = |g: &Graph| at(g, &is(Op::Unary(UnaryOp::Log), &[300, 1]));
+    let reciprocal_count = |g: &Graph| {
+        at(g, &|n: &Node| {
+            n.op == Op::Binary(BinaryOp::Div) && n.inputs.len() == 2 && g.nodes[n.inputs[1].index()].op == Op::Expand
+        })
+    };
+    assert!(log(&graph) < mul(&graph) && reciprocal_count(&graph) > exp(&graph), "traced between the two:\n{graph}");
+    assert!(log(&ordered) > mul(&ordered), "the loss's log after the gradient:\n{ordered}");
+    assert!(reciprocal_count(&ordered) < exp(&ordered), "the input-only scale before the exponentials:\n{ordered}");
+    let big =
+        |g: &Graph| g.nodes.iter().filter(|n| n.shape.numel() > 1 << 16).map(|n| n.op.clone()).collect::<Vec<_>>();
+    assert_eq!(big(&graph), big(&ordered), "large values keep their order");
+    assert!(lazytrain_core::compile::PIPELINE.iter().any(|p| p.name == "order_small_nodes"));
+
+    let params = [uniform_input(1, rows * cols), uniform_input(2, rows)];
+    let refs: Vec<&HostData> = params.iter().collect();
+    assert_eq!(interpret(&ordered, &refs).unwrap(), interpret(&graph, &refs).unwrap());
 }
 
 /// `len` f32 values drawn uniformly from [0, 1) with `seed`.

@@ -8,6 +8,7 @@
 use lazytrain_core::backend::{Backend, CpuBackend, ReferenceBackend};
 use lazytrain_core::compile::optimize;
 use lazytrain_core::ir::{infer, BinaryOp, Graph, GraphBuilder, Node, NodeId, Op, ReduceOp, UnaryOp};
+use lazytrain_core::schedule::Schedule;
 use lazytrain_core::{Buffer, DType, HostData, Literal, Shape};
 use std::sync::Arc;
 
@@ -23,6 +24,7 @@ fn node(b: &mut GraphBuilder, op: Op, inputs: Vec<NodeId>) -> NodeId {
             Op::Binary(o) => infer::binary(*o, m[0], m[1]),
             Op::Reduce { axes, .. } => infer::reduce(m[0], axes),
             Op::Permute(p) => infer::permute(m[0], p),
+            Op::Dot { lhs_t, rhs_t } => infer::dot(m[0], m[1], *lhs_t, *rhs_t),
             other => panic!("{other:?} needs an explicit shape"),
         }
         .expect("valid node")
@@ -52,14 +54,33 @@ fn expand(b: &mut GraphBuilder, x: NodeId, dims: &[usize]) -> NodeId {
     shaped(b, Op::Expand, x, dims)
 }
 
+/// Where the logits come from.
+#[derive(Clone, Copy, PartialEq)]
+enum Logits {
+    /// A parameter.
+    Given,
+    /// A parameter, and the exponentials also subtract the logits
+    /// transposed (rows == cols), which reads other rows.
+    TransposedRead,
+    /// A matmul product (`[rows, 8] x [cols, 8]ᵀ`), in whose buffer the
+    /// exponentials are written once the row maximum has read it.
+    Product,
+}
+
 /// Log-softmax of `x + bias` over rows of `[rows, cols]` and its gradient
 /// for a loss summing the probabilities scaled by `scale`: outputs the
-/// gradient, its column sums, each row's maximum and each row's sum. With
-/// `transposed_read`, the exponentials also add the transposed shifted
-/// logits (rows == cols), which reads other rows.
-fn softmax_graph(rows: usize, cols: usize, transposed_read: bool) -> Graph {
+/// gradient, its column sums, each row's maximum and each row's sum.
+fn softmax_graph(rows: usize, cols: usize, source: Logits) -> Graph {
     let mut b = GraphBuilder::new();
-    let x = param(&mut b, 0, &[rows, cols]);
+    let transposed_read = source == Logits::TransposedRead;
+    let x = match source {
+        Logits::Given | Logits::TransposedRead => param(&mut b, 0, &[rows, cols]),
+        Logits::Product => {
+            let a = param(&mut b, 0, &[rows, 8]);
+            let w = param(&mut b, 3, &[cols, 8]);
+            node(&mut b, Op::Dot { lhs_t: false, rhs_t: true }, vec![a, w])
+        }
+    };
     let bias = param(&mut b, 1, &[cols]);
     let scale = param(&mut b, 2, &[rows, 1]);
     let bias_row = shaped(&mut b, Op::Reshape, bias, &[1, cols]);
@@ -81,18 +102,27 @@ fn softmax_graph(rows: usize, cols: usize, transposed_read: bool) -> Graph {
     let factor_rows = expand(&mut b, factor, &[rows, cols]);
     let grad = node(&mut b, Op::Binary(BinaryOp::Mul), vec![e, factor_rows]);
     let columns = reduce(&mut b, ReduceOp::Sum, grad, 0);
-    b.finish(vec![grad, columns, max, sum], 3)
+    let params = if source == Logits::Product { 4 } else { 3 };
+    b.finish(vec![grad, columns, max, sum], params)
 }
 
-fn inputs(rows: usize, cols: usize) -> Vec<HostData> {
+fn inputs(rows: usize, cols: usize, logits: Logits) -> Vec<HostData> {
     let values = |len: usize, salt: usize, spread: f32| -> Vec<f32> {
         (0..len).map(|i| (((i * 7919 + salt * 104_729) % 2003) as f32 / 1001.0 - 1.0) * spread).collect()
     };
-    vec![
-        HostData::F32(values(rows * cols, 1, 6.0)),
-        HostData::F32(values(cols, 2, 1.0)),
-        HostData::F32(values(rows, 3, 2.0)),
-    ]
+    match logits {
+        Logits::Given | Logits::TransposedRead => vec![
+            HostData::F32(values(rows * cols, 1, 6.0)),
+            HostData::F32(values(cols, 2, 1.0)),
+            HostData::F32(values(rows, 3, 2.0)),
+        ],
+        Logits::Product => vec![
+            HostData::F32(values(rows * 8, 1, 1.0)),
+            HostData::F32(values(cols, 2, 1.0)),
+            HostData::F32(values(rows, 3, 2.0)),
+            HostData::F32(values(cols * 8, 4, 1.0)),
+        ],
+    }
 }
 
 /// The outputs of `graph` on `backend`, and how many row chains it ran.
@@ -112,10 +142,11 @@ fn run(backend: &dyn Backend, graph: &Graph, params: &[HostData]) -> (Vec<Vec<f3
 }
 
 /// Chained and unchained runs give the same bits and agree with the
-/// reference interpreter; returns how many chains the chained run ran.
-fn check(name: &str, rows: usize, cols: usize, transposed_read: bool) -> usize {
-    let graph = softmax_graph(rows, cols, transposed_read);
-    let params = inputs(rows, cols);
+/// reference interpreter; returns how many kernels each chain the chained
+/// run ran has.
+fn check(name: &str, rows: usize, cols: usize, logits: Logits) -> Vec<usize> {
+    let graph = softmax_graph(rows, cols, logits);
+    let params = inputs(rows, cols, logits);
     let (chained, chains) = run(&CpuBackend::default().with_row_chains(Some(0)), &graph, &params);
     let (separate, none) = run(&CpuBackend::default().with_row_chains(None), &graph, &params);
     assert_eq!(none, 0, "{name}");
@@ -130,17 +161,25 @@ fn check(name: &str, rows: usize, cols: usize, transposed_read: bool) -> usize {
             assert!((x - y).abs() <= 1e-4 * (1.0 + y.abs()), "{name} output {k}[{i}]: {x} vs {y}");
         }
     }
-    chains
+    let optimized = optimize(&graph, None).unwrap();
+    let schedule = Schedule::new(&optimized, &CpuBackend::default().capabilities());
+    let lengths: Vec<usize> = schedule.row_chains.iter().map(|c| c.reads.len()).collect();
+    assert_eq!(lengths.len(), chains, "{name}: the backend runs every chain the schedule names");
+    lengths
 }
 
 #[test]
 fn a_log_softmax_and_its_gradient_run_as_one_chain_with_the_same_bits() {
     // Odd rows: the halves split unevenly and the column sums at the middle row.
-    assert_eq!(check("small", 301, 96, false), 1, "the four kernels run as one chain");
+    assert_eq!(check("small", 301, 96, Logits::Given), [4], "add+max, exp+sum, reciprocal, gradient");
     // Rows wider than a block: one row per block.
-    assert_eq!(check("wide rows", 9, 40_000, false), 1);
+    assert_eq!(check("wide rows", 9, 40_000, Logits::Given), [4]);
     // Large enough for two threads, many blocks per half.
-    assert_eq!(check("two threads", 4099, 130, false), 1);
+    assert_eq!(check("two threads", 4099, 130, Logits::Given), [4]);
+    // The exponentials overwrite the product the row maximum read, row by
+    // row after it, and the gradient overwrites the exponentials (panels of
+    // the product over 4 MiB: the CPU runs no epilogue after the matmul).
+    assert_eq!(check("over the product", 1100, 1100, Logits::Product), [4]);
 }
 
 #[test]
@@ -149,5 +188,5 @@ fn a_kernel_reading_other_rows_is_not_chained_to_their_producer() {
     // blocks of rows behind the kernel computing the row max and the
     // logits (which would read rows not computed yet, and differ) but start
     // a chain of their own with the reciprocal and the gradient.
-    assert_eq!(check("transposed", 64, 64, true), 1);
+    assert_eq!(check("transposed", 64, 64, Logits::TransposedRead), [3]);
 }

@@ -6,11 +6,13 @@
 //! backend then plans memory and emits an executable from the result.
 
 mod casts;
+mod order;
 mod passes;
 mod rewrite;
 
 pub(crate) use casts::narrow_copies;
 pub use casts::{reorder_casts, schedule_narrow_copies};
+pub use order::order_small_nodes;
 pub use passes::{
     dead_code_elimination, fold_constant_indices, fold_constants, gather_from_operands, live_nodes, simplify_algebra,
     split_scatter_sums,
@@ -40,6 +42,7 @@ pub const PIPELINE: &[Pass] = &[
     Pass { name: "gather_from_operands", run: gather_from_operands },
     Pass { name: "reorder_casts", run: reorder_casts },
     Pass { name: "schedule_narrow_copies", run: schedule_narrow_copies },
+    Pass { name: "order_small_nodes", run: order_small_nodes },
     Pass { name: "dead_code_elimination", run: dead_code_elimination },
 ];
 

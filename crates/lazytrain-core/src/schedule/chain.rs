@@ -134,7 +134,7 @@ fn chain_from(graph: &Graph, fusion: &Fusion, steps: &[Step], first: usize) -> O
     // Values the chain wrote (node, per row, slot); slots read as values
     // from before the chain; slots of column sums.
     let mut values: Vec<(usize, Written, usize)> = Vec::new();
-    let mut read_before: Vec<usize> = Vec::new();
+    let mut read_before: Vec<(usize, Option<usize>)> = Vec::new();
     let mut column_slots: Vec<usize> = Vec::new();
     let mut reads = Vec::new();
     for step in &steps[first..] {
@@ -146,7 +146,7 @@ fn chain_from(graph: &Graph, fusion: &Fusion, steps: &[Step], first: usize) -> O
         for (j, read) in step_reads.iter().enumerate() {
             // An input overwritten in place is the output's value from now on.
             if let (ChainRead::Before, Operand::Slot(s), None) = (read, m.inputs[j], m.alias[j]) {
-                read_before.push(s);
+                read_before.push((s, own_positions(&m, j).then_some(numel(m.group) / rows)));
             }
         }
         for (&o, &s) in m.group.outputs.iter().zip(m.outputs) {
@@ -161,6 +161,11 @@ fn chain_from(graph: &Graph, fusion: &Fusion, steps: &[Step], first: usize) -> O
     (reads.len() >= 2).then_some(RowChain { first, rows, reads })
 }
 
+/// True when every load of input `j` of `m` reads at the group's own positions.
+fn own_positions(m: &Member, j: usize) -> bool {
+    m.group.loads.iter().filter(|l| l.input == j).all(|l| l.access == Access::Contiguous)
+}
+
 /// How member `m` would read its inputs as the next step of a chain over
 /// `rows` rows that has written `values`, or `None` when it cannot join.
 fn admit(
@@ -168,7 +173,7 @@ fn admit(
     m: &Member,
     rows: usize,
     values: &[(usize, Written, usize)],
-    read_before: &[usize],
+    read_before: &[(usize, Option<usize>)],
     column_slots: &[usize],
 ) -> Option<Vec<ChainRead>> {
     let group = m.group;
@@ -219,11 +224,21 @@ fn admit(
     }
     for (k, &s) in m.outputs.iter().enumerate() {
         // Writing a slot an earlier step of the chain still reads in later
-        // rows (a value from before it) or wrote is only safe in place: over
-        // a value of the same width this group reads at its own positions.
-        let in_place = m.alias.iter().enumerate().any(|(j, a)| *a == Some(k) && reads[j] == ChainRead::Rows);
+        // rows (a value from before it) or wrote is only safe in place, over
+        // a value this group reads at its own positions: earlier steps read
+        // or wrote it at theirs, in rows of the same width, and are done
+        // with the rows this group overwrites.
+        let in_place = |read: ChainRead| {
+            m.alias.iter().enumerate().any(|(j, a)| *a == Some(k) && reads[j] == read && own_positions(m, j))
+        };
         let written_before = values.iter().any(|(_, _, v)| *v == s);
-        if read_before.contains(&s) || column_slots.contains(&s) || (written_before && !in_place) {
+        let before_readers = read_before.iter().filter(|(slot, _)| *slot == s);
+        let read_in_rows = before_readers.clone().all(|&(_, w)| w == Some(width));
+        let read_earlier = before_readers.count() > 0;
+        if column_slots.contains(&s)
+            || (written_before && !in_place(ChainRead::Rows))
+            || (read_earlier && !(read_in_rows && (in_place(ChainRead::Before) || in_place(ChainRead::Rows))))
+        {
             return None;
         }
         if written(graph, group, group.outputs[k], rows) == Written::ColumnSum && written_before {

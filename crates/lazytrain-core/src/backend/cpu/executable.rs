@@ -321,6 +321,11 @@ impl CpuExecutable {
                     .zip(member_reads)
                     .map(|((op, a), read)| match (a, read) {
                         (Some(k), _) => Ok(Source::Output(*k)),
+                        // A value from before the chain in a slot a later
+                        // kernel overwrites in place (read at its own positions).
+                        (None, ChainRead::Before) if matches!(op, Operand::Slot(s) if slots.contains(s)) => {
+                            chained(op, 1)
+                        }
                         (None, ChainRead::Before) => Ok(Source::Data(operand(op, &run.inputs, &run.slots))),
                         (None, ChainRead::Rows) => chained(op, 1),
                         (None, ChainRead::RowValue) => chained(op, width),
