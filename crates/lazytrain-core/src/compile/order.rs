@@ -6,15 +6,16 @@
 
 use crate::ir::{Graph, GraphBuilder, NodeId, Op};
 
-/// Values of at most this many elements are small: moving them changes no
-/// memory peak worth speaking of.
+/// Values of at most this many elements are small: keeping one alive longer
+/// costs no memory worth speaking of.
 const SMALL: usize = 1 << 16;
 
 /// Reorder `graph`: a small value read only by small values, which read only
 /// small values (a loss and what only it needs), is computed at the end;
 /// inputs and small constants come first, every other small value of small
 /// values, inputs or matmul products as soon as its inputs are; large
-/// values keep their order. Values and memory peaks do not change.
+/// values keep their order. Values do not change; a large value may die
+/// sooner (its last small reader moved up), never later.
 pub fn order_small_nodes(graph: &Graph) -> Graph {
     let n = graph.nodes.len();
     let small = |i: usize| graph.nodes[i].shape.numel() <= SMALL;

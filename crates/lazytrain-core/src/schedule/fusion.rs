@@ -270,28 +270,27 @@ pub fn plan(graph: &Graph, splat: &[bool]) -> Fusion {
                 }
                 copies_in[i] = gs;
             }
-            _ if !narrow_copy[i]
-                && recomputed_beside_row_reductions(graph, &fusion, &facts, &copies_in, i).is_some() =>
-            {
-                let gs = recomputed_beside_row_reductions(graph, &fusion, &facts, &copies_in, i).unwrap_or_default();
-                // A group of its own for the reductions to join, which
-                // stores only them; every other reader computes it again.
-                members.push(vec![i]);
-                fusion.group_of[i] = Some(members.len() - 1);
-                for &g in &gs {
-                    members[g].push(i);
-                }
-                copies_in[i] = gs;
-            }
-            _ => match first_reader_group(&fusion, &members, &consumers[i], &copies_in, narrow_copy[i]) {
-                Some(g) => {
-                    members[g].push(i);
-                    fusion.group_of[i] = Some(g);
-                }
-                None => {
+            _ => match recomputed_beside_row_reductions(graph, &fusion, &facts, &copies_in, i) {
+                Some(gs) if !narrow_copy[i] => {
+                    // A group of its own for the reductions to join, which
+                    // stores only them; every other reader computes it again.
                     members.push(vec![i]);
                     fusion.group_of[i] = Some(members.len() - 1);
+                    for &g in &gs {
+                        members[g].push(i);
+                    }
+                    copies_in[i] = gs;
                 }
+                _ => match first_reader_group(&fusion, &members, &consumers[i], &copies_in, narrow_copy[i]) {
+                    Some(g) => {
+                        members[g].push(i);
+                        fusion.group_of[i] = Some(g);
+                    }
+                    None => {
+                        members.push(vec![i]);
+                        fusion.group_of[i] = Some(members.len() - 1);
+                    }
+                },
             },
         }
     }
