@@ -55,9 +55,10 @@ pub fn order_small_nodes(graph: &Graph) -> Graph {
             placed[x] = true;
             order.push(x);
             // A small reader whose inputs are all placed now follows at once
-            // (readers in traced order, so the result is deterministic).
+            // (readers in traced order, so the result is deterministic; a
+            // reader appears once per operand it reads `x` as).
             for &r in readers[x].iter().rev() {
-                waiting[r] -= graph.nodes[r].inputs.iter().filter(|id| id.index() == x).count();
+                waiting[r] -= 1;
                 if waiting[r] == 0 && early(r) {
                     ready.push(r);
                 }
