@@ -36,11 +36,12 @@ fn shaped(b: &mut GraphBuilder, op: Op, input: NodeId, dims: &[usize]) -> NodeId
     b.push(Node { op, inputs: vec![input], shape: Shape::new(dims), dtype: DType::F32 })
 }
 
-fn scalar(b: &mut GraphBuilder, v: f64) -> NodeId {
+/// The constant `v` over `dims`.
+fn constant(b: &mut GraphBuilder, v: f64, dims: &[usize]) -> NodeId {
     b.push(Node {
         op: Op::Constant(Literal::new(v, DType::F32)),
         inputs: vec![],
-        shape: Shape::scalar(),
+        shape: Shape::new(dims),
         dtype: DType::F32,
     })
 }
@@ -95,8 +96,7 @@ fn softmax_graph(rows: usize, cols: usize, source: Logits) -> Graph {
     }
     let e = node(&mut b, Op::Unary(UnaryOp::Exp), vec![shifted]);
     let sum = reduce(&mut b, ReduceOp::Sum, e, 1);
-    let one = scalar(&mut b, 1.0);
-    let one = expand(&mut b, one, &[rows, 1]);
+    let one = constant(&mut b, 1.0, &[rows, 1]);
     let inverse = node(&mut b, Op::Binary(BinaryOp::Div), vec![one, sum]);
     let factor = node(&mut b, Op::Binary(BinaryOp::Mul), vec![inverse, scale]);
     let factor_rows = expand(&mut b, factor, &[rows, cols]);
