@@ -7,43 +7,16 @@
 
 use lazytrain_core::backend::{Backend, CpuBackend, ReferenceBackend};
 use lazytrain_core::compile::optimize;
-use lazytrain_core::ir::{infer, BinaryOp, Graph, GraphBuilder, Node, NodeId, Op, ReduceOp, UnaryOp};
+use lazytrain_core::ir::{BinaryOp, Graph, GraphBuilder, Node, NodeId, Op, ReduceOp, UnaryOp};
 use lazytrain_core::schedule::Schedule;
-use lazytrain_core::{Buffer, DType, HostData, Literal, Shape};
+use lazytrain_core::{Buffer, DType, HostData, Shape};
 use std::sync::Arc;
 
-fn param(b: &mut GraphBuilder, k: usize, dims: &[usize]) -> NodeId {
-    b.push(Node { op: Op::Parameter(k), inputs: vec![], shape: Shape::new(dims), dtype: DType::F32 })
-}
-
-fn node(b: &mut GraphBuilder, op: Op, inputs: Vec<NodeId>) -> NodeId {
-    let (shape, dtype) = {
-        let m: Vec<_> = inputs.iter().map(|i| (&b.node(*i).shape, b.node(*i).dtype)).collect();
-        match &op {
-            Op::Unary(u) => infer::unary(*u, m[0]),
-            Op::Binary(o) => infer::binary(*o, m[0], m[1]),
-            Op::Reduce { axes, .. } => infer::reduce(m[0], axes),
-            Op::Permute(p) => infer::permute(m[0], p),
-            Op::Dot { lhs_t, rhs_t } => infer::dot(m[0], m[1], *lhs_t, *rhs_t),
-            other => panic!("{other:?} needs an explicit shape"),
-        }
-        .expect("valid node")
-    };
-    b.push(Node { op, inputs, shape, dtype })
-}
+mod common;
+use common::{constant, node, param};
 
 fn shaped(b: &mut GraphBuilder, op: Op, input: NodeId, dims: &[usize]) -> NodeId {
     b.push(Node { op, inputs: vec![input], shape: Shape::new(dims), dtype: DType::F32 })
-}
-
-/// The constant `v` over `dims`.
-fn constant(b: &mut GraphBuilder, v: f64, dims: &[usize]) -> NodeId {
-    b.push(Node {
-        op: Op::Constant(Literal::new(v, DType::F32)),
-        inputs: vec![],
-        shape: Shape::new(dims),
-        dtype: DType::F32,
-    })
 }
 
 fn reduce(b: &mut GraphBuilder, op: ReduceOp, x: NodeId, axis: usize) -> NodeId {

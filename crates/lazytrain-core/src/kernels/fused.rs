@@ -221,10 +221,7 @@ impl FusedProgram {
     fn run_column_sums(&self, inputs: &[Source], outputs: &mut [HostData]) -> Result<(), String> {
         let (numel, len) = (self.numel(), self.column_len);
         let outs = self.out_views(outputs)?;
-        let fresh = || -> Vec<Vec<f64>> {
-            (0..outs.0.len()).map(|k| if self.is_column_sum(k) { vec![0.0; len] } else { Vec::new() }).collect()
-        };
-        let (mut first, mut second) = (fresh(), fresh());
+        let (mut first, mut second) = (self.column_partials(outs.0.len()), self.column_partials(outs.0.len()));
         let mid = numel / len / 2 * len;
         if numel >= PARALLEL_MIN && rayon::current_num_threads() > 1 {
             let (a, b) = rayon::join(
@@ -236,12 +233,28 @@ impl FusedProgram {
             self.run_range(inputs, &outs, 0, mid, None, &mut first)?;
             self.run_range(inputs, &outs, mid, numel, None, &mut second)?;
         }
-        for (k, (a, b)) in first.iter().zip(&second).enumerate().filter(|(k, _)| self.is_column_sum(*k)) {
-            let sums: Vec<f32> = a.iter().zip(b).map(|(x, y)| (x + y) as f32).collect();
-            // SAFETY: both halves have finished; output `k` holds `len` elements.
-            unsafe { outs.0[k].write(0, &sums) }
-        }
+        // SAFETY: both halves have finished.
+        unsafe { self.write_column_sums(&outs.0, &first, &second) };
         Ok(())
+    }
+
+    /// Empty `f64` partial sums for each of `outputs` outputs (a column's
+    /// worth for a column sum, none for the others).
+    fn column_partials(&self, outputs: usize) -> Vec<Vec<f64>> {
+        (0..outputs).map(|k| if self.is_column_sum(k) { vec![0.0; self.column_len] } else { Vec::new() }).collect()
+    }
+
+    /// Write each column sum as the sum of its two halves' partial sums.
+    ///
+    /// # Safety
+    /// `outs` are this program's output views, sized for it, and no thread
+    /// touches them meanwhile.
+    unsafe fn write_column_sums(&self, outs: &[OutView], first: &[Vec<f64>], second: &[Vec<f64>]) {
+        for (k, (a, b)) in first.iter().zip(second).enumerate().filter(|(k, _)| self.is_column_sum(*k)) {
+            let sums: Vec<f32> = a.iter().zip(b).map(|(x, y)| (x + y) as f32).collect();
+            // SAFETY: the caller's; output `k` holds `column_len` elements.
+            unsafe { outs[k].write(0, &sums) }
+        }
     }
 
     /// Run all elements, split between two threads at a multiple of `unit`

@@ -40,17 +40,7 @@ pub(crate) fn run_chain(links: &[ChainLink], rows: usize) -> Result<(), String> 
     let widest = widths.iter().copied().max().unwrap_or(1).max(1);
     let block = (BLOCK_ELEMENTS / widest).max(1);
     let outs: Vec<OutViews> = links.iter().map(|l| OutViews(l.outputs.clone())).collect();
-    let fresh = || -> Vec<Vec<Vec<f64>>> {
-        links
-            .iter()
-            .map(|l| {
-                let p = l.program;
-                (0..l.outputs.len())
-                    .map(|k| if p.is_column_sum(k) { vec![0.0; p.column_len] } else { Vec::new() })
-                    .collect()
-            })
-            .collect()
-    };
+    let fresh = || -> Vec<Vec<Vec<f64>>> { links.iter().map(|l| l.program.column_partials(l.outputs.len())).collect() };
     let half = |lo: usize, hi: usize, columns: &mut Vec<Vec<Vec<f64>>>| -> Result<(), String> {
         let mut row = lo;
         while row < hi {
@@ -73,13 +63,8 @@ pub(crate) fn run_chain(links: &[ChainLink], rows: usize) -> Result<(), String> 
         half(mid, rows, &mut second)?;
     }
     for (k, link) in links.iter().enumerate() {
-        for (out, (a, b)) in
-            first[k].iter().zip(&second[k]).enumerate().filter(|(out, _)| link.program.is_column_sum(*out))
-        {
-            let sums: Vec<f32> = a.iter().zip(b).map(|(x, y)| (x + y) as f32).collect();
-            // SAFETY: both halves have finished; the output holds `column_len` elements.
-            unsafe { link.outputs[out].write(0, &sums) }
-        }
+        // SAFETY: both halves have finished; each link's outputs are sized for its program.
+        unsafe { link.program.write_column_sums(&link.outputs, &first[k], &second[k]) };
     }
     Ok(())
 }
