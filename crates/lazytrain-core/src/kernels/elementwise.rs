@@ -331,9 +331,13 @@ pub(super) fn select_lanes<C: Copy, T: Copy>(c: &[C], a: &[T], b: &[T], o: &mut 
     if full(c.len()) && full(a.len()) && full(b.len()) {
         o.iter_mut().zip(c.iter().zip(a).zip(b)).for_each(|(o, ((&c, &x), &y))| *o = if is_true(c) { x } else { y });
     } else if full(c.len()) && full(a.len()) {
-        o.iter_mut().zip(c.iter().zip(a)).for_each(|(o, (&c, &x))| *o = if is_true(c) { x } else { b[0] });
+        // The constant in a local: read through the slice inside the loop,
+        // it compiles to a gather of per-lane addresses.
+        let y = b[0];
+        o.iter_mut().zip(c.iter().zip(a)).for_each(|(o, (&c, &x))| *o = if is_true(c) { x } else { y });
     } else if full(c.len()) && full(b.len()) {
-        o.iter_mut().zip(c.iter().zip(b)).for_each(|(o, (&c, &y))| *o = if is_true(c) { a[0] } else { y });
+        let x = a[0];
+        o.iter_mut().zip(c.iter().zip(b)).for_each(|(o, (&c, &y))| *o = if is_true(c) { x } else { y });
     } else {
         for (i, o) in o.iter_mut().enumerate() {
             *o = if is_true(at(c, i)) { at(a, i) } else { at(b, i) };
