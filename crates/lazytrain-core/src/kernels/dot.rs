@@ -1,6 +1,6 @@
 //! Batched matmul kernels: a naive reference loop and the `gemm` crate.
 
-use super::gemm::{gemm_into, gemm_parallelism, matmul_parallelism, GemmOperand};
+use super::gemm::{copies_rhs, gemm_into, gemm_parallelism, matmul_parallelism, GemmOperand};
 use super::numeric::{FloatLike, Real};
 use crate::storage::HostData;
 use half::bf16;
@@ -140,7 +140,7 @@ fn gemm_native<T: Real + Send + Sync + 'static>(
 }
 
 /// Batches `range` of the product into `o` (which holds exactly them).
-fn gemm_batches<T: Real + 'static>(
+fn gemm_batches<T: Real + Send + Sync + 'static>(
     d: DotDims,
     (a, la): (&[T], &MatrixLayout),
     (b, lb): (&[T], &MatrixLayout),
@@ -305,6 +305,11 @@ impl<'a> RowPanels<'a> {
             None => MatrixLayout::contiguous(x.shape, transposed, x.data.len()),
         };
         let (la, lb) = (layout(&a, d.lhs_t)?, layout(&b, d.rhs_t)?);
+        if matches!(b.data, HostData::F32(_)) && copies_rhs((d.m, d.k, d.n), (lb.rs, lb.cs)) {
+            // Each panel would copy the whole right operand: the product
+            // runs whole, with one copy, and its epilogue after it.
+            return Ok(None);
+        }
         Ok(Some(RowPanels { d, a: a.data, la, b: b.data, lb }))
     }
 
