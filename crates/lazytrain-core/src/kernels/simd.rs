@@ -46,10 +46,20 @@ macro_rules! widest {
             }
             if $crate::kernels::simd::avx512() {
                 // SAFETY: the features were detected on this CPU.
-                unsafe { avx512(#[inline(always)] || $body) }
+                unsafe {
+                    avx512(
+                        #[inline(always)]
+                        || $body,
+                    )
+                }
             } else if $crate::kernels::simd::avx2() {
                 // SAFETY: as above.
-                unsafe { avx2(#[inline(always)] || $body) }
+                unsafe {
+                    avx2(
+                        #[inline(always)]
+                        || $body,
+                    )
+                }
             } else {
                 $body
             }
