@@ -277,7 +277,11 @@ thread_local! {
     static SCRATCH: std::cell::RefCell<Vec<f32>> = const { std::cell::RefCell::new(Vec::new()) };
 }
 
-/// [`block`] with its geometry and partial-sum scratch.
+/// [`block`] with its geometry and partial-sum scratch. A left operand
+/// that needs packing while the right one is shared packed is packed once
+/// per block of rows and `k` (looping over the column blocks inside);
+/// otherwise each right block is packed once and stays in cache while the
+/// row blocks go by.
 ///
 /// # Safety
 /// As for [`block`].
@@ -293,70 +297,119 @@ unsafe fn block_with(
     g: &Geometry,
     scratch: &mut [f32],
 ) {
-    let width = cols.len();
     let mut own_b: Vec<u32> = Vec::new();
     let mut own_a: Vec<u32> = Vec::new();
     let direct_a = reads_in_place(&a, k);
     let mut tile = [0f32; MR * NR];
-    for jc in cols.clone().step_by(g.nc) {
-        let nb = g.nc.min(cols.end - jc);
-        let strips_b = nb.div_ceil(NR);
-        for kb in 0..g.k_blocks {
-            let (p0, kp) = g.k_block(kb);
-            let (first, last) = (kb == 0, kb + 1 == g.k_blocks);
-            let packed_b: &[u32] = match shared {
-                // Threads splitting rows cover all columns: `jc` is a block start.
-                Shared::B(packed) => packed.block(jc / g.nc, kb),
-                Shared::None | Shared::A(_) => {
-                    let own = sized(&mut own_b, strips_b * kp * NR);
-                    pack_b(&b, k, jc..jc + nb, p0, kp, own);
-                    own
+    let ctx = Tiles { n, a, out, rows: rows.clone(), cols: cols.clone(), g, direct_a };
+    let row_blocks = || rows.clone().step_by(g.mc).map(|ic| (ic, g.mc.min(rows.end - ic)));
+    let col_blocks = || cols.clone().step_by(g.nc).map(|jc| (jc, g.nc.min(cols.end - jc)));
+    let mut pack_own_a = |ic: usize, mb: usize, p0: usize, kp: usize| -> *const u32 {
+        let own = sized(&mut own_a, mb.div_ceil(MR) * kp * MR);
+        pack_a(&a, k, ic..ic + mb, p0, kp, own);
+        own.as_ptr()
+    };
+    match (shared, direct_a) {
+        (Shared::B(packed), false) => {
+            for kb in 0..g.k_blocks {
+                let (p0, kp) = g.k_block(kb);
+                for (ic, mb) in row_blocks() {
+                    let packed_a = pack_own_a(ic, mb, p0, kp);
+                    for (jc, nb) in col_blocks() {
+                        // Threads splitting rows cover all columns: `jc` is a block start.
+                        let packed_b = packed.block(jc / g.nc, kb).as_ptr();
+                        ctx.compute((ic, mb), (jc, nb), kb, (packed_a, packed_b), &mut tile, scratch);
+                    }
                 }
-            };
-            for ic in rows.clone().step_by(g.mc) {
-                let mb = g.mc.min(rows.end - ic);
-                let strips_a = mb.div_ceil(MR);
-                let packed_a: &[u32] = match (shared, direct_a) {
-                    (_, true) => &[],
-                    // Threads splitting columns cover all rows: `ic` is a block start.
-                    (Shared::A(packed), false) => packed.block(ic / g.mc, kb),
-                    (Shared::None | Shared::B(_), false) => {
-                        let own = sized(&mut own_a, strips_a * kp * MR);
-                        pack_a(&a, k, ic..ic + mb, p0, kp, own);
-                        own
-                    }
-                };
-                for sa in 0..strips_a {
-                    let (i0, tr) = (ic + sa * MR, MR.min(rows.end - ic - sa * MR));
-                    // Word `p` of row `r` is at `rows_a[r] + p * step_a`.
-                    let (rows_a, step_a) = if direct_a {
-                        let base = a.data.as_ptr().add(a.offset + 2 * p0);
-                        // Rows past the edge repeat the last row; their results are dropped.
-                        (std::array::from_fn(|r| base.add((i0 + r.min(tr - 1)) * a.rs) as *const u32), 1)
-                    } else {
-                        let pa = packed_a.as_ptr().add(sa * kp * MR);
-                        (std::array::from_fn(|r| pa.add(r)), MR)
+            }
+        }
+        _ => {
+            for (jc, nb) in col_blocks() {
+                for kb in 0..g.k_blocks {
+                    let (p0, kp) = g.k_block(kb);
+                    let packed_b: *const u32 = match shared {
+                        Shared::B(packed) => packed.block(jc / g.nc, kb).as_ptr(),
+                        Shared::None | Shared::A(_) => {
+                            let own = sized(&mut own_b, nb.div_ceil(NR) * kp * NR);
+                            pack_b(&b, k, jc..jc + nb, p0, kp, own);
+                            own.as_ptr()
+                        }
                     };
-                    for sb in 0..strips_b {
-                        let pb = packed_b.as_ptr().add(sb * kp * NR);
-                        let (j0, tc) = (jc + sb * NR, NR.min(jc + nb - jc - sb * NR));
-                        // Where this tile's partial sums live between k blocks.
-                        let partial = match out {
-                            OutPtr::F32(p) => Partial::Out(p, n, i0, j0),
-                            OutPtr::BF16(_) => {
-                                Partial::Scratch(scratch.as_mut_ptr(), width, i0 - rows.start, j0 - cols.start)
-                            }
+                    for (ic, mb) in row_blocks() {
+                        let packed_a: *const u32 = match (shared, direct_a) {
+                            (_, true) => std::ptr::null(),
+                            // Threads splitting columns cover all rows: `ic` is a block start.
+                            (Shared::A(packed), false) => packed.block(ic / g.mc, kb).as_ptr(),
+                            (Shared::None | Shared::B(_), false) => pack_own_a(ic, mb, p0, kp),
                         };
-                        if !first {
-                            partial.load(&mut tile, tr, tc);
-                        }
-                        micro_kernel(kp, (&rows_a, step_a), pb, &mut tile, !first);
-                        if last {
-                            store(&tile, out, n, i0, j0, tr, tc);
-                        } else {
-                            partial.save(&tile, tr, tc);
-                        }
+                        ctx.compute((ic, mb), (jc, nb), kb, (packed_a, packed_b), &mut tile, scratch);
                     }
+                }
+            }
+        }
+    }
+}
+
+/// What every block of one thread's rectangle shares.
+struct Tiles<'a, 'g> {
+    n: usize,
+    a: View<'a>,
+    out: OutPtr,
+    rows: std::ops::Range<usize>,
+    cols: std::ops::Range<usize>,
+    g: &'g Geometry,
+    direct_a: bool,
+}
+
+impl Tiles<'_, '_> {
+    /// The tiles of rows `ic..ic + mb` x columns `jc..jc + nb` over `k`
+    /// block `kb`, from the packed blocks (`packed_a` unused when the left
+    /// operand is read in place): partial sums loaded before and saved
+    /// after every block but the first and last, the last block's stored.
+    ///
+    /// # Safety
+    /// As for [`block`]; the packed blocks hold these rows, columns and `k` block.
+    #[inline(always)]
+    unsafe fn compute(
+        &self,
+        (ic, mb): (usize, usize),
+        (jc, nb): (usize, usize),
+        kb: usize,
+        (packed_a, packed_b): (*const u32, *const u32),
+        tile: &mut [f32; MR * NR],
+        scratch: &mut [f32],
+    ) {
+        let (g, a, rows, cols) = (self.g, &self.a, &self.rows, &self.cols);
+        let (p0, kp) = g.k_block(kb);
+        let (first, last) = (kb == 0, kb + 1 == g.k_blocks);
+        let width = cols.len();
+        for sa in 0..mb.div_ceil(MR) {
+            let (i0, tr) = (ic + sa * MR, MR.min(rows.end - ic - sa * MR));
+            // Word `p` of row `r` is at `rows_a[r] + p * step_a`.
+            let (rows_a, step_a) = if self.direct_a {
+                let base = a.data.as_ptr().add(a.offset + 2 * p0);
+                // Rows past the edge repeat the last row; their results are dropped.
+                (std::array::from_fn(|r| base.add((i0 + r.min(tr - 1)) * a.rs) as *const u32), 1)
+            } else {
+                let pa = packed_a.add(sa * kp * MR);
+                (std::array::from_fn(|r| pa.add(r)), MR)
+            };
+            for sb in 0..nb.div_ceil(NR) {
+                let pb = packed_b.add(sb * kp * NR);
+                let (j0, tc) = (jc + sb * NR, NR.min(jc + nb - jc - sb * NR));
+                // Where this tile's partial sums live between k blocks.
+                let partial = match self.out {
+                    OutPtr::F32(p) => Partial::Out(p, self.n, i0, j0),
+                    OutPtr::BF16(_) => Partial::Scratch(scratch.as_mut_ptr(), width, i0 - rows.start, j0 - cols.start),
+                };
+                if !first {
+                    partial.load(tile, tr, tc);
+                }
+                micro_kernel(kp, (&rows_a, step_a), pb, tile, !first);
+                if last {
+                    store(tile, self.out, self.n, i0, j0, tr, tc);
+                } else {
+                    partial.save(tile, tr, tc);
                 }
             }
         }
@@ -709,9 +762,16 @@ mod tests {
         if !available() {
             return;
         }
-        for (m, k, n, lhs_transposed) in
-            [(130, 1100, 70, false), (130, 1101, 70, true), (40, 1100, 150, true), (41, 600, 150, false)]
-        {
+        // (330, 1100, 300): a packed left operand over two column blocks of
+        // the shared right one and two `k` blocks (packed once per row and
+        // `k` block on several threads, once per column block on one).
+        for (m, k, n, lhs_transposed) in [
+            (130, 1100, 70, false),
+            (130, 1101, 70, true),
+            (40, 1100, 150, true),
+            (41, 600, 150, false),
+            (330, 1100, 300, true),
+        ] {
             let (a, b) = (values(m * k, 11), values(k * n, 12));
             let av = match lhs_transposed {
                 true => View { data: &a, offset: 0, rs: 1, cs: m },
