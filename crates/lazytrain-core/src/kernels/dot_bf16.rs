@@ -502,12 +502,25 @@ fn pack_b(b: &View, k: usize, cols: std::ops::Range<usize>, p0: usize, pairs: us
                 interleave(row(2 * q), hi, &mut strip[p * NR..p * NR + width]);
             }
         } else if b.rs == 1 {
-            for c in 0..width {
-                let column = &d[b.offset + (j + c) * b.cs..];
-                for p in 0..pairs {
-                    let q = p0 + p;
-                    let hi = if 2 * q + 1 < k { u32::from(column[2 * q + 1]) } else { 0 };
-                    strip[p * NR + c] = u32::from(column[2 * q]) | hi << 16;
+            // Transposed storage: each column is contiguous in `k`, so the
+            // pair (2q, 2q + 1) of a column is one unaligned 32-bit word.
+            // Blocks of 16 pairs: the columns' words are read in runs and
+            // the strip written a row of words at a time.
+            let full = (k / 2).saturating_sub(p0).min(pairs);
+            let base = &d[b.offset + j * b.cs + 2 * p0..];
+            for p1 in (0..full).step_by(16) {
+                let rows = 16.min(full - p1);
+                for c in 0..width {
+                    let column = &base[c * b.cs + 2 * p1..][..2 * rows];
+                    for (r, pair) in column.chunks_exact(2).enumerate() {
+                        strip[(p1 + r) * NR + c] = u32::from(pair[0]) | u32::from(pair[1]) << 16;
+                    }
+                }
+            }
+            if full < pairs {
+                // The last pair of an odd `k`.
+                for c in 0..width {
+                    strip[full * NR + c] = u32::from(d[b.offset + (j + c) * b.cs + 2 * (p0 + full)]);
                 }
             }
         } else {
@@ -811,6 +824,31 @@ mod tests {
         for bits in [0x3F80_8000u32, 0x3F81_8000, 0x3F80_8001, 0x3F80_7FFF] {
             let x = f32::from_bits(bits);
             assert_eq!(bf16_from_f32(x).to_bits(), bf16::from_f32(x).to_bits());
+        }
+    }
+
+    /// A right operand stored transposed (its columns contiguous in `k`)
+    /// packs into the words of the row-major one: odd `k` (the last pair
+    /// half empty), several `k` blocks, a ragged strip, an odd offset.
+    #[test]
+    fn a_transposed_right_operand_gives_the_row_major_bits() {
+        if !available() {
+            return;
+        }
+        for (m, k, n, threads) in [(5, 1101, 70, 1), (9, 6, 34, 1), (3, 7, 33, 2), (130, 2050, 40, 2)] {
+            let (a, b) = (values(m * k, 7), values(k * n, 8));
+            let mut bt = vec![bf16::ZERO; 1 + k * n];
+            for p in 0..k {
+                for j in 0..n {
+                    bt[1 + j * k + p] = b[p * n + j];
+                }
+            }
+            let av = View { data: &a, offset: 0, rs: k, cs: 1 };
+            let mut direct = vec![0f32; m * n];
+            let mut viewed = vec![0f32; m * n];
+            matmul(m, k, n, av, View { data: &b, offset: 0, rs: n, cs: 1 }, Out::F32(&mut direct), threads);
+            matmul(m, k, n, av, View { data: &bt, offset: 1, rs: 1, cs: k }, Out::F32(&mut viewed), threads);
+            assert_eq!(direct, viewed, "{m}x{k}x{n}");
         }
     }
 
