@@ -323,7 +323,7 @@ unsafe fn block_with(
                 }
             }
         }
-        _ => {
+        (Shared::B(_), true) | (Shared::None | Shared::A(_), _) => {
             for (jc, nb) in col_blocks() {
                 for kb in 0..g.k_blocks {
                     let (p0, kp) = g.k_block(kb);

@@ -17,9 +17,9 @@ pub(crate) struct GemmOperand<T> {
 /// long and the product has at least [`TRANSPOSE_RHS_FROM_M`] rows: `gemm`
 /// packs such an operand slowly when `k` is long (BERT-base's feed-forward
 /// output, `[1024, 3072] x [768, 3072]^T`: 15.9 ms against 11.0 ms with the
-/// operand row-major on a 2-core Zen machine; no faster at `k` = 2048
-/// and the same at 1024), and the copy takes about 1.5 ms. The values are the same bits: `gemm`
-/// packs either layout into the same panels.
+/// operand row-major on a 2-core Zen machine; no faster at `k` = 2048 and
+/// the same at 1024), and the copy takes about 1.5 ms. The values are the
+/// same bits: `gemm` packs either layout into the same panels.
 const TRANSPOSE_RHS_FROM_K: usize = 3072;
 /// See [`TRANSPOSE_RHS_FROM_K`]: the copy is paid once per call, the time
 /// it saves grows with the rows.
@@ -100,7 +100,9 @@ unsafe fn transpose_columns<T: Real + Send + Sync>(
             use rayon::prelude::*;
             out[..k * n].par_chunks_mut(ROWS * n).enumerate().for_each(rows_of);
         }
-        _ => out[..k * n].chunks_mut(ROWS * n).enumerate().for_each(rows_of),
+        gemm::Parallelism::Rayon(_) | gemm::Parallelism::None => {
+            out[..k * n].chunks_mut(ROWS * n).enumerate().for_each(rows_of)
+        }
     }
 }
 
@@ -111,6 +113,9 @@ struct SendPtr<T>(*const T);
 impl<T> SendPtr<T> {
     /// The pointer `offset` values on (a method, so that closures capture
     /// the whole `SendPtr`, not its field).
+    ///
+    /// # Safety
+    /// The result lies inside the pointer's buffer.
     unsafe fn at(self, offset: usize) -> *const T {
         self.0.add(offset)
     }
