@@ -286,11 +286,13 @@ impl FusedProgram {
             outputs
                 .iter_mut()
                 .enumerate()
-                .map(|(k, o)| match o {
-                    HostData::F32(v) if v.len() == self.output_len(k) => Ok(OutView::F32(v.as_mut_ptr())),
-                    HostData::Bool(v) if v.len() == numel => Ok(OutView::Bool(v.as_mut_ptr())),
-                    HostData::BF16(v) if v.len() == numel => Ok(OutView::BF16(v.as_mut_ptr())),
-                    other => Err(format!("a fused kernel cannot write {} x {}", other.len(), other.dtype())),
+                .map(|(k, o)| {
+                    // Reductions and column sums are f32; every other output is full size.
+                    let len = if matches!(o, HostData::F32(_)) { self.output_len(k) } else { numel };
+                    match o.len() == len {
+                        true => OutView::of(o),
+                        false => Err(format!("a fused kernel cannot write {} x {}", o.len(), o.dtype())),
+                    }
                 })
                 .collect::<Result<_, _>>()?,
         ))
