@@ -332,7 +332,7 @@ pub fn run(args: &BenchArgs) -> lazytrain::Result<()> {
     // group's peak is this process's times the processes.
     let processes = lazytrain_dist::mpi_job_position().map_or(1, |(_, n)| n);
     let peak = gemm_peak_gflops(&Device::on_backend(master.backend)?, precision)? * processes as f64;
-    let report = serde_json::json!({
+    let mut report = serde_json::json!({
         "framework": "lazytrain", "config": args.model, "arch": config.model_type.name(), "precision": if args.bf16 { "bf16" } else { "fp32" },
         "bf16_saved_activations": args.bf16_saved_activations,
         "replicas": master.world, "processes": processes,
@@ -350,6 +350,9 @@ pub fn run(args: &BenchArgs) -> lazytrain::Result<()> {
         "mfu_executed": (executed / peak * 1000.0).round() / 1000.0,
         "peak_rss_mb": peak_rss_mb().round(),
     });
+    if args.bf16 {
+        report["bf16_matmul"] = serde_json::json!(lazytrain_core::bf16_matmul_method());
+    }
     if let Some(profile) = profile {
         eprint!("{profile}");
     }

@@ -14,29 +14,24 @@
 //! instruction rounds them (round to nearest even, denormals flushed), so
 //! results equal an f32 matmul of the same bf16 inputs within f32 rounding.
 
+use super::bf16_arithmetic::{arithmetic, micro_kernel_fma, Arithmetic};
 use super::numeric::bf16_from_f32;
 use half::bf16;
 
 /// Rows of the register tile.
-const MR: usize = 8;
+pub(crate) const MR: usize = 8;
 /// Columns of the register tile (two vectors of 16 f32).
-const NR: usize = 32;
+pub(crate) const NR: usize = 32;
 /// Pairs of `k` per block: packed strips stay in L1/L2 however long `k` is.
 const KC_PAIRS: usize = 512;
 /// Packed-operand budgets in bytes: a left block, a right block.
 const A_BLOCK_BYTES: usize = 192 * 1024;
 const B_BLOCK_BYTES: usize = 512 * 1024;
 
-/// True when this CPU has the AVX-512 BF16 dot-product instruction.
+/// True when this CPU runs this kernel: it has AVX-512 F, and multiplies
+/// as [`arithmetic`] says (`vdpbf16ps`, or FMA on widened values).
 pub(crate) fn available() -> bool {
-    #[cfg(target_arch = "x86_64")]
-    {
-        std::is_x86_feature_detected!("avx512f") && std::is_x86_feature_detected!("avx512bf16")
-    }
-    #[cfg(not(target_arch = "x86_64"))]
-    {
-        false
-    }
+    arithmetic().is_some()
 }
 
 /// A logical matrix inside a bf16 buffer: element `(i, j)` is at
@@ -80,6 +75,19 @@ unsafe impl Sync for OutPtr {}
 /// `out = a x b` for `m x k` and `k x n` views, on up to `threads` threads.
 /// Only call when [`available`] says so.
 pub(crate) fn matmul(m: usize, k: usize, n: usize, a: View, b: View, out: Out, threads: usize) {
+    let arithmetic = arithmetic().expect("callers check `available`");
+    matmul_with(arithmetic, (m, k, n), a, b, out, threads);
+}
+
+/// [`matmul`] with the given arithmetic, which this CPU supports.
+pub(crate) fn matmul_with(
+    arithmetic: Arithmetic,
+    (m, k, n): (usize, usize, usize),
+    a: View,
+    b: View,
+    out: Out,
+    threads: usize,
+) {
     let ptr = match out {
         Out::F32(o) => {
             assert!(o.len() >= m * n, "the output holds the product");
@@ -97,7 +105,7 @@ pub(crate) fn matmul(m: usize, k: usize, n: usize, a: View, b: View, out: Out, t
     let work = m * n * k;
     if parts == 1 || work < 1 << 20 {
         // SAFETY: the caller checked the CPU; the ranges cover the output once.
-        unsafe { block(k, n, a, b, ptr, 0..m, 0..n, &Shared::None) };
+        unsafe { block(&Geometry::of(k, arithmetic), n, a, b, ptr, 0..m, 0..n, &Shared::None) };
         return;
     }
     // Split the longer side between the threads. The operand along the
@@ -107,35 +115,41 @@ pub(crate) fn matmul(m: usize, k: usize, n: usize, a: View, b: View, out: Out, t
     let split_rows = m >= n;
     let (len, unit) = if split_rows { (m, MR) } else { (n, NR) };
     let chunk = len.div_ceil(parts).div_ceil(unit) * unit;
-    let geometry = Geometry::of(k);
+    let geometry = Geometry::of(k, arithmetic);
+    let words = geometry.words;
     let shared = match split_rows {
         true => {
-            let pack = |cols, p0, pairs, out: &mut [u32]| pack_b(&b, k, cols, p0, pairs, out);
+            let pack = |cols, p0, pairs, out: &mut [u32]| pack_b(&b, (k, words), cols, p0, pairs, out);
             Shared::B(prepack(&geometry, (n, geometry.nc, NR), parts, &pack))
         }
-        false if reads_in_place(&a, k) => Shared::None,
+        false if geometry.reads_in_place(&a) => Shared::None,
         false => {
-            let pack = |rows, p0, pairs, out: &mut [u32]| pack_a(&a, k, rows, p0, pairs, out);
+            let pack = |rows, p0, pairs, out: &mut [u32]| pack_a(&a, (k, words), rows, p0, pairs, out);
             Shared::A(prepack(&geometry, (m, geometry.mc, MR), parts, &pack))
         }
     };
-    let shared = &shared;
+    let (shared, geometry) = (&shared, &geometry);
     rayon::scope(|s| {
         for start in (0..len).step_by(chunk) {
             let range = start..(start + chunk).min(len);
             s.spawn(move |_| {
                 let (rows, cols) = if split_rows { (range, 0..n) } else { (0..m, range) };
                 // SAFETY: as above; the threads' ranges are disjoint.
-                unsafe { block(k, n, a, b, ptr, rows, cols, shared) };
+                unsafe { block(geometry, n, a, b, ptr, rows, cols, shared) };
             });
         }
     });
 }
 
-/// How a product is blocked: [`KC_PAIRS`] pairs of `k` per block, right
-/// operand blocks of `nc` columns and left operand blocks of `mc` rows
-/// within the packing budgets.
+/// How a product is blocked: [`KC_PAIRS`] pairs of `k` per block (half as
+/// many when values are packed widened, the same bytes), right operand
+/// blocks of `nc` columns and left operand blocks of `mc` rows within the
+/// packing budgets.
 struct Geometry {
+    k: usize,
+    arithmetic: Arithmetic,
+    /// Packed words per pair of `k` per row or column.
+    words: usize,
     pairs: usize,
     kc: usize,
     nc: usize,
@@ -144,28 +158,31 @@ struct Geometry {
 }
 
 impl Geometry {
-    fn of(k: usize) -> Geometry {
-        let pairs = k.div_ceil(2);
-        let kc = KC_PAIRS.min(pairs.max(1));
+    fn of(k: usize, arithmetic: Arithmetic) -> Geometry {
+        let (pairs, words) = (k.div_ceil(2), arithmetic.words_per_pair());
+        let kc = (KC_PAIRS / words).min(pairs.max(1));
         Geometry {
+            k,
+            arithmetic,
+            words,
             pairs,
             kc,
-            nc: ((B_BLOCK_BYTES / (4 * kc)) / NR * NR).max(NR),
-            mc: ((A_BLOCK_BYTES / (4 * kc)) / MR * MR).max(MR),
+            nc: ((B_BLOCK_BYTES / (4 * kc * words)) / NR * NR).max(NR),
+            mc: ((A_BLOCK_BYTES / (4 * kc * words)) / MR * MR).max(MR),
             k_blocks: pairs.div_ceil(kc).max(1),
         }
+    }
+
+    /// True when rows of `a` are read in place: contiguous bf16 pairs are
+    /// already the words `vdpbf16ps` broadcasts (widened values are packed).
+    fn reads_in_place(&self, a: &View) -> bool {
+        self.arithmetic == Arithmetic::DotPairs && a.cs == 1 && self.k.is_multiple_of(2)
     }
 
     /// Pairs `p0..p0 + len` of `k` block `kb`.
     fn k_block(&self, kb: usize) -> (usize, usize) {
         (kb * self.kc, self.kc.min(self.pairs - kb * self.kc))
     }
-}
-
-/// True when rows of `a` are read in place: contiguous bf16 pairs are
-/// already the words the kernel broadcasts.
-fn reads_in_place(a: &View, k: usize) -> bool {
-    a.cs == 1 && k.is_multiple_of(2)
 }
 
 /// An operand packed once for all the threads of a product: for each
@@ -217,10 +234,10 @@ fn prepack(g: &Geometry, (len, side, unit): (usize, usize, usize), parts: usize,
             for first in (0..strips).step_by(per_job) {
                 let last = (first + per_job).min(strips);
                 let range = s0 + first * unit..(s0 + last * unit).min(s0 + width);
-                jobs.push(((last - first) * kp * unit, range, p0, kp));
+                jobs.push(((last - first) * kp * unit * g.words, range, p0, kp));
             }
             let start = *starts.last().expect("starts with 0");
-            starts.push(start + strips * kp * unit);
+            starts.push(start + strips * kp * unit * g.words);
         }
     }
     let mut words = vec![0u32; *starts.last().expect("starts with 0")];
@@ -250,7 +267,7 @@ fn prepack(g: &Geometry, (len, side, unit): (usize, usize, usize), parts: usize,
 /// thread writes the rectangle.
 #[allow(clippy::too_many_arguments)]
 unsafe fn block(
-    k: usize,
+    g: &Geometry,
     n: usize,
     a: View,
     b: View,
@@ -259,7 +276,6 @@ unsafe fn block(
     cols: std::ops::Range<usize>,
     shared: &Shared,
 ) {
-    let g = Geometry::of(k);
     let width = cols.len();
     // Partial sums of a bf16 product between k blocks: this thread's
     // buffer, kept between products (every element is written by the first
@@ -268,8 +284,7 @@ unsafe fn block(
         (OutPtr::BF16(_), true) => rows.len() * width,
         _ => 0,
     };
-    SCRATCH
-        .with_borrow_mut(|buffer| block_with(k, n, (a, b), out, (rows, cols), shared, &g, sized(buffer, scratch_len)));
+    SCRATCH.with_borrow_mut(|buffer| block_with(n, (a, b), out, (rows, cols), shared, g, sized(buffer, scratch_len)));
 }
 
 thread_local! {
@@ -288,7 +303,6 @@ thread_local! {
 #[allow(clippy::too_many_arguments)]
 #[inline(always)]
 unsafe fn block_with(
-    k: usize,
     n: usize,
     (a, b): (View, View),
     out: OutPtr,
@@ -299,14 +313,14 @@ unsafe fn block_with(
 ) {
     let mut own_b: Vec<u32> = Vec::new();
     let mut own_a: Vec<u32> = Vec::new();
-    let direct_a = reads_in_place(&a, k);
+    let (k, words, direct_a) = (g.k, g.words, g.reads_in_place(&a));
     let mut tile = [0f32; MR * NR];
     let ctx = Tiles { n, a, out, rows: rows.clone(), cols: cols.clone(), g, direct_a };
     let row_blocks = || rows.clone().step_by(g.mc).map(|ic| (ic, g.mc.min(rows.end - ic)));
     let col_blocks = || cols.clone().step_by(g.nc).map(|jc| (jc, g.nc.min(cols.end - jc)));
     let mut pack_own_a = |ic: usize, mb: usize, p0: usize, kp: usize| -> *const u32 {
-        let own = sized(&mut own_a, mb.div_ceil(MR) * kp * MR);
-        pack_a(&a, k, ic..ic + mb, p0, kp, own);
+        let own = sized(&mut own_a, mb.div_ceil(MR) * kp * MR * words);
+        pack_a(&a, (k, words), ic..ic + mb, p0, kp, own);
         own.as_ptr()
     };
     match (shared, direct_a) {
@@ -330,8 +344,8 @@ unsafe fn block_with(
                     let packed_b: *const u32 = match shared {
                         Shared::B(packed) => packed.block(jc / g.nc, kb).as_ptr(),
                         Shared::None | Shared::A(_) => {
-                            let own = sized(&mut own_b, nb.div_ceil(NR) * kp * NR);
-                            pack_b(&b, k, jc..jc + nb, p0, kp, own);
+                            let own = sized(&mut own_b, nb.div_ceil(NR) * kp * NR * words);
+                            pack_b(&b, (k, words), jc..jc + nb, p0, kp, own);
                             own.as_ptr()
                         }
                     };
@@ -391,11 +405,11 @@ impl Tiles<'_, '_> {
                 // Rows past the edge repeat the last row; their results are dropped.
                 (std::array::from_fn(|r| base.add((i0 + r.min(tr - 1)) * a.rs) as *const u32), 1)
             } else {
-                let pa = packed_a.add(sa * kp * MR);
+                let pa = packed_a.add(sa * kp * MR * g.words);
                 (std::array::from_fn(|r| pa.add(r)), MR)
             };
             for sb in 0..nb.div_ceil(NR) {
-                let pb = packed_b.add(sb * kp * NR);
+                let pb = packed_b.add(sb * kp * NR * g.words);
                 let (j0, tc) = (jc + sb * NR, NR.min(jc + nb - jc - sb * NR));
                 // Where this tile's partial sums live between k blocks.
                 let partial = match self.out {
@@ -405,7 +419,10 @@ impl Tiles<'_, '_> {
                 if !first {
                     partial.load(tile, tr, tc);
                 }
-                micro_kernel(kp, (&rows_a, step_a), pb, tile, !first);
+                match g.arithmetic {
+                    Arithmetic::DotPairs => micro_kernel(kp, (&rows_a, step_a), pb, tile, !first),
+                    Arithmetic::Fma => micro_kernel_fma(kp, rows_a[0], pb, tile, !first),
+                }
                 if last {
                     store(tile, self.out, self.n, i0, j0, tr, tc);
                 } else {
@@ -481,16 +498,40 @@ fn interleave(lo: &[u16], hi: Option<&[u16]>, out: &mut [u32]) {
     }
 }
 
+/// Store pair word `word` (the values of `k` rows `2p` and `2p + 1`) of
+/// column (or row) `c` of `k` pair `p` into a packed strip `unit` wide:
+/// as one word (`words` = 1, for `vdpbf16ps`), or as its two values
+/// widened to f32 in consecutive rows of `unit` words (`words` = 2).
+#[inline(always)]
+fn put(strip: &mut [u32], (unit, words): (usize, usize), p: usize, c: usize, word: u32) {
+    if words == 1 {
+        strip[p * unit + c] = word;
+    } else {
+        strip[2 * p * unit + c] = word << 16;
+        strip[(2 * p + 1) * unit + c] = word & 0xFFFF_0000;
+    }
+}
+
 /// Pack columns `cols` and row pairs `p0..p0 + pairs` of `b` (`k x n`)
 /// into `packed`: per strip of [`NR`] columns, per pair of rows, [`NR`]
-/// words holding `(b[2p][j], b[2p+1][j])` (zero past the edges). Row-major
-/// and transposed storage each get a loop that reads memory in order.
-fn pack_b(b: &View, k: usize, cols: std::ops::Range<usize>, p0: usize, pairs: usize, packed: &mut [u32]) {
+/// words holding `(b[2p][j], b[2p+1][j])` (`words` = 1), or `2 x NR`
+/// words holding row `2p` then row `2p + 1` widened to f32 (`words` = 2);
+/// zero past the edges. Row-major and transposed storage each get a loop
+/// that reads memory in order.
+fn pack_b(
+    b: &View,
+    (k, words): (usize, usize),
+    cols: std::ops::Range<usize>,
+    p0: usize,
+    pairs: usize,
+    packed: &mut [u32],
+) {
     let nb = cols.len();
     let d = raw(b.data);
+    let strip_len = pairs * NR * words;
     for s in 0..nb.div_ceil(NR) {
         let (width, j) = (NR.min(nb - s * NR), cols.start + s * NR);
-        let strip = &mut packed[s * pairs * NR..(s + 1) * pairs * NR];
+        let strip = &mut packed[s * strip_len..(s + 1) * strip_len];
         if width < NR {
             strip.chunks_mut(NR).for_each(|words| words[width..].fill(0));
         }
@@ -499,7 +540,17 @@ fn pack_b(b: &View, k: usize, cols: std::ops::Range<usize>, p0: usize, pairs: us
                 let q = p0 + p;
                 let row = |r: usize| &d[b.offset + r * b.rs + j..][..width];
                 let hi = (2 * q + 1 < k).then(|| row(2 * q + 1));
-                interleave(row(2 * q), hi, &mut strip[p * NR..p * NR + width]);
+                let at = p * NR * words;
+                match words {
+                    1 => interleave(row(2 * q), hi, &mut strip[at..at + width]),
+                    _ => {
+                        widen(row(2 * q), &mut strip[at..at + width]);
+                        match hi {
+                            Some(hi) => widen(hi, &mut strip[at + NR..at + NR + width]),
+                            None => strip[at + NR..at + NR + width].fill(0),
+                        }
+                    }
+                }
             }
         } else if b.rs == 1 {
             // Transposed storage: each column is contiguous in `k`, so the
@@ -513,14 +564,14 @@ fn pack_b(b: &View, k: usize, cols: std::ops::Range<usize>, p0: usize, pairs: us
                 for c in 0..width {
                     let column = &base[c * b.cs + 2 * p1..][..2 * rows];
                     for (r, pair) in column.chunks_exact(2).enumerate() {
-                        strip[(p1 + r) * NR + c] = u32::from(pair[0]) | u32::from(pair[1]) << 16;
+                        put(strip, (NR, words), p1 + r, c, u32::from(pair[0]) | u32::from(pair[1]) << 16);
                     }
                 }
             }
             if full < pairs {
                 // The last pair of an odd `k`.
                 for c in 0..width {
-                    strip[full * NR + c] = u32::from(d[b.offset + (j + c) * b.cs + 2 * (p0 + full)]);
+                    put(strip, (NR, words), full, c, u32::from(d[b.offset + (j + c) * b.cs + 2 * (p0 + full)]));
                 }
             }
         } else {
@@ -528,23 +579,43 @@ fn pack_b(b: &View, k: usize, cols: std::ops::Range<usize>, p0: usize, pairs: us
                 let q = p0 + p;
                 for c in 0..width {
                     let hi = if 2 * q + 1 < k { b.bits(2 * q + 1, j + c) } else { 0 };
-                    strip[p * NR + c] = b.bits(2 * q, j + c) | hi << 16;
+                    put(strip, (NR, words), p, c, b.bits(2 * q, j + c) | hi << 16);
                 }
             }
         }
     }
 }
 
+/// `out[c]` = `values[c]` widened to f32 bits.
+#[inline(always)]
+fn widen(values: &[u16], out: &mut [u32]) {
+    out.iter_mut().zip(values).for_each(|(o, &v)| *o = u32::from(v) << 16);
+}
+
 /// Pack rows `rows` and column pairs `p0..p0 + pairs` of `a` (`m x k`)
 /// into `packed`: per strip of [`MR`] rows, per pair of columns, [`MR`]
-/// words holding `(a[i][2p], a[i][2p+1])` (zero past the edge). (Row-major
-/// `a` with an even `k` is read in place instead.)
-fn pack_a(a: &View, k: usize, rows: std::ops::Range<usize>, p0: usize, pairs: usize, packed: &mut [u32]) {
+/// words holding `(a[i][2p], a[i][2p+1])` (`words` = 1), or `2 x MR` words
+/// holding column `2p` then column `2p + 1` widened to f32 (`words` = 2);
+/// zero past the edges. (Row-major `a` with an even `k` is read in place
+/// by `vdpbf16ps` instead.)
+fn pack_a(
+    a: &View,
+    (k, words): (usize, usize),
+    rows: std::ops::Range<usize>,
+    p0: usize,
+    pairs: usize,
+    packed: &mut [u32],
+) {
     let (i0, mb) = (rows.start, rows.len());
     let strips = mb.div_ceil(MR);
+    let strip_len = pairs * MR * words;
     if !mb.is_multiple_of(MR) {
         // The last strip's rows past the edge.
-        packed[(strips - 1) * pairs * MR..].chunks_mut(MR).for_each(|words| words[mb % MR..].fill(0));
+        packed[(strips - 1) * strip_len..].chunks_mut(MR).for_each(|words| words[mb % MR..].fill(0));
+    }
+    if words == 2 {
+        pack_a_widened(a, k, rows, p0, pairs, packed);
+        return;
     }
     let d = raw(a.data);
     let mut column_pair = vec![0u32; mb];
@@ -561,9 +632,45 @@ fn pack_a(a: &View, k: usize, rows: std::ops::Range<usize>, p0: usize, pairs: us
                 *w = a.bits(i0 + i, 2 * q) | hi << 16;
             }
         }
-        for (s, words) in column_pair.chunks(MR).enumerate() {
+        for (s, strip_words) in column_pair.chunks(MR).enumerate() {
             let at = (s * pairs + p) * MR;
-            packed[at..at + words.len()].copy_from_slice(words);
+            packed[at..at + strip_words.len()].copy_from_slice(strip_words);
+        }
+    }
+}
+
+/// [`pack_a`] widening to f32: column `c` of the block (`k` index
+/// `2 p0 + c`) of strip row `r` goes to word `c * MR + r` of its strip,
+/// read along whichever axis `a` stores contiguously; the column past an
+/// odd `k` is zero. Rows past the edge hold zeros or repeat the last row
+/// (their results are dropped).
+fn pack_a_widened(a: &View, k: usize, rows: std::ops::Range<usize>, p0: usize, pairs: usize, packed: &mut [u32]) {
+    let (i0, mb) = (rows.start, rows.len());
+    let strip_len = 2 * pairs * MR;
+    let columns = (2 * pairs).min(k - 2 * p0);
+    let d = raw(a.data);
+    for (s, strip) in packed.chunks_mut(strip_len).take(mb.div_ceil(MR)).enumerate() {
+        let height = MR.min(mb - s * MR);
+        if columns < 2 * pairs {
+            strip[columns * MR..].fill(0);
+        }
+        if a.cs == 1 {
+            // The strip's rows side by side (rows past the edge repeat the
+            // last one; their results are dropped), written a column at a time.
+            let rows: [&[u16]; MR] =
+                std::array::from_fn(|r| &d[a.offset + (i0 + s * MR + r.min(height - 1)) * a.rs + 2 * p0..][..columns]);
+            for (c, words) in strip.chunks_exact_mut(MR).take(columns).enumerate() {
+                for (word, row) in words.iter_mut().zip(&rows) {
+                    *word = u32::from(row[c]) << 16;
+                }
+            }
+        } else {
+            for c in 0..columns {
+                let at = a.offset + (2 * p0 + c) * a.cs + (i0 + s * MR) * a.rs;
+                for (r, word) in strip[c * MR..c * MR + height].iter_mut().enumerate() {
+                    *word = u32::from(d[at + r * a.rs]) << 16;
+                }
+            }
         }
     }
 }
@@ -729,39 +836,37 @@ mod tests {
 
     #[test]
     fn products_match_f64_within_f32_rounding_on_odd_shapes() {
-        if !available() {
-            eprintln!("skipped: this CPU has no AVX-512 BF16");
-            return;
-        }
-        for (m, k, n, threads) in [
-            (1, 1, 1, 1),
-            (17, 33, 65, 1),
-            (9, 7, 31, 2),
-            (3, 1024, 2, 2),
-            (64, 257, 96, 2),
-            (8, 512, 300, 2),
-            (20, 1500, 40, 1),
-        ] {
-            let (a, b) = (values(m * k, 1), values(k * n, 2));
-            let mut out = vec![0f32; m * n];
-            let av = View { data: &a, offset: 0, rs: k, cs: 1 };
-            let bv = View { data: &b, offset: 0, rs: n, cs: 1 };
-            // The last two are big enough to split rows, then columns, over threads.
-            matmul(m, k, n, av, bv, Out::F32(&mut out), threads);
-            let (exact, magnitude) = reference(m, k, n, &a, &b);
-            for i in 0..m * n {
-                let bound = (k as f64 + 2.0) * f64::from(f32::EPSILON) * magnitude[i] + 1e-30;
-                assert!(
-                    (f64::from(out[i]) - exact[i]).abs() <= bound,
-                    "{m}x{k}x{n} element {i}: {} vs {}",
-                    out[i],
-                    exact[i]
-                );
-            }
-            let mut rounded = vec![bf16::ZERO; m * n];
-            matmul(m, k, n, av, bv, Out::BF16(&mut rounded), threads);
-            for i in 0..m * n {
-                assert_eq!(rounded[i], bf16::from_f32(out[i]), "bf16 output is the f32 result rounded");
+        for arithmetic in Arithmetic::supported() {
+            for (m, k, n, threads) in [
+                (1, 1, 1, 1),
+                (17, 33, 65, 1),
+                (9, 7, 31, 2),
+                (3, 1024, 2, 2),
+                (64, 257, 96, 2),
+                (8, 512, 300, 2),
+                (20, 1500, 40, 1),
+            ] {
+                let (a, b) = (values(m * k, 1), values(k * n, 2));
+                let mut out = vec![0f32; m * n];
+                let av = View { data: &a, offset: 0, rs: k, cs: 1 };
+                let bv = View { data: &b, offset: 0, rs: n, cs: 1 };
+                // The last two are big enough to split rows, then columns, over threads.
+                matmul_with(arithmetic, (m, k, n), av, bv, Out::F32(&mut out), threads);
+                let (exact, magnitude) = reference(m, k, n, &a, &b);
+                for i in 0..m * n {
+                    let bound = (k as f64 + 2.0) * f64::from(f32::EPSILON) * magnitude[i] + 1e-30;
+                    assert!(
+                        (f64::from(out[i]) - exact[i]).abs() <= bound,
+                        "{m}x{k}x{n} element {i}: {} vs {}",
+                        out[i],
+                        exact[i]
+                    );
+                }
+                let mut rounded = vec![bf16::ZERO; m * n];
+                matmul_with(arithmetic, (m, k, n), av, bv, Out::BF16(&mut rounded), threads);
+                for i in 0..m * n {
+                    assert_eq!(rounded[i], bf16::from_f32(out[i]), "bf16 output is the f32 result rounded");
+                }
             }
         }
     }
@@ -772,33 +877,32 @@ mod tests {
     /// several `k` blocks and ragged edges.
     #[test]
     fn shared_packing_gives_the_single_thread_bits() {
-        if !available() {
-            return;
-        }
-        // (330, 1100, 300): a packed left operand over two column blocks of
-        // the shared right one and two `k` blocks (packed once per row and
-        // `k` block on several threads, once per column block on one).
-        for (m, k, n, lhs_transposed) in [
-            (130, 1100, 70, false),
-            (130, 1101, 70, true),
-            (40, 1100, 150, true),
-            (41, 600, 150, false),
-            (330, 1100, 300, true),
-        ] {
-            let (a, b) = (values(m * k, 11), values(k * n, 12));
-            let av = match lhs_transposed {
-                true => View { data: &a, offset: 0, rs: 1, cs: m },
-                false => View { data: &a, offset: 0, rs: k, cs: 1 },
-            };
-            let bv = View { data: &b, offset: 0, rs: n, cs: 1 };
-            let run = |threads: usize| {
-                let mut out = vec![bf16::ZERO; m * n];
-                matmul(m, k, n, av, bv, Out::BF16(&mut out), threads);
-                out
-            };
-            let one = run(1);
-            for threads in [2, 3] {
-                assert!(one == run(threads), "{m}x{k}x{n} (transposed lhs: {lhs_transposed}) on {threads} threads");
+        for arithmetic in Arithmetic::supported() {
+            // (330, 1100, 300): a packed left operand over two column blocks of
+            // the shared right one and two `k` blocks (packed once per row and
+            // `k` block on several threads, once per column block on one).
+            for (m, k, n, lhs_transposed) in [
+                (130, 1100, 70, false),
+                (130, 1101, 70, true),
+                (40, 1100, 150, true),
+                (41, 600, 150, false),
+                (330, 1100, 300, true),
+            ] {
+                let (a, b) = (values(m * k, 11), values(k * n, 12));
+                let av = match lhs_transposed {
+                    true => View { data: &a, offset: 0, rs: 1, cs: m },
+                    false => View { data: &a, offset: 0, rs: k, cs: 1 },
+                };
+                let bv = View { data: &b, offset: 0, rs: n, cs: 1 };
+                let run = |threads: usize| {
+                    let mut out = vec![bf16::ZERO; m * n];
+                    matmul_with(arithmetic, (m, k, n), av, bv, Out::BF16(&mut out), threads);
+                    out
+                };
+                let one = run(1);
+                for threads in [2, 3] {
+                    assert!(one == run(threads), "{m}x{k}x{n} (transposed lhs: {lhs_transposed}) on {threads} threads");
+                }
             }
         }
     }
@@ -832,45 +936,71 @@ mod tests {
     /// half empty), several `k` blocks, a ragged strip, an odd offset.
     #[test]
     fn a_transposed_right_operand_gives_the_row_major_bits() {
-        if !available() {
-            return;
-        }
-        for (m, k, n, threads) in [(5, 1101, 70, 1), (9, 6, 34, 1), (3, 7, 33, 2), (130, 2050, 40, 2)] {
-            let (a, b) = (values(m * k, 7), values(k * n, 8));
-            let mut bt = vec![bf16::ZERO; 1 + k * n];
-            for p in 0..k {
-                for j in 0..n {
-                    bt[1 + j * k + p] = b[p * n + j];
+        for arithmetic in Arithmetic::supported() {
+            for (m, k, n, threads) in [(5, 1101, 70, 1), (9, 6, 34, 1), (3, 7, 33, 2), (130, 2050, 40, 2)] {
+                let (a, b) = (values(m * k, 7), values(k * n, 8));
+                let mut bt = vec![bf16::ZERO; 1 + k * n];
+                for p in 0..k {
+                    for j in 0..n {
+                        bt[1 + j * k + p] = b[p * n + j];
+                    }
                 }
+                let av = View { data: &a, offset: 0, rs: k, cs: 1 };
+                let mut direct = vec![0f32; m * n];
+                let mut viewed = vec![0f32; m * n];
+                matmul_with(
+                    arithmetic,
+                    (m, k, n),
+                    av,
+                    View { data: &b, offset: 0, rs: n, cs: 1 },
+                    Out::F32(&mut direct),
+                    threads,
+                );
+                matmul_with(
+                    arithmetic,
+                    (m, k, n),
+                    av,
+                    View { data: &bt, offset: 1, rs: 1, cs: k },
+                    Out::F32(&mut viewed),
+                    threads,
+                );
+                assert_eq!(direct, viewed, "{m}x{k}x{n}");
             }
-            let av = View { data: &a, offset: 0, rs: k, cs: 1 };
-            let mut direct = vec![0f32; m * n];
-            let mut viewed = vec![0f32; m * n];
-            matmul(m, k, n, av, View { data: &b, offset: 0, rs: n, cs: 1 }, Out::F32(&mut direct), threads);
-            matmul(m, k, n, av, View { data: &bt, offset: 1, rs: 1, cs: k }, Out::F32(&mut viewed), threads);
-            assert_eq!(direct, viewed, "{m}x{k}x{n}");
         }
     }
 
     #[test]
     fn transposed_and_offset_views_read_the_right_elements() {
-        if !available() {
-            return;
-        }
-        let (m, k, n) = (5, 6, 34);
-        let (a, b) = (values(m * k, 3), values(k * n, 4));
-        // a stored transposed (k x m) after a 3-element offset.
-        let mut at = vec![bf16::ZERO; 3 + m * k];
-        for i in 0..m {
-            for p in 0..k {
-                at[3 + p * m + i] = a[i * k + p];
+        for arithmetic in Arithmetic::supported() {
+            let (m, k, n) = (5, 6, 34);
+            let (a, b) = (values(m * k, 3), values(k * n, 4));
+            // a stored transposed (k x m) after a 3-element offset.
+            let mut at = vec![bf16::ZERO; 3 + m * k];
+            for i in 0..m {
+                for p in 0..k {
+                    at[3 + p * m + i] = a[i * k + p];
+                }
             }
+            let mut direct = vec![0f32; m * n];
+            let mut viewed = vec![0f32; m * n];
+            let bv = View { data: &b, offset: 0, rs: n, cs: 1 };
+            matmul_with(
+                arithmetic,
+                (m, k, n),
+                View { data: &a, offset: 0, rs: k, cs: 1 },
+                bv,
+                Out::F32(&mut direct),
+                1,
+            );
+            matmul_with(
+                arithmetic,
+                (m, k, n),
+                View { data: &at, offset: 3, rs: 1, cs: m },
+                bv,
+                Out::F32(&mut viewed),
+                1,
+            );
+            assert_eq!(direct, viewed);
         }
-        let mut direct = vec![0f32; m * n];
-        let mut viewed = vec![0f32; m * n];
-        let bv = View { data: &b, offset: 0, rs: n, cs: 1 };
-        matmul(m, k, n, View { data: &a, offset: 0, rs: k, cs: 1 }, bv, Out::F32(&mut direct), 1);
-        matmul(m, k, n, View { data: &at, offset: 3, rs: 1, cs: m }, bv, Out::F32(&mut viewed), 1);
-        assert_eq!(direct, viewed);
     }
 }

@@ -1,6 +1,7 @@
 //! Reference kernels for every primitive, shared by the interpreter and the
 //! CPU backend. Each writes into an output buffer already sized for the node.
 
+mod bf16_arithmetic;
 pub(crate) mod dot;
 mod dot_bf16;
 mod dot_widened;
@@ -15,6 +16,19 @@ mod simd;
 pub(crate) mod strided;
 
 pub use dot::MatmulKernel;
+
+/// How this CPU multiplies bf16 matrices: `"avx512-bf16-dot"`
+/// (`vdpbf16ps`), `"avx512-fma-widened"` (values widened to f32 as they
+/// are packed, f32 FMA: CPUs whose `vdpbf16ps` runs at half the FMA rate,
+/// or that lack it), or `"gemm-widened"` (no AVX-512: operands widened
+/// whole for the f32 `gemm`).
+pub fn bf16_matmul_method() -> &'static str {
+    match bf16_arithmetic::arithmetic() {
+        Some(bf16_arithmetic::Arithmetic::DotPairs) => "avx512-bf16-dot",
+        Some(bf16_arithmetic::Arithmetic::Fma) => "avx512-fma-widened",
+        None => "gemm-widened",
+    }
+}
 
 use crate::ir::{Node, Op};
 use crate::shape::contiguous_strides;

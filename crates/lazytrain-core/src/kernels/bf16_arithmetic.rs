@@ -1,0 +1,155 @@
+//! How the packed bf16 matmul (`dot_bf16`) multiplies on this CPU.
+//!
+//! AVX-512 BF16's `vdpbf16ps` multiplies a pair of bf16 values per f32 lane
+//! and adds both products in one instruction. AMD's Zen 4 and Zen 5 run it
+//! at the rate of an f32 FMA, so it does twice an FMA's work; Intel's cores
+//! without AMX enabled (Cooper Lake through Emerald Rapids) decode it into
+//! two micro-ops and run it at half that rate (measured on an Emerald
+//! Rapids Xeon: 85 GFLOP/s a core against 150–172 for f32 FMA), where bf16
+//! products are faster widened to f32 while they are packed and multiplied
+//! with FMA. The packing, blocking and threading are the same either way;
+//! the choice is made once per process from the CPU's features and vendor,
+//! so a machine always computes the same bits.
+
+use super::dot_bf16::{MR, NR};
+use std::sync::OnceLock;
+
+/// How bf16 products are multiplied.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Arithmetic {
+    /// `vdpbf16ps` on pairs of `k` (AVX-512 BF16): each packed 32-bit word
+    /// holds two bf16 values; sums rounded as the instruction rounds them.
+    DotPairs,
+    /// Values widened to f32 as they are packed, multiplied with
+    /// `vfmadd231ps` (AVX-512 F): each packed word holds one f32; every
+    /// product is exact and each addition rounded, as an f32 matmul.
+    Fma,
+}
+
+impl Arithmetic {
+    /// Packed 32-bit words per pair of `k` per row (left operand) or column
+    /// (right operand).
+    pub(crate) fn words_per_pair(self) -> usize {
+        match self {
+            Arithmetic::DotPairs => 1,
+            Arithmetic::Fma => 2,
+        }
+    }
+
+    /// Every arithmetic this CPU can run (the tests run each).
+    #[cfg_attr(not(test), allow(dead_code))]
+    pub(crate) fn supported() -> Vec<Arithmetic> {
+        let (f, bf16) = features();
+        let mut all = Vec::new();
+        if f && bf16 {
+            all.push(Arithmetic::DotPairs);
+        }
+        if f {
+            all.push(Arithmetic::Fma);
+        }
+        all
+    }
+}
+
+/// The arithmetic of this CPU's bf16 matmuls, or `None` without AVX-512 F
+/// (bf16 products are then widened whole and run through `gemm`).
+pub(crate) fn arithmetic() -> Option<Arithmetic> {
+    static CHOICE: OnceLock<Option<Arithmetic>> = OnceLock::new();
+    *CHOICE.get_or_init(|| match (features(), half_rate_dot()) {
+        ((false, _), _) => None,
+        ((true, true), false) => Some(Arithmetic::DotPairs),
+        ((true, true), true) | ((true, false), _) => Some(Arithmetic::Fma),
+    })
+}
+
+/// (AVX-512 F, AVX-512 BF16) on this CPU.
+fn features() -> (bool, bool) {
+    #[cfg(target_arch = "x86_64")]
+    {
+        let f = std::is_x86_feature_detected!("avx512f");
+        (f, f && std::is_x86_feature_detected!("avx512bf16"))
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    {
+        (false, false)
+    }
+}
+
+/// True on CPUs whose `vdpbf16ps` runs at half the f32 FMA rate: Intel's.
+fn half_rate_dot() -> bool {
+    #[cfg(target_arch = "x86_64")]
+    {
+        let id = std::arch::x86_64::__cpuid(0);
+        let vendor: Vec<u8> = [id.ebx, id.edx, id.ecx].iter().flat_map(|w| w.to_le_bytes()).collect();
+        vendor == b"GenuineIntel"
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    {
+        false
+    }
+}
+
+/// `tile = A strip x B strip` over `pairs` pairs of `k` from operands packed
+/// widened (`tile +=` when `accumulate`): for each `k`, [`MR`] f32 values of
+/// the left strip, then [`NR`] of the right strip, consecutive.
+///
+/// # Safety
+/// The CPU has AVX-512 F; `pairs * 2 * MR` values of `a` and
+/// `pairs * 2 * NR` of `b` are in bounds.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f")]
+pub(crate) unsafe fn micro_kernel_fma(
+    pairs: usize,
+    a: *const u32,
+    b: *const u32,
+    tile: &mut [f32; MR * NR],
+    accumulate: bool,
+) {
+    use std::arch::x86_64::*;
+    let (a, b) = (a as *const f32, b as *const f32);
+    let mut acc = [[_mm512_setzero_ps(); 2]; MR];
+    if accumulate {
+        for (r, row) in acc.iter_mut().enumerate() {
+            row[0] = _mm512_loadu_ps(tile.as_ptr().add(r * NR));
+            row[1] = _mm512_loadu_ps(tile.as_ptr().add(r * NR + 16));
+        }
+    }
+    for q in 0..2 * pairs {
+        let b0 = _mm512_loadu_ps(b.add(q * NR));
+        let b1 = _mm512_loadu_ps(b.add(q * NR + 16));
+        for (r, row) in acc.iter_mut().enumerate() {
+            let av = _mm512_set1_ps(a.add(q * MR + r).read());
+            row[0] = _mm512_fmadd_ps(av, b0, row[0]);
+            row[1] = _mm512_fmadd_ps(av, b1, row[1]);
+        }
+    }
+    for (r, row) in acc.iter().enumerate() {
+        _mm512_storeu_ps(tile.as_mut_ptr().add(r * NR), row[0]);
+        _mm512_storeu_ps(tile.as_mut_ptr().add(r * NR + 16), row[1]);
+    }
+}
+
+/// Off x86-64 [`arithmetic`] is `None` and nothing calls this.
+#[cfg(not(target_arch = "x86_64"))]
+pub(crate) unsafe fn micro_kernel_fma(_: usize, _: *const u32, _: *const u32, _: &mut [f32; MR * NR], _: bool) {
+    unreachable!("`arithmetic` is None off x86-64")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The process's choice is one this CPU supports, and AVX-512 BF16
+    /// (where present) is passed over only for the FMA path.
+    #[test]
+    fn the_choice_is_supported_here() {
+        let supported = Arithmetic::supported();
+        match arithmetic() {
+            Some(choice) => assert!(supported.contains(&choice), "{choice:?} not in {supported:?}"),
+            None => assert!(supported.is_empty()),
+        }
+        if supported.contains(&Arithmetic::DotPairs) && !half_rate_dot() {
+            assert_eq!(arithmetic(), Some(Arithmetic::DotPairs));
+        }
+    }
+}
