@@ -13,6 +13,12 @@
 //! Products of bf16 values are exact in f32; the sums are rounded as the
 //! instruction rounds them (round to nearest even, denormals flushed), so
 //! results equal an f32 matmul of the same bf16 inputs within f32 rounding.
+//!
+//! On CPUs whose `vdpbf16ps` runs at half the f32 FMA rate (see
+//! `bf16_arithmetic`), the same packing writes each pair as its two values
+//! widened to f32 (two words where there was one; `k` blocks half as long,
+//! the same bytes), the left operand is always packed, and an FMA
+//! micro-kernel multiplies them: an f32 matmul of the bf16 inputs.
 
 use super::bf16_arithmetic::{arithmetic, micro_kernel_fma, Arithmetic};
 use super::numeric::bf16_from_f32;
@@ -28,8 +34,8 @@ const KC_PAIRS: usize = 512;
 const A_BLOCK_BYTES: usize = 192 * 1024;
 const B_BLOCK_BYTES: usize = 512 * 1024;
 
-/// True when this CPU runs this kernel: it has AVX-512 F, and multiplies
-/// as [`arithmetic`] says (`vdpbf16ps`, or FMA on widened values).
+/// True when this CPU runs this kernel (AVX-512 BF16), multiplying as
+/// [`arithmetic`] says: `vdpbf16ps`, or FMA on widened values.
 pub(crate) fn available() -> bool {
     arithmetic().is_some()
 }

@@ -19,9 +19,9 @@ pub use dot::MatmulKernel;
 
 /// How this CPU multiplies bf16 matrices: `"avx512-bf16-dot"`
 /// (`vdpbf16ps`), `"avx512-fma-widened"` (values widened to f32 as they
-/// are packed, f32 FMA: CPUs whose `vdpbf16ps` runs at half the FMA rate,
-/// or that lack it), or `"gemm-widened"` (no AVX-512: operands widened
-/// whole for the f32 `gemm`).
+/// are packed, f32 FMA: Intel CPUs, whose `vdpbf16ps` runs at half the FMA
+/// rate), or `"gemm-widened"` (no AVX-512 BF16: operands widened whole for
+/// the f32 `gemm`).
 pub fn bf16_matmul_method() -> &'static str {
     match bf16_arithmetic::arithmetic() {
         Some(bf16_arithmetic::Arithmetic::DotPairs) => "avx512-bf16-dot",
