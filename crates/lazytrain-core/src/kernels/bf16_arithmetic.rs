@@ -6,9 +6,9 @@
 //! (without AMX, which lazytrain does not use) run it at half that rate
 //! (measured on an Emerald Rapids Xeon: 85 GFLOP/s a core against 150–172
 //! for f32 FMA), where bf16 products are faster widened to f32 while they
-//! are packed and multiplied with FMA. The packing, blocking and threading are the same either way;
-//! the choice is made once per process from the CPU's features and vendor,
-//! so a machine always computes the same bits.
+//! are packed and multiplied with FMA. The packing, blocking and threading
+//! are the same either way; the choice is made once per process from the
+//! CPU's features and vendor, so a machine always computes the same bits.
 
 use super::dot_bf16::{MR, NR};
 use std::sync::OnceLock;

@@ -17,6 +17,10 @@ pub(crate) mod strided;
 
 pub use dot::MatmulKernel;
 
+use crate::ir::{Node, Op};
+use crate::shape::contiguous_strides;
+use crate::storage::HostData;
+
 /// How this CPU multiplies bf16 matrices: `"avx512-bf16-dot"`
 /// (`vdpbf16ps`), `"avx512-fma-widened"` (values widened to f32 as they
 /// are packed, f32 FMA: Intel CPUs, whose `vdpbf16ps` runs at half the FMA
@@ -29,10 +33,6 @@ pub fn bf16_matmul_method() -> &'static str {
         None => "gemm-widened",
     }
 }
-
-use crate::ir::{Node, Op};
-use crate::shape::contiguous_strides;
-use crate::storage::HostData;
 
 /// The shapes of a node's inputs, for kernels that need them.
 pub(crate) type InputShapes<'a> = [&'a [usize]];
