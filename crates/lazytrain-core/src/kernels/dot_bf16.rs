@@ -600,10 +600,10 @@ fn widen(values: &[u16], out: &mut [u32]) {
 
 /// Pack rows `rows` and column pairs `p0..p0 + pairs` of `a` (`m x k`)
 /// into `packed`: per strip of [`MR`] rows, per pair of columns, [`MR`]
-/// words holding `(a[i][2p], a[i][2p+1])` (`words` = 1), or `2 x MR` words
-/// holding column `2p` then column `2p + 1` widened to f32 (`words` = 2);
-/// zero past the edges. (Row-major `a` with an even `k` is read in place
-/// by `vdpbf16ps` instead.)
+/// words holding `(a[i][2p], a[i][2p+1])` (`words` = 1, zero past the
+/// edges), or `2 x MR` words holding column `2p` then column `2p + 1`
+/// widened to f32 (`words` = 2, see [`pack_a_widened`]). (Row-major `a`
+/// with an even `k` is read in place by `vdpbf16ps` instead.)
 fn pack_a(
     a: &View,
     (k, words): (usize, usize),
@@ -612,16 +612,15 @@ fn pack_a(
     pairs: usize,
     packed: &mut [u32],
 ) {
-    let (i0, mb) = (rows.start, rows.len());
-    let strips = mb.div_ceil(MR);
-    let strip_len = pairs * MR * words;
-    if !mb.is_multiple_of(MR) {
-        // The last strip's rows past the edge.
-        packed[(strips - 1) * strip_len..].chunks_mut(MR).for_each(|words| words[mb % MR..].fill(0));
-    }
     if words == 2 {
         pack_a_widened(a, k, rows, p0, pairs, packed);
         return;
+    }
+    let (i0, mb) = (rows.start, rows.len());
+    let strips = mb.div_ceil(MR);
+    if !mb.is_multiple_of(MR) {
+        // The last strip's rows past the edge.
+        packed[(strips - 1) * pairs * MR..].chunks_mut(MR).for_each(|words| words[mb % MR..].fill(0));
     }
     let d = raw(a.data);
     let mut column_pair = vec![0u32; mb];
@@ -648,8 +647,8 @@ fn pack_a(
 /// [`pack_a`] widening to f32: column `c` of the block (`k` index
 /// `2 p0 + c`) of strip row `r` goes to word `c * MR + r` of its strip,
 /// read along whichever axis `a` stores contiguously; the column past an
-/// odd `k` is zero. Rows past the edge hold zeros or repeat the last row
-/// (their results are dropped).
+/// odd `k` is zero. Rows past the edge repeat the last row (their results
+/// are dropped).
 fn pack_a_widened(a: &View, k: usize, rows: std::ops::Range<usize>, p0: usize, pairs: usize, packed: &mut [u32]) {
     let (i0, mb) = (rows.start, rows.len());
     let strip_len = 2 * pairs * MR;
@@ -660,11 +659,11 @@ fn pack_a_widened(a: &View, k: usize, rows: std::ops::Range<usize>, p0: usize, p
         if columns < 2 * pairs {
             strip[columns * MR..].fill(0);
         }
+        // Row `r` of the strip, or the last one past the edge.
+        let row = |r: usize| i0 + s * MR + r.min(height - 1);
         if a.cs == 1 {
-            // The strip's rows side by side (rows past the edge repeat the
-            // last one; their results are dropped), written a column at a time.
-            let rows: [&[u16]; MR] =
-                std::array::from_fn(|r| &d[a.offset + (i0 + s * MR + r.min(height - 1)) * a.rs + 2 * p0..][..columns]);
+            // The strip's rows side by side, written a column at a time.
+            let rows: [&[u16]; MR] = std::array::from_fn(|r| &d[a.offset + row(r) * a.rs + 2 * p0..][..columns]);
             for (c, words) in strip.chunks_exact_mut(MR).take(columns).enumerate() {
                 for (word, row) in words.iter_mut().zip(&rows) {
                     *word = u32::from(row[c]) << 16;
@@ -672,9 +671,9 @@ fn pack_a_widened(a: &View, k: usize, rows: std::ops::Range<usize>, p0: usize, p
             }
         } else {
             for c in 0..columns {
-                let at = a.offset + (2 * p0 + c) * a.cs + (i0 + s * MR) * a.rs;
-                for (r, word) in strip[c * MR..c * MR + height].iter_mut().enumerate() {
-                    *word = u32::from(d[at + r * a.rs]) << 16;
+                let at = a.offset + (2 * p0 + c) * a.cs;
+                for (r, word) in strip[c * MR..(c + 1) * MR].iter_mut().enumerate() {
+                    *word = u32::from(d[at + row(r) * a.rs]) << 16;
                 }
             }
         }
