@@ -25,6 +25,7 @@ pub mod loader;
 pub mod prepare;
 pub mod protobuf;
 mod quiet;
+mod reproducible_training;
 pub mod text;
 pub mod tfrecord;
 pub mod tokenizer;

@@ -1,15 +1,14 @@
 //! Training a tokenizer with the `tokenizers` crate.
 
+use crate::reproducible_training::{count_words, train_byte_level_bpe, train_unigram, train_wordpiece};
 use crate::tokenizer::{TextTokenizer, TokenizerStyle};
 use crate::{DataError, Result};
 use std::path::Path;
 use tokenizers::decoders::byte_level::ByteLevel as ByteLevelDecoder;
 use tokenizers::decoders::metaspace::Metaspace as MetaspaceDecoder;
 use tokenizers::decoders::wordpiece::WordPiece as WordPieceDecoder;
-use tokenizers::models::bpe::{BpeTrainer, BPE};
-use tokenizers::models::unigram::{Unigram, UnigramTrainer};
-use tokenizers::models::wordpiece::{WordPiece, WordPieceTrainer};
-use tokenizers::models::{ModelWrapper, TrainerWrapper};
+use tokenizers::models::bpe::BPE;
+use tokenizers::models::ModelWrapper;
 use tokenizers::normalizers::{BertNormalizer, Lowercase, NormalizerWrapper, Sequence, NFC, NFKC};
 use tokenizers::pre_tokenizers::bert::BertPreTokenizer;
 use tokenizers::pre_tokenizers::byte_level::ByteLevel;
@@ -136,40 +135,8 @@ pub fn train_tokenizer_with(
     }
     let specials: Vec<AddedToken> =
         style.vocabulary_order().iter().map(|t| AddedToken::from(t.to_string(), true).lstrip(*t == "<mask>")).collect();
-    let unk = style.token_names()[1].to_string();
-    let (model_wrapper, mut trainer): (ModelWrapper, TrainerWrapper) = match model {
-        SubwordModel::Unigram => (
-            Unigram::default().into(),
-            UnigramTrainer::builder()
-                .vocab_size(vocab_size as u32)
-                .special_tokens(specials.clone())
-                .unk_token(Some(unk.clone()))
-                .show_progress(false)
-                .build()
-                .map_err(train_error)?
-                .into(),
-        ),
-        SubwordModel::WordPiece => (
-            WordPiece::builder().unk_token(unk.clone()).build().map_err(train_error)?.into(),
-            WordPieceTrainer::builder()
-                .vocab_size(vocab_size)
-                .special_tokens(specials.clone())
-                .show_progress(false)
-                .build()
-                .into(),
-        ),
-        SubwordModel::Bpe => (
-            BPE::default().into(),
-            BpeTrainer::builder()
-                .vocab_size(vocab_size)
-                .special_tokens(specials.clone())
-                .initial_alphabet(ByteLevel::alphabet().into_iter().collect())
-                .show_progress(false)
-                .build()
-                .into(),
-        ),
-    };
-    let mut tokenizer = Tokenizer::new(model_wrapper);
+    let unk = style.token_names()[1];
+    let mut tokenizer = Tokenizer::new(ModelWrapper::from(BPE::default()));
     tokenizer.with_normalizer(normalization.normalizer(style));
     let (pre, decoder): (PreTokenizerWrapper, DecoderWrapper) = match model {
         SubwordModel::Unigram => (
@@ -186,7 +153,16 @@ pub fn train_tokenizer_with(
     };
     tokenizer.with_pre_tokenizer(Some(pre));
     tokenizer.with_decoder(Some(decoder));
-    tokenizer.train(&mut trainer, documents.iter()).map_err(train_error)?;
+    let words = count_words(&tokenizer, documents)?;
+    let trained = match model {
+        SubwordModel::Unigram => train_unigram(&words, vocab_size, &specials, unk)?,
+        SubwordModel::WordPiece => train_wordpiece(&words, vocab_size, &specials, unk)?,
+        SubwordModel::Bpe => {
+            train_byte_level_bpe(&words, vocab_size, &specials, ByteLevel::alphabet().into_iter().collect())?
+        }
+    };
+    tokenizer.with_model(trained);
+    tokenizer.add_special_tokens(&specials);
     let id = |t: &str| tokenizer.token_to_id(t).ok_or_else(|| train_error(format!("{t} is missing after training")));
     let post: PostProcessorWrapper = match style {
         TokenizerStyle::Bert => {
@@ -241,5 +217,23 @@ mod tests {
         let plain = train_tokenizer(&docs, SubwordModel::Unigram, 60, TokenizerStyle::Roberta).unwrap();
         let plain_ids = |text: &str| plain.inner().encode(text, false).unwrap().get_ids().to_vec();
         assert_ne!(plain_ids("THE Union"), plain_ids("the union"));
+    }
+
+    #[test]
+    fn every_model_learns_the_same_vocabulary_each_time() {
+        // tokenizers' own `Tokenizer::train` walks per-instance-seeded hash
+        // maps: WordPiece's `##` ids and merge ties, and unigram's scores,
+        // changed from one training to the next.
+        let corpus = crate::corpus::demo_corpus(3, 12, 400);
+        for model in [SubwordModel::WordPiece, SubwordModel::Unigram, SubwordModel::Bpe] {
+            let vocabulary = || {
+                let tok = train_tokenizer(&corpus.sentences, model, 300, TokenizerStyle::Bert).unwrap();
+                tok.inner().to_string(false).unwrap()
+            };
+            let first = vocabulary();
+            for _ in 0..4 {
+                assert!(first == vocabulary(), "{model:?} learned a different tokenizer on the same text");
+            }
+        }
     }
 }

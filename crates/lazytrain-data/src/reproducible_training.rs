@@ -1,0 +1,258 @@
+//! Subword training that learns the same vocabulary in every process.
+//!
+//! `tokenizers`' `Tokenizer::train` counts words into hash maps seeded at
+//! random per process and walks them in that order: WordPiece then numbers
+//! its `##` continuations (and so breaks merge ties) differently from run to
+//! run (huggingface/tokenizers#1794), and the unigram trainer's EM sums
+//! floats in that order, split over threads by work stealing. Both change
+//! the vocabulary and every loss trained on it. Here the words are counted
+//! in parallel (integer sums, order-free), sorted, and handed to the
+//! trainers' own `do_train` in that order: BPE and WordPiece through a hash
+//! map with fixed seeds filled in sorted order, unigram's EM on one thread.
+
+use crate::{DataError, Result};
+use ahash::{AHashMap, RandomState};
+use compact_str::CompactString;
+use rayon::prelude::*;
+use std::collections::HashMap;
+use tokenizers::models::bpe::{BpeTrainer, BPE};
+use tokenizers::models::unigram::{Unigram, UnigramTrainer};
+use tokenizers::models::wordpiece::WordPiece;
+use tokenizers::models::ModelWrapper;
+use tokenizers::{AddedToken, Normalizer, OffsetReferential, OffsetType, PreTokenizedString, PreTokenizer, Tokenizer};
+
+/// How often each pre-tokenized word occurs in the documents, sorted by word.
+pub(crate) type WordCounts = Vec<(String, u64)>;
+
+/// Fixed seeds for the hash map the BPE trainer walks: its iteration order
+/// then depends only on the (sorted) insertion order.
+const WORD_MAP_SEEDS: [u64; 4] = [0x6c61_7a79, 0x7472_6169, 0x6e5f_7365, 0x6564_7321];
+
+fn train_error(e: impl std::fmt::Display) -> DataError {
+    DataError::Invalid(format!("tokenizer training failed: {e}"))
+}
+
+/// Normalise and pre-tokenize every document with `tokenizer`'s own
+/// normaliser and pre-tokenizer (as `Tokenizer::train` does before any token
+/// is added) and count the words.
+pub(crate) fn count_words(tokenizer: &Tokenizer, documents: &[String]) -> Result<WordCounts> {
+    let words_of = |document: &String| -> Result<Vec<String>> {
+        let mut normalized = document.as_str().into();
+        if let Some(normalizer) = tokenizer.get_normalizer() {
+            normalizer.normalize(&mut normalized).map_err(train_error)?;
+        }
+        let mut pre_tokenized = PreTokenizedString::from(normalized);
+        if let Some(pre_tokenizer) = tokenizer.get_pre_tokenizer() {
+            pre_tokenizer.pre_tokenize(&mut pre_tokenized).map_err(train_error)?;
+        }
+        Ok(pre_tokenized
+            .get_splits(OffsetReferential::Original, OffsetType::Byte)
+            .into_iter()
+            .map(|(word, _, _)| word.to_owned())
+            .collect())
+    };
+    let counts = documents
+        .par_iter()
+        .try_fold(HashMap::<String, u64>::new, |mut counts, document| {
+            for word in words_of(document)? {
+                *counts.entry(word).or_default() += 1;
+            }
+            Ok::<_, DataError>(counts)
+        })
+        .try_reduce(HashMap::new, |mut total, part| {
+            for (word, count) in part {
+                *total.entry(word).or_default() += count;
+            }
+            Ok(total)
+        })?;
+    let mut sorted: WordCounts = counts.into_iter().collect();
+    sorted.sort_unstable();
+    Ok(sorted)
+}
+
+/// Train byte-level BPE (`prefix: None`) or BPE with a continuing-subword
+/// prefix (WordPiece's `##`) on `words`.
+fn train_bpe(trainer: &BpeTrainer, words: &WordCounts) -> Result<BPE> {
+    let mut word_map: AHashMap<CompactString, u64> = AHashMap::with_hasher(RandomState::with_seeds(
+        WORD_MAP_SEEDS[0],
+        WORD_MAP_SEEDS[1],
+        WORD_MAP_SEEDS[2],
+        WORD_MAP_SEEDS[3],
+    ));
+    word_map.extend(words.iter().map(|(word, count)| (CompactString::from(word.as_str()), *count)));
+    let mut bpe = BPE::default();
+    trainer.do_train(&word_map, &mut bpe).map_err(train_error)?;
+    Ok(bpe)
+}
+
+/// Byte-level BPE: `vocab_size` tokens, `specials` first, every byte in the
+/// alphabet.
+pub(crate) fn train_byte_level_bpe(
+    words: &WordCounts,
+    vocab_size: usize,
+    specials: &[AddedToken],
+    alphabet: std::collections::HashSet<char>,
+) -> Result<ModelWrapper> {
+    let trainer = BpeTrainer::builder()
+        .vocab_size(vocab_size)
+        .special_tokens(specials.to_vec())
+        .initial_alphabet(alphabet)
+        .show_progress(false)
+        .build();
+    Ok(train_bpe(&trainer, words)?.into())
+}
+
+/// WordPiece as `WordPieceTrainer` trains it: BPE with `##` continuations,
+/// read back as a WordPiece vocabulary with `unk` for unknown words.
+pub(crate) fn train_wordpiece(
+    words: &WordCounts,
+    vocab_size: usize,
+    specials: &[AddedToken],
+    unk: &str,
+) -> Result<ModelWrapper> {
+    let prefix = "##";
+    let trainer = BpeTrainer::builder()
+        .vocab_size(vocab_size)
+        .special_tokens(specials.to_vec())
+        .continuing_subword_prefix(prefix.to_string())
+        .show_progress(false)
+        .build();
+    let bpe = train_bpe(&trainer, words)?;
+    let vocab: AHashMap<String, u32> = tokenizers::Model::get_vocab(&bpe).into_iter().collect();
+    let wordpiece = WordPiece::builder()
+        .vocab(vocab)
+        .unk_token(unk.to_string())
+        .continuing_subword_prefix(prefix.to_string())
+        .build()
+        .map_err(train_error)?;
+    Ok(wordpiece.into())
+}
+
+/// A SentencePiece-style unigram LM of about `vocab_size` pieces. The EM
+/// runs on one thread: its float sums then happen in one order whatever the
+/// machine's core count.
+pub(crate) fn train_unigram(
+    words: &WordCounts,
+    vocab_size: usize,
+    specials: &[AddedToken],
+    unk: &str,
+) -> Result<ModelWrapper> {
+    let trainer = UnigramTrainer::builder()
+        .vocab_size(vocab_size as u32)
+        .special_tokens(specials.to_vec())
+        .unk_token(Some(unk.to_string()))
+        .show_progress(false)
+        .build()
+        .map_err(train_error)?;
+    let sentences = words
+        .iter()
+        .map(|(word, count)| {
+            let count = u32::try_from(*count).map_err(|_| {
+                DataError::Invalid(format!(
+                    "the word `{word}` occurs {count} times, more than the unigram trainer counts (2^32 - 1); \
+                     train the tokenizer on a sample of the text"
+                ))
+            })?;
+            Ok((word.clone(), count))
+        })
+        .collect::<Result<Vec<_>>>()?;
+    let one_thread = rayon::ThreadPoolBuilder::new().num_threads(1).build().map_err(train_error)?;
+    let mut unigram = Unigram::default();
+    one_thread.install(|| trainer.do_train(sentences, &mut unigram)).map_err(train_error)?;
+    let specials_count = specials.len();
+    let unk_id = specials.iter().position(|t| t.content == unk);
+    let pieces = canonical_pieces(unigram.iter().cloned().collect(), specials_count);
+    Ok(Unigram::from(pieces, unk_id, unigram.byte_fallback()).map_err(train_error)?.into())
+}
+
+/// The step of the unigram trainer's last pass that keeps every character
+/// of the text: characters the model dropped come back with the model's
+/// lowest score plus 1e-4 per character, numbered in a per-process hash-set
+/// order, and pieces of equal score are then ordered by that same walk.
+const DROPPED_CHARACTER_STEP: f64 = 0.0001;
+
+/// Put the trained pieces (after the `specials_count` special tokens) in
+/// an order that does not depend on the trainer's hash sets: the
+/// characters holding the dropped-character scores (the lowest score, then
+/// +1e-4 at a time, as the trainer adds them) take those scores in
+/// character order, and pieces are sorted by score, then by text.
+fn canonical_pieces(mut pieces: Vec<(String, f64)>, specials_count: usize) -> Vec<(String, f64)> {
+    let first_trained = specials_count.min(pieces.len());
+    let trained = &mut pieces[first_trained..];
+    let Some(lowest) = trained.iter().map(|(_, score)| *score).min_by(f64::total_cmp) else {
+        return pieces;
+    };
+    let is_character = |piece: &str| piece.chars().count() == 1;
+    let mut dropped_scores = Vec::new();
+    let mut penalty = 0.0;
+    loop {
+        let score = lowest + penalty;
+        let holders = trained.iter().filter(|(piece, s)| is_character(piece) && *s == score).count();
+        if holders == 0 {
+            break;
+        }
+        dropped_scores.extend(std::iter::repeat_n(score, holders));
+        penalty += DROPPED_CHARACTER_STEP;
+    }
+    let mut holders: Vec<&mut (String, f64)> =
+        trained.iter_mut().filter(|(piece, score)| is_character(piece) && dropped_scores.contains(score)).collect();
+    holders.sort_by(|a, b| a.0.cmp(&b.0));
+    dropped_scores.sort_by(f64::total_cmp);
+    for (holder, score) in holders.into_iter().zip(dropped_scores) {
+        holder.1 = score;
+    }
+    trained.sort_by(|(a, score_a), (b, score_b)| score_b.total_cmp(score_a).then_with(|| a.cmp(b)));
+    pieces
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn pieces(list: &[(&str, f64)]) -> Vec<(String, f64)> {
+        list.iter().map(|(p, s)| (p.to_string(), *s)).collect()
+    }
+
+    #[test]
+    fn dropped_characters_take_their_scores_in_character_order_whatever_the_walk() {
+        let m = -9.0;
+        let step = |k: usize| (0..k).fold(0.0, |penalty, _| penalty + DROPPED_CHARACTER_STEP) + m;
+        let specials = [("<s>", 0.0), ("<unk>", 0.0)];
+        let trained = [("▁the", -2.0), ("▁a", -3.0), ("x", -4.0), ("▁rare", m)];
+        let walk_one = [("q", step(0)), ("j", step(1)), ("[", step(2))];
+        let walk_two = [("[", step(0)), ("q", step(1)), ("j", step(2))];
+        let assemble = |walk: &[(&str, f64)], reverse: bool| {
+            let mut list: Vec<(&str, f64)> = walk.iter().chain(&trained).copied().collect();
+            if reverse {
+                list.reverse();
+            }
+            canonical_pieces(pieces(&specials.iter().chain(&list).copied().collect::<Vec<_>>()), specials.len())
+        };
+        let canonical = assemble(&walk_one, false);
+        assert_eq!(canonical, assemble(&walk_two, true));
+        assert_eq!(
+            canonical,
+            pieces(&[
+                ("<s>", 0.0),
+                ("<unk>", 0.0),
+                ("▁the", -2.0),
+                ("▁a", -3.0),
+                ("x", -4.0),
+                ("q", step(2)),
+                ("j", step(1)),
+                ("[", m),
+                ("▁rare", m),
+            ])
+        );
+    }
+
+    #[test]
+    fn a_character_scored_off_the_dropped_progression_keeps_its_score() {
+        let list = pieces(&[("<unk>", 0.0), ("a", -1.0), ("b", -5.0), ("c", -5.0 + DROPPED_CHARACTER_STEP / 2.0)]);
+        let canonical = canonical_pieces(list, 1);
+        assert_eq!(
+            canonical,
+            pieces(&[("<unk>", 0.0), ("a", -1.0), ("c", -5.0 + DROPPED_CHARACTER_STEP / 2.0), ("b", -5.0)])
+        );
+    }
+}
