@@ -1,5 +1,6 @@
 //! The Trainer: exact resume, crash-safe checkpoints, TensorBoard events,
-//! argument validation, and the end-to-end demo.
+//! argument validation, the end-to-end demo, and raw text to weights
+//! byte for byte the same in two processes.
 
 use lazytrain::trainer::checkpoint::{checkpoints, latest_checkpoint};
 use lazytrain::trainer::events::{read_scalars, EventWriter};
@@ -224,6 +225,55 @@ fn train_command(dir: &Path, out: &Path) -> Command {
         .arg("--output-dir")
         .arg(out);
     cmd
+}
+
+/// Raw text to trained weights through the CLI in fresh processes, for a
+/// unigram and a WordPiece tokenizer: every file the two runs write is the
+/// same, byte for byte.
+#[test]
+fn two_processes_go_from_the_same_text_to_the_same_bytes() {
+    let dir = tmp("reproducible");
+    let text = dir.join("corpus.txt");
+    std::fs::write(&text, demo_corpus(2, 6, 600).sentences.join("\n")).unwrap();
+    let lazytrain = |args: &[&str], paths: &[(&str, &Path)]| {
+        let mut cmd = Command::new(env!("CARGO_BIN_EXE_lazytrain"));
+        cmd.args(args);
+        for (flag, path) in paths {
+            cmd.arg(flag).arg(path);
+        }
+        let out = cmd.output().unwrap();
+        assert!(out.status.success(), "{args:?}: {}", String::from_utf8_lossy(&out.stderr));
+    };
+    for model in ["unigram", "wordpiece"] {
+        let run = |name: &str| {
+            let root = dir.join(format!("{model}-{name}"));
+            let (tok, data, out) = (root.join("tok"), root.join("data"), root.join("out"));
+            lazytrain(
+                &["train-tokenizer", "--model", model, "--vocab-size", "250"],
+                &[("--files", &text), ("--output", &tok)],
+            );
+            lazytrain(
+                &["prepare", "--block-size", "16", "--num-shards", "2"],
+                &[("--tokenizer", &tok), ("--files", &text), ("--output", &data)],
+            );
+            lazytrain(
+                &["train", "--model", "bert-tiny", "--max-steps", "3", "--per-device-train-batch-size", "4"],
+                &[("--tokenizer", &tok), ("--train-data", &data), ("--output-dir", &out)],
+            );
+            let bytes = |path: PathBuf| std::fs::read(&path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+            let mut shards: Vec<PathBuf> = std::fs::read_dir(&data).unwrap().map(|e| e.unwrap().path()).collect();
+            shards.sort();
+            (
+                bytes(tok.join("tokenizer.json")),
+                shards.into_iter().map(bytes).collect::<Vec<_>>(),
+                bytes(out.join("model.safetensors")),
+            )
+        };
+        let (first, second) = (run("first"), run("second"));
+        assert!(first.0 == second.0, "{model}: the two tokenizer.json differ");
+        assert!(first.1 == second.1, "{model}: the prepared shards differ");
+        assert!(first.2 == second.2, "{model}: the trained weights differ");
+    }
 }
 
 #[test]
