@@ -3,13 +3,16 @@
 //! `tokenizers`' `Tokenizer::train` counts words into hash maps seeded at
 //! random per process and walks them in that order: WordPiece then numbers
 //! its `##` continuations (and so breaks merge ties) differently from run to
-//! run (huggingface/tokenizers#1794), and the unigram trainer's EM sums
-//! floats in that order, split over threads by work stealing. Both change
-//! the vocabulary and every loss trained on it. Here the words are counted
-//! in parallel (integer sums, order-free), sorted, and handed to the
-//! trainers' own `do_train` in that order: BPE and WordPiece through a hash
-//! map with fixed seeds filled in sorted order, unigram's EM on one thread.
+//! run (huggingface/tokenizers#1794); the unigram trainer's EM sums floats
+//! in that order, split over threads by work stealing, and it scores the
+//! characters it adds back in a hash-set order. Each changes the vocabulary
+//! and every loss trained on it. Here the words are counted in parallel
+//! (integer sums, order-free), sorted, and handed to the trainers' own
+//! `do_train` in that order: BPE and WordPiece through a hash map with
+//! fixed seeds filled in sorted order, unigram's EM on one thread, its
+//! result then put in a canonical order ([`canonical_pieces`]).
 
+use crate::train_tokenizer::train_error;
 use crate::{DataError, Result};
 use ahash::{AHashMap, RandomState};
 use compact_str::CompactString;
@@ -19,6 +22,7 @@ use tokenizers::models::bpe::{BpeTrainer, BPE};
 use tokenizers::models::unigram::{Unigram, UnigramTrainer};
 use tokenizers::models::wordpiece::WordPiece;
 use tokenizers::models::ModelWrapper;
+use tokenizers::pre_tokenizers::byte_level::ByteLevel;
 use tokenizers::{AddedToken, Normalizer, OffsetReferential, OffsetType, PreTokenizedString, PreTokenizer, Tokenizer};
 
 /// How often each pre-tokenized word occurs in the documents, sorted by word.
@@ -27,10 +31,6 @@ pub(crate) type WordCounts = Vec<(String, u64)>;
 /// Fixed seeds for the hash map the BPE trainer walks: its iteration order
 /// then depends only on the (sorted) insertion order.
 const WORD_MAP_SEEDS: [u64; 4] = [0x6c61_7a79, 0x7472_6169, 0x6e5f_7365, 0x6564_7321];
-
-fn train_error(e: impl std::fmt::Display) -> DataError {
-    DataError::Invalid(format!("tokenizer training failed: {e}"))
-}
 
 /// Normalise and pre-tokenize every document with `tokenizer`'s own
 /// normaliser and pre-tokenizer (as `Tokenizer::train` does before any token
@@ -70,8 +70,8 @@ pub(crate) fn count_words(tokenizer: &Tokenizer, documents: &[String]) -> Result
     Ok(sorted)
 }
 
-/// Train byte-level BPE (`prefix: None`) or BPE with a continuing-subword
-/// prefix (WordPiece's `##`) on `words`.
+/// Run `trainer` (byte-level BPE, or WordPiece's BPE with `##`
+/// continuations) on `words`, which it walks in their sorted order.
 fn train_bpe(trainer: &BpeTrainer, words: &WordCounts) -> Result<BPE> {
     let mut word_map: AHashMap<CompactString, u64> = AHashMap::with_hasher(RandomState::with_seeds(
         WORD_MAP_SEEDS[0],
@@ -91,12 +91,11 @@ pub(crate) fn train_byte_level_bpe(
     words: &WordCounts,
     vocab_size: usize,
     specials: &[AddedToken],
-    alphabet: std::collections::HashSet<char>,
 ) -> Result<ModelWrapper> {
     let trainer = BpeTrainer::builder()
         .vocab_size(vocab_size)
         .special_tokens(specials.to_vec())
-        .initial_alphabet(alphabet)
+        .initial_alphabet(ByteLevel::alphabet().into_iter().collect())
         .show_progress(false)
         .build();
     Ok(train_bpe(&trainer, words)?.into())
@@ -165,10 +164,11 @@ pub(crate) fn train_unigram(
     Ok(Unigram::from(pieces, unk_id, unigram.byte_fallback()).map_err(train_error)?.into())
 }
 
-/// The step of the unigram trainer's last pass that keeps every character
-/// of the text: characters the model dropped come back with the model's
-/// lowest score plus 1e-4 per character, numbered in a per-process hash-set
-/// order, and pieces of equal score are then ordered by that same walk.
+/// The score step between the characters the unigram trainer adds back in
+/// its last pass (every character of the text stays in the vocabulary):
+/// those the model dropped come back with its lowest score plus 1e-4 per
+/// character, numbered in a per-process hash-set order, and pieces of equal
+/// score end up in that walk's order too.
 const DROPPED_CHARACTER_STEP: f64 = 0.0001;
 
 /// Put the trained pieces (after the `specials_count` special tokens) in
@@ -185,7 +185,8 @@ fn canonical_pieces(mut pieces: Vec<(String, f64)>, specials_count: usize) -> Ve
     let is_character = |piece: &str| piece.chars().count() == 1;
     let mut dropped_scores = Vec::new();
     let mut penalty = 0.0;
-    loop {
+    // Each round claims at least one piece, so this ends.
+    while dropped_scores.len() < trained.len() {
         let score = lowest + penalty;
         let holders = trained.iter().filter(|(piece, s)| is_character(piece) && *s == score).count();
         if holders == 0 {

@@ -99,7 +99,8 @@ impl TokenizerStyle {
     }
 }
 
-fn train_error(e: impl std::fmt::Display) -> DataError {
+/// A training failure, as the error users see.
+pub(crate) fn train_error(e: impl std::fmt::Display) -> DataError {
     DataError::Invalid(format!("tokenizer training failed: {e}"))
 }
 
@@ -136,6 +137,8 @@ pub fn train_tokenizer_with(
     let specials: Vec<AddedToken> =
         style.vocabulary_order().iter().map(|t| AddedToken::from(t.to_string(), true).lstrip(*t == "<mask>")).collect();
     let unk = style.token_names()[1];
+    // The model is a placeholder until training: the normaliser and the
+    // pre-tokenizer set below cut the documents into the words it counts.
     let mut tokenizer = Tokenizer::new(ModelWrapper::from(BPE::default()));
     tokenizer.with_normalizer(normalization.normalizer(style));
     let (pre, decoder): (PreTokenizerWrapper, DecoderWrapper) = match model {
@@ -157,9 +160,7 @@ pub fn train_tokenizer_with(
     let trained = match model {
         SubwordModel::Unigram => train_unigram(&words, vocab_size, &specials, unk)?,
         SubwordModel::WordPiece => train_wordpiece(&words, vocab_size, &specials, unk)?,
-        SubwordModel::Bpe => {
-            train_byte_level_bpe(&words, vocab_size, &specials, ByteLevel::alphabet().into_iter().collect())?
-        }
+        SubwordModel::Bpe => train_byte_level_bpe(&words, vocab_size, &specials)?,
     };
     tokenizer.with_model(trained);
     tokenizer.add_special_tokens(&specials);
