@@ -1,6 +1,6 @@
 //! Batched matmul kernels: a naive reference loop and the `gemm` crate.
 
-use super::gemm::{copies_rhs, gemm_into, gemm_parallelism, matmul_parallelism, GemmOperand};
+use super::gemm::{copies_rhs, gemm_into, gemm_parallelism, matmul_parallelism, transposes_output, GemmOperand};
 use super::numeric::{FloatLike, Real};
 use crate::storage::HostData;
 use half::bf16;
@@ -305,9 +305,13 @@ impl<'a> RowPanels<'a> {
             None => MatrixLayout::contiguous(x.shape, transposed, x.data.len()),
         };
         let (la, lb) = (layout(&a, d.lhs_t)?, layout(&b, d.rhs_t)?);
-        if matches!(b.data, HostData::F32(_)) && copies_rhs((d.m, d.k, d.n), (lb.rs, lb.cs)) {
-            // Each panel would copy the whole right operand: the product
-            // runs whole, with one copy, and its epilogue after it.
+        let dims = (d.m, d.k, d.n);
+        if matches!(b.data, HostData::F32(_))
+            && (copies_rhs(dims, (lb.rs, lb.cs)) || transposes_output(dims, (la.rs, la.cs), (lb.rs, lb.cs)))
+        {
+            // Each panel would copy the whole right operand, or the product
+            // is written column-major and transposed: it runs whole, and its
+            // epilogue after it.
             return Ok(None);
         }
         Ok(Some(RowPanels { d, a: a.data, la, b: b.data, lb }))
