@@ -37,17 +37,19 @@ pub(crate) fn copies_rhs((m, k, n): (usize, usize, usize), (rs, cs): (usize, usi
 /// weight above all. `gemm` runs such a product 1.2-1.9x faster when its
 /// output is column-major (on a 2-core Intel Xeon, 2 threads: `[4096,
 /// 8192]^T x [4096, 128]` 62 -> 37 ms, `[800, 8192]^T x [800, 128]` 11.5
-/// -> 7.8 ms, `[800, 30522]^T x [800, 256]` 77 -> 53 ms; not slower at
-/// 8000 columns or at `k` = 800), and the transpose of such a narrow output
-/// takes about 1 ms per 4 MiB; wider outputs transpose slowly enough to
-/// eat the gain.
-const TRANSPOSED_OUTPUT_MAX_N: usize = 256;
+/// -> 7.8 ms, `[800, 30522]^T x [800, 256]` 77 -> 53 ms, `[2048, 8192]^T
+/// x [2048, 512]` in BERT-small's step 1.42-1.45x the time of the logits'
+/// product of the same size -> 1.17-1.29x, transpose included; not slower
+/// at 8000 columns or at `k` = 800). The transpose takes about 1 ms per 4
+/// MiB; at 768 columns it ate the gain (`[800, 30522]^T x [800, 768]`).
+const TRANSPOSED_OUTPUT_MAX_N: usize = 512;
 /// See [`TRANSPOSED_OUTPUT_MAX_N`]: the narrowest output it applies to (the
 /// width it was measured at).
 const TRANSPOSED_OUTPUT_MIN_N: usize = 64;
 /// See [`TRANSPOSED_OUTPUT_MAX_N`]: at least this many times as many rows as
-/// columns (at 4 the row-major output is faster, at 16 it is even).
-const TRANSPOSED_OUTPUT_MIN_ASPECT: usize = 32;
+/// columns (at 4 the row-major output was faster; 16 is BERT-small's
+/// decoder, 8192 x 512).
+const TRANSPOSED_OUTPUT_MIN_ASPECT: usize = 16;
 
 /// True when [`gemm_into`] computes an `m x k x n` product with a left
 /// operand of strides `a` and a right one of strides `b` column-major and
