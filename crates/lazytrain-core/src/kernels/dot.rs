@@ -1,6 +1,6 @@
 //! Batched matmul kernels: a naive reference loop and the `gemm` crate.
 
-use super::gemm::{copies_rhs, gemm_into, gemm_parallelism, matmul_parallelism, transposes_output, GemmOperand};
+use super::gemm::{gemm_into, gemm_parallelism, matmul_parallelism, GemmOperand, GemmRoute};
 use super::numeric::{FloatLike, Real};
 use crate::storage::HostData;
 use half::bf16;
@@ -306,9 +306,7 @@ impl<'a> RowPanels<'a> {
         };
         let (la, lb) = (layout(&a, d.lhs_t)?, layout(&b, d.rhs_t)?);
         let dims = (d.m, d.k, d.n);
-        if matches!(b.data, HostData::F32(_))
-            && (copies_rhs(dims, (lb.rs, lb.cs)) || transposes_output(dims, (la.rs, la.cs), (lb.rs, lb.cs)))
-        {
+        if matches!(b.data, HostData::F32(_)) && GemmRoute::of(dims, (la.rs, la.cs), (lb.rs, lb.cs)).runs_whole() {
             // Each panel would copy the whole right operand, or the product
             // is written column-major and transposed: it runs whole, and its
             // epilogue after it.

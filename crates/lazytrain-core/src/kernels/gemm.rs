@@ -27,7 +27,7 @@ const TRANSPOSE_RHS_FROM_M: usize = 256;
 
 /// True when [`gemm_into`] copies a right operand with strides `(rs, cs)`
 /// row-major before an `m x k x n` product (see [`TRANSPOSE_RHS_FROM_K`]).
-pub(crate) fn copies_rhs((m, k, n): (usize, usize, usize), (rs, cs): (usize, usize)) -> bool {
+fn copies_rhs((m, k, n): (usize, usize, usize), (rs, cs): (usize, usize)) -> bool {
     rs == 1 && cs >= k && n > 1 && k >= TRANSPOSE_RHS_FROM_K && m >= TRANSPOSE_RHS_FROM_M
 }
 
@@ -54,11 +54,47 @@ const TRANSPOSED_OUTPUT_MIN_ASPECT: usize = 16;
 /// True when [`gemm_into`] computes an `m x k x n` product with a left
 /// operand of strides `a` and a right one of strides `b` column-major and
 /// transposes it into the output (see [`TRANSPOSED_OUTPUT_MAX_N`]).
-pub(crate) fn transposes_output((m, _, n): (usize, usize, usize), a: (usize, usize), b: (usize, usize)) -> bool {
+fn transposes_output((m, _, n): (usize, usize, usize), a: (usize, usize), b: (usize, usize)) -> bool {
     a.0 == 1
         && b.1 == 1
         && (TRANSPOSED_OUTPUT_MIN_N..=TRANSPOSED_OUTPUT_MAX_N).contains(&n)
         && m >= TRANSPOSED_OUTPUT_MIN_ASPECT * n
+}
+
+/// How [`gemm_into`] runs a product: straight into the output, or through
+/// a thread-local scratch copy for a layout `gemm` handles slowly.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum GemmRoute {
+    /// `gemm` writes the row-major output directly.
+    Direct,
+    /// The right operand is copied row-major first ([`copies_rhs`]).
+    CopyRhs,
+    /// The product is computed column-major and transposed into the output
+    /// ([`transposes_output`]).
+    TransposeOutput,
+}
+
+impl GemmRoute {
+    /// The route of an `m x k x n` product with a left operand of strides
+    /// `a` and a right one of strides `b`.
+    pub(crate) fn of(dims: (usize, usize, usize), a: (usize, usize), b: (usize, usize)) -> GemmRoute {
+        if copies_rhs(dims, b) {
+            GemmRoute::CopyRhs
+        } else if transposes_output(dims, a, b) {
+            GemmRoute::TransposeOutput
+        } else {
+            GemmRoute::Direct
+        }
+    }
+
+    /// True when the product must run whole: a copy of a whole operand or
+    /// of the whole output sits between `gemm` and the caller's rows.
+    pub(crate) fn runs_whole(self) -> bool {
+        match self {
+            GemmRoute::Direct => false,
+            GemmRoute::CopyRhs | GemmRoute::TransposeOutput => true,
+        }
+    }
 }
 
 thread_local! {
@@ -90,8 +126,7 @@ fn with_scratch<T: Real, R>(
 
 /// `out = a x b` for an `m x k` and a `k x n` matrix through `gemm`, `out`
 /// row-major `m x n` (overwritten, not read). Layouts that `gemm` handles
-/// slowly go through a copy on the way: a long transposed right operand
-/// ([`copies_rhs`]) or a tall, narrow output ([`transposes_output`]).
+/// slowly go through a copy on the way ([`GemmRoute`]).
 ///
 /// # Safety
 /// `a` and `b` address every element of their matrices inside live
@@ -105,22 +140,20 @@ pub(crate) unsafe fn gemm_into<T: Real + Send + Sync + 'static>(
 ) {
     debug_assert!(out.len() >= m * n);
     let row_major = (n, 1);
-    if copies_rhs((m, k, n), (b.rs, b.cs)) {
-        return with_scratch(&ROW_MAJOR_RHS, k * n, |copy: &mut [T]| {
+    match GemmRoute::of((m, k, n), (a.rs, a.cs), (b.rs, b.cs)) {
+        GemmRoute::CopyRhs => with_scratch(&ROW_MAJOR_RHS, k * n, |copy: &mut [T]| {
             // SAFETY: the caller's: column `j` of `b` is `k` values from `b.ptr + j * b.cs`.
             transpose_columns(b.ptr, b.cs, (k, n), copy, parallelism);
             let b = GemmOperand { ptr: copy.as_ptr(), rs: n, cs: 1 };
             gemm_call((m, k, n), a, b, (out.as_mut_ptr(), row_major), parallelism)
-        });
-    }
-    if transposes_output((m, k, n), (a.rs, a.cs), (b.rs, b.cs)) {
-        return with_scratch(&COLUMN_MAJOR_OUT, m * n, |columns: &mut [T]| {
+        }),
+        GemmRoute::TransposeOutput => with_scratch(&COLUMN_MAJOR_OUT, m * n, |columns: &mut [T]| {
             gemm_call((m, k, n), a, b, (columns.as_mut_ptr(), (1, m)), parallelism);
             // SAFETY: column `j` of the product is the `m` values from `columns[j * m]`.
             transpose_columns(columns.as_ptr(), m, (m, n), out, parallelism)
-        });
+        }),
+        GemmRoute::Direct => gemm_call((m, k, n), a, b, (out.as_mut_ptr(), row_major), parallelism),
     }
-    gemm_call((m, k, n), a, b, (out.as_mut_ptr(), row_major), parallelism)
 }
 
 /// Write the `k x n` matrix whose column `j` is the `k` contiguous values
