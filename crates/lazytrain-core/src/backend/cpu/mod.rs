@@ -4,6 +4,7 @@
 
 mod executable;
 mod program;
+mod warm;
 
 use super::{Backend, Executable};
 use crate::collective::RunContext;
@@ -34,6 +35,8 @@ pub struct CpuBackend {
     row_chains_from: usize,
     /// The kernel threads (`None`: rayon's global pool, all cores).
     pool: Option<Arc<rayon::ThreadPool>>,
+    /// Keep the pool's threads awake while a run lasts (see [`warm`]).
+    keep_warm: bool,
     last_run: Arc<LastRun>,
 }
 
@@ -66,7 +69,7 @@ impl CpuBackend {
     /// loads) when `fuse`, running in rayon's global pool.
     pub fn with_fusion(fuse: bool) -> CpuBackend {
         let row_chains_from = if fuse { ROW_CHAINS_FROM } else { usize::MAX };
-        CpuBackend { fuse, epilogues: fuse, row_chains_from, pool: None, last_run: Arc::default() }
+        CpuBackend { fuse, epilogues: fuse, row_chains_from, pool: None, keep_warm: false, last_run: Arc::default() }
     }
 
     /// A backend with a thread pool of its own, `threads` threads: a step
@@ -86,7 +89,8 @@ impl CpuBackend {
                 op: "device",
                 detail: format!("could not start {threads} kernel threads: {e}"),
             })?;
-        Ok(CpuBackend { pool: Some(Arc::new(pool)), ..CpuBackend::default() })
+        let keep_warm = std::env::var("LAZYTRAIN_KEEP_WARM").map_or(true, |v| v != "0");
+        Ok(CpuBackend { pool: Some(Arc::new(pool)), keep_warm, ..CpuBackend::default() })
     }
 
     /// The same backend with matmul epilogues on or off (with fusion off
@@ -183,6 +187,10 @@ impl Backend for CpuBackend {
             None => executable.run(inputs, context),
         };
         match &self.pool {
+            Some(pool) if self.keep_warm => pool.install(|| {
+                let _warm = warm::KeepWarm::start(pool);
+                run()
+            }),
             Some(pool) => pool.install(run),
             None => run(),
         }

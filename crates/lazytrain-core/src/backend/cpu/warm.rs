@@ -1,0 +1,145 @@
+//! Kernel threads kept awake for the length of a run.
+//!
+//! A step is a few hundred kernels, most of them split over the pool's
+//! threads. Between two split kernels a rayon worker with nothing to do
+//! goes to sleep after a few dozen rounds of looking for work, and the next
+//! split kernel wakes it with a futex: on a 2-core virtual machine the
+//! wake-ups cost 4-8 % of a step (`perf`: `try_to_wake_up` under
+//! `futex_wake`, BERT-tiny). While a run lasts, every other thread of the
+//! pool therefore runs a job that keeps executing the pool's pending work
+//! and, between jobs, yields the core instead of sleeping (OpenMP runtimes
+//! spin the same way, for `KMP_BLOCKTIME`); it returns when the run ends.
+
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::Arc;
+
+thread_local! {
+    /// True on a thread that is running a step (a run's leader): it never
+    /// spins for another run, so two runs sharing a pool cannot each hold
+    /// the other's leader.
+    static LEADING: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
+}
+
+/// Threads of any pool inside [`stay_busy`] now.
+static KEPT_WARM: AtomicUsize = AtomicUsize::new(0);
+
+/// Pause instructions between two looks for work while a kept-warm thread
+/// finds none (each look touches the pool's shared queues).
+const PAUSES_PER_LOOK: u32 = 16;
+/// Fruitless looks after which a kept-warm thread yields its core once (to
+/// any other thread the system has ready to run).
+const LOOKS_PER_YIELD: u32 = 64;
+
+/// Keeps `pool`'s other threads awake until dropped. Made on a thread of
+/// `pool` (inside `install`), which leads the run.
+pub(super) struct KeepWarm {
+    running: Arc<AtomicBool>,
+    /// Whether this thread was already leading a run.
+    was_leading: bool,
+}
+
+impl KeepWarm {
+    /// Start keeping the pool's other threads awake (none in a pool of one
+    /// thread). Call it on a thread of `pool`.
+    pub(super) fn start(pool: &rayon::ThreadPool) -> KeepWarm {
+        let running = Arc::new(AtomicBool::new(true));
+        let was_leading = LEADING.replace(true);
+        if pool.current_num_threads() > 1 {
+            let flag = running.clone();
+            pool.spawn_broadcast(move |_| {
+                if !LEADING.get() {
+                    stay_busy(&flag);
+                }
+            });
+        }
+        KeepWarm { running, was_leading }
+    }
+}
+
+impl Drop for KeepWarm {
+    fn drop(&mut self) {
+        self.running.store(false, Ordering::Release);
+        LEADING.set(self.was_leading);
+    }
+}
+
+/// Run the pool's pending jobs until `running` turns false, yielding the
+/// core between them (never sleeping on a futex).
+fn stay_busy(running: &AtomicBool) {
+    KEPT_WARM.fetch_add(1, Ordering::Relaxed);
+    let mut idle = 0u32;
+    while running.load(Ordering::Acquire) {
+        match rayon::yield_now() {
+            Some(rayon::Yield::Executed) => idle = 0,
+            Some(rayon::Yield::Idle) | None => {
+                idle += 1;
+                if idle.is_multiple_of(LOOKS_PER_YIELD) {
+                    std::thread::yield_now();
+                } else {
+                    (0..PAUSES_PER_LOOK).for_each(|_| std::hint::spin_loop());
+                }
+            }
+        }
+    }
+    KEPT_WARM.fetch_sub(1, Ordering::Relaxed);
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::sync::mpsc;
+    use std::time::Duration;
+
+    /// One kept-warm run of split work on `pool`: its sum.
+    fn kept_warm_sum(pool: &rayon::ThreadPool) -> u64 {
+        pool.install(|| {
+            let _warm = KeepWarm::start(pool);
+            let (a, b) = rayon::join(|| (0..1000u64).sum::<u64>(), || (1000..2000u64).sum::<u64>());
+            a + b
+        })
+    }
+
+    /// `f` on another thread, its result within ten seconds (a thread left
+    /// spinning, or two runs holding each other, would hang instead).
+    fn within_ten_seconds<T: Send + 'static>(f: impl FnOnce() -> T + Send + 'static) -> T {
+        let (send, receive) = mpsc::channel();
+        std::thread::spawn(move || send.send(f()));
+        receive.recv_timeout(Duration::from_secs(10)).expect("finished in time")
+    }
+
+    /// Until no thread is kept warm (or ten seconds have passed): whether
+    /// none is.
+    fn all_cooled() -> bool {
+        let start = std::time::Instant::now();
+        while KEPT_WARM.load(Ordering::Relaxed) > 0 && start.elapsed() < Duration::from_secs(10) {
+            std::thread::sleep(Duration::from_millis(1));
+        }
+        KEPT_WARM.load(Ordering::Relaxed) == 0
+    }
+
+    /// Runs with the other thread kept warm compute their work, the
+    /// kept-warm jobs end with their runs (every thread then takes a new
+    /// job), and runs from two threads sharing one pool do not hold each
+    /// other's leader.
+    #[test]
+    fn kept_warm_threads_run_the_work_and_stop_with_the_run() {
+        let pool = Arc::new(rayon::ThreadPoolBuilder::new().num_threads(2).build().unwrap());
+        let expected = (0..2000u64).sum::<u64>();
+        let sequential = pool.clone();
+        let sums = within_ten_seconds(move || (0..50).map(|_| kept_warm_sum(&sequential)).collect::<Vec<_>>());
+        assert!(sums.iter().all(|&s| s == expected));
+        assert!(all_cooled(), "a thread still spins after its run");
+        let broadcast = pool.clone();
+        assert_eq!(within_ten_seconds(move || broadcast.broadcast(|ctx| ctx.index())), vec![0, 1]);
+        let concurrent = pool.clone();
+        let sums = within_ten_seconds(move || {
+            std::thread::scope(|scope| {
+                let runs: Vec<_> =
+                    (0..2).map(|_| scope.spawn(|| (0..50).map(|_| kept_warm_sum(&concurrent)).sum::<u64>())).collect();
+                runs.into_iter().map(|r| r.join().unwrap()).collect::<Vec<_>>()
+            })
+        });
+        assert_eq!(sums, vec![50 * expected; 2]);
+        assert!(all_cooled(), "a thread still spins after two threads' runs");
+    }
+}
