@@ -6,7 +6,31 @@ use crate::dtype::Literal;
 use crate::shape::contiguous_strides;
 use crate::storage::HostData;
 
-fn gather_strided<T: Copy>(x: &[T], shape: &[usize], strides: &[usize], base: usize, o: &mut [T]) {
+/// Copies of at least this many elements are split in two along their
+/// outermost axis and run on two threads (a permute of BERT-tiny's
+/// attention heads, 2 MB, ran on one core at 6.5 GB/s).
+const PARALLEL_COPY_MIN: usize = 1 << 17;
+
+fn gather_strided<T: Copy + Send + Sync>(x: &[T], shape: &[usize], strides: &[usize], base: usize, o: &mut [T]) {
+    // Leading axes of one element move no offset: split the first longer one.
+    let lead = shape.iter().take_while(|&&d| d == 1).count();
+    let (shape, strides) = (&shape[lead..], &strides[lead..]);
+    if o.len() >= PARALLEL_COPY_MIN && shape.first().is_some_and(|&d| d >= 2) && rayon::current_num_threads() > 1 {
+        let (outer, inner) = (shape[0], o.len() / shape[0]);
+        let mid = outer / 2;
+        let (first, second) = o.split_at_mut(mid * inner);
+        let (first_shape, second_shape) = ([&[mid], &shape[1..]].concat(), [&[outer - mid], &shape[1..]].concat());
+        rayon::join(
+            || gather_rows(x, &first_shape, strides, base, first),
+            || gather_rows(x, &second_shape, strides, base + mid * strides[0], second),
+        );
+        return;
+    }
+    gather_rows(x, shape, strides, base, o)
+}
+
+/// [`gather_strided`] on this thread.
+fn gather_rows<T: Copy>(x: &[T], shape: &[usize], strides: &[usize], base: usize, o: &mut [T]) {
     // Rows that are contiguous (or broadcast) in the input copy (or fill) as a block.
     if let (Some(&inner), Some(&step)) = (shape.last(), strides.last()) {
         if inner > 0 && step <= 1 {
@@ -116,4 +140,31 @@ pub(crate) fn pad(
     }
     arm!(F32, F64, BF16, F16, I64, I32, U8, Bool);
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A permute large enough to be split over two threads (behind a
+    /// leading axis of one element) writes what the one-thread copy writes,
+    /// and that is the permutation itself.
+    #[test]
+    fn split_copies_match_the_one_thread_copy() {
+        let in_shape = [1, 8, 2, 128, 64];
+        let out_shape = [1, 8, 128, 2, 64];
+        let x: Vec<f32> = (0..in_shape.iter().product::<usize>()).map(|i| i as f32).collect();
+        let strides = permuted_strides(&in_shape, &[0, 1, 3, 2, 4]);
+        let numel = x.len();
+        assert!(numel >= PARALLEL_COPY_MIN);
+        let mut one_thread = vec![0f32; numel];
+        gather_rows(&x, &out_shape, &strides, 0, &mut one_thread);
+        let pool = rayon::ThreadPoolBuilder::new().num_threads(2).build().unwrap();
+        let mut split = vec![0f32; numel];
+        pool.install(|| gather_strided(&x, &out_shape, &strides, 0, &mut split));
+        assert_eq!(split, one_thread);
+        // out[0, b, t, h, d] = x[0, b, h, t, d]
+        let (b, t, h, d) = (5, 77, 1, 9);
+        assert_eq!(split[((b * 128 + t) * 2 + h) * 64 + d], x[((b * 2 + h) * 128 + t) * 64 + d]);
+    }
 }
