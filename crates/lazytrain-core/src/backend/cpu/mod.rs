@@ -187,10 +187,7 @@ impl Backend for CpuBackend {
             None => executable.run(inputs, context),
         };
         match &self.pool {
-            Some(pool) if self.keep_warm => pool.install(|| {
-                let _warm = warm::KeepWarm::start(pool);
-                run()
-            }),
+            Some(pool) if self.keep_warm && pool.current_num_threads() > 1 => warm::run_on_first_thread(pool, run),
             Some(pool) => pool.install(run),
             None => run(),
         }
