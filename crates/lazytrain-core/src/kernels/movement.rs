@@ -7,8 +7,8 @@ use crate::shape::contiguous_strides;
 use crate::storage::HostData;
 
 /// Copies of at least this many elements are split in two along their
-/// outermost axis and run on two threads (a permute of BERT-tiny's
-/// attention heads, 2 MB, ran on one core at 6.5 GB/s).
+/// first axis longer than one and run on two threads (a permute of
+/// BERT-tiny's attention heads, 2 MB, ran on one core at 6.5 GB/s).
 const PARALLEL_COPY_MIN: usize = 1 << 17;
 
 fn gather_strided<T: Copy + Send + Sync>(x: &[T], shape: &[usize], strides: &[usize], base: usize, o: &mut [T]) {

@@ -75,8 +75,10 @@ impl CpuBackend {
     /// A backend with a thread pool of its own, `threads` threads: a step
     /// runs on a pool thread, so splitting a kernel wakes one other thread
     /// instead of handing both halves to a shared pool while the caller
-    /// sleeps (5–8 % faster steps on 2 cores). Fails when the operating
-    /// system refuses a thread.
+    /// sleeps (5–8 % faster steps on 2 cores). While a step runs, the
+    /// other threads stay awake between kernels (`backend/cpu/warm.rs`) unless
+    /// `LAZYTRAIN_KEEP_WARM=0`. Fails when the operating system refuses a
+    /// thread.
     pub fn with_threads(threads: usize) -> Result<CpuBackend> {
         static NEXT_POOL: AtomicUsize = AtomicUsize::new(0);
         let id = NEXT_POOL.fetch_add(1, Ordering::Relaxed);
