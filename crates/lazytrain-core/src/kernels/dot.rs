@@ -1,6 +1,6 @@
 //! Batched matmul kernels: a naive reference loop and the `gemm` crate.
 
-use super::gemm::{gemm_into, gemm_parallelism, matmul_parallelism, GemmOperand, GemmRoute};
+use super::gemm::{gemm_into, gemm_parallelism, gemm_routed, matmul_parallelism, GemmOperand, GemmRoute};
 use super::numeric::{FloatLike, Real};
 use crate::storage::HostData;
 use half::bf16;
@@ -328,7 +328,9 @@ impl<'a> RowPanels<'a> {
                 let a = GemmOperand { ptr: a.as_ptr().add(a_offset), rs: self.la.rs, cs: self.la.cs };
                 let b = GemmOperand { ptr: b.as_ptr().add(self.lb.offsets[0]), rs: self.lb.rs, cs: self.lb.cs };
                 let o = std::slice::from_raw_parts_mut(o.add(r0 * d.n), rows * d.n);
-                gemm_into((rows, d.k, d.n), a, b, o, gemm::Parallelism::None);
+                // Never split `k` here: a panel's rows hold the whole product's bits.
+                let route = GemmRoute::unsplit((rows, d.k, d.n), (a.rs, a.cs), (b.rs, b.cs));
+                gemm_routed(route, (rows, d.k, d.n), a, b, o, gemm::Parallelism::None);
             }
             (HostData::BF16(a), HostData::BF16(b), PanelOut::BF16(o)) => {
                 use super::dot_bf16::{matmul, Out, View};

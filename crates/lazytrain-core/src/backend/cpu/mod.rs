@@ -57,11 +57,15 @@ impl Default for CpuBackend {
     /// `LAZYTRAIN_ROW_CHAINS=0` (all for A/B measurements); the kernels run
     /// in rayon's global pool.
     fn default() -> CpuBackend {
-        let on = |name: &str| std::env::var(name).map_or(true, |v| v != "0");
-        CpuBackend::with_fusion(on("LAZYTRAIN_FUSION"))
-            .with_epilogues(on("LAZYTRAIN_EPILOGUES"))
-            .with_row_chains(on("LAZYTRAIN_ROW_CHAINS").then_some(ROW_CHAINS_FROM))
+        CpuBackend::with_fusion(switched_on("LAZYTRAIN_FUSION"))
+            .with_epilogues(switched_on("LAZYTRAIN_EPILOGUES"))
+            .with_row_chains(switched_on("LAZYTRAIN_ROW_CHAINS").then_some(ROW_CHAINS_FROM))
     }
+}
+
+/// An A/B switch of the environment: on unless the variable `name` is `0`.
+fn switched_on(name: &str) -> bool {
+    std::env::var(name).map_or(true, |v| v != "0")
 }
 
 impl CpuBackend {
@@ -91,8 +95,11 @@ impl CpuBackend {
                 op: "device",
                 detail: format!("could not start {threads} kernel threads: {e}"),
             })?;
-        let keep_warm = std::env::var("LAZYTRAIN_KEEP_WARM").map_or(true, |v| v != "0");
-        Ok(CpuBackend { pool: Some(Arc::new(pool)), keep_warm, ..CpuBackend::default() })
+        Ok(CpuBackend {
+            pool: Some(Arc::new(pool)),
+            keep_warm: switched_on("LAZYTRAIN_KEEP_WARM"),
+            ..CpuBackend::default()
+        })
     }
 
     /// The same backend with matmul epilogues on or off (with fusion off
