@@ -21,7 +21,7 @@ impl<T> GemmOperand<T> {
     ///
     /// # Safety
     /// The row lies inside the operand's buffer.
-    unsafe fn from_row(self, row: usize) -> GemmOperand<T> {
+    unsafe fn rows_from(self, row: usize) -> GemmOperand<T> {
         GemmOperand { ptr: self.ptr.add(row * self.rs), ..self }
     }
 
@@ -29,7 +29,7 @@ impl<T> GemmOperand<T> {
     ///
     /// # Safety
     /// The column lies inside the operand's buffer.
-    unsafe fn from_column(self, column: usize) -> GemmOperand<T> {
+    unsafe fn columns_from(self, column: usize) -> GemmOperand<T> {
         GemmOperand { ptr: self.ptr.add(column * self.cs), ..self }
     }
 }
@@ -241,7 +241,7 @@ pub(crate) unsafe fn gemm_routed<T: Real + Send + Sync + 'static>(
         GemmRoute::SplitK => with_scratch(&SECOND_HALF, m * n, |second: &mut [T]| {
             let half = k / 2;
             // SAFETY: the caller's: `half < k` is a column of `a` and a row of `b`.
-            let (a2, b2) = (a.from_column(half), b.from_row(half));
+            let (a2, b2) = (a.columns_from(half), b.rows_from(half));
             let first = &mut out[..m * n];
             let unsplit = |k| GemmRoute::unsplit((m, k, n), (a.rs, a.cs), (b.rs, b.cs));
             let (route1, route2) = (unsplit(half), unsplit(k - half));
@@ -471,7 +471,7 @@ mod tests {
         // and row `half`), the outputs hold m x n.
         unsafe {
             gemm_call((m, half, n), x, y, (first.as_mut_ptr(), (n, 1)), gemm::Parallelism::None);
-            let (x2, y2) = (x.from_column(half), y.from_row(half));
+            let (x2, y2) = (x.columns_from(half), y.rows_from(half));
             gemm_call((m, k - half, n), x2, y2, (second.as_mut_ptr(), (n, 1)), gemm::Parallelism::None);
         }
         let halves: Vec<f32> = first.iter().zip(&second).map(|(p, q)| p + q).collect();
