@@ -93,8 +93,14 @@ fn int_unary<T: IntLike>(op: UnaryOp, lanes: impl Lanes1<T>) -> Result<(), Strin
     Ok(())
 }
 
-/// `out = op(x)`.
+/// `out = op(x)`, compiled also for AVX2 and AVX-512 (exp and erf are
+/// fused multiply-adds: one instruction there).
 pub(crate) fn unary(op: UnaryOp, x: &HostData, out: &mut HostData) -> Result<(), String> {
+    super::simd::widest!(unary_lanes(op, x, out))
+}
+
+#[inline(always)]
+fn unary_lanes(op: UnaryOp, x: &HostData, out: &mut HostData) -> Result<(), String> {
     match (op, x, &mut *out) {
         (UnaryOp::Exp, HostData::F32(x), HostData::F32(o)) if x.len() == o.len() => {
             o.iter_mut().zip(x).for_each(|(o, &v)| *o = super::numeric::exp_f32(v));
@@ -115,8 +121,13 @@ pub(crate) fn unary(op: UnaryOp, x: &HostData, out: &mut HostData) -> Result<(),
     Ok(())
 }
 
-/// `out = op(out)`, in place.
+/// `out = op(out)`, in place (compiled as [`unary`] is).
 pub(crate) fn unary_inplace(op: UnaryOp, out: &mut HostData) -> Result<(), String> {
+    super::simd::widest!(unary_inplace_lanes(op, out))
+}
+
+#[inline(always)]
+fn unary_inplace_lanes(op: UnaryOp, out: &mut HostData) -> Result<(), String> {
     match out {
         HostData::F32(o) => float_unary(op, o.as_mut_slice()),
         HostData::F64(o) => float_unary(op, o.as_mut_slice()),
