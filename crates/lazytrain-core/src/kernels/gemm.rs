@@ -89,15 +89,16 @@ fn transposes_output((m, _, n): (usize, usize, usize), a: (usize, usize), b: (us
 /// and an output that is small next to `k` (a weight's gradient `X^T dY`
 /// summed over every token of the batch, or the masked-LM head's input
 /// gradient summed over the vocabulary) leaves its two threads poorly used.
-/// Measured on a 2-core Intel Xeon, `gemm` on 2 threads against the split
-/// (`m x k x n`): `128 x 4096 x 128` 0.98 -> 0.65 ms, `128 x 4096 x 512`
-/// 3.64 -> 2.41, `512 x 2048 x 512` 5.91 -> 4.53, `2048 x 2048 x 512` 22.4
-/// -> 17.5, `768 x 1024 x 768` 5.05 -> 4.57, `800 x 8192 x 128` 7.7 -> 5.6,
-/// `160 x 30522 x 768` 45 -> 31; no slower than `gemm` alone on one
-/// thread. Products with `k` shorter than `m` or `n` were no faster (`3072
-/// x 1024 x 768` 0.97x), nor with a transposed right operand (a linear
-/// layer's `x W^T`: `2048 x 2048 x 512` 0.97x). The halves do not depend on
-/// the thread count, so neither do the bits.
+/// Measured on a 2-core Intel Xeon with the pool's threads kept awake as
+/// in a step, `gemm` on 2 threads against the split (`m x k x n`): `128 x
+/// 4096 x 128` 1.00 -> 0.73 ms, `128 x 4096 x 512` 2.91 -> 2.35, `512 x
+/// 2048 x 512` 4.85 -> 4.17, `2048 x 2048 x 512` 23.9 -> 19.6, `768 x 1024
+/// x 768` 6.1 -> 4.9, `800 x 8192 x 128` 12.0 -> 6.7, `160 x 30522 x 768`
+/// 39 -> 35; on one thread the two halves take what one product does.
+/// Products with `k` shorter than `m` or `n` were no faster (`3072 x 1024
+/// x 768` 1.01x), nor with a transposed right operand (a linear layer's
+/// `x W^T`: `2048 x 2048 x 512` 0.97x). The halves do not depend on the
+/// thread count, so neither do the bits.
 const SPLIT_K_FROM: usize = 1024;
 
 /// True when [`gemm_into`] splits the shared dimension of an `m x k x n`
@@ -247,7 +248,7 @@ pub(crate) unsafe fn gemm_routed<T: Real + Send + Sync + 'static>(
             let (route1, route2) = (unsplit(half), unsplit(k - half));
             match parallelism {
                 gemm::Parallelism::Rayon(threads) if threads > 1 => {
-                    let each = gemm_parallelism(m * n * k, threads / 2);
+                    let each = gemm_parallelism(m * n * half, threads / 2);
                     let (one, two) = (&mut *first, &mut *second);
                     rayon::join(
                         // SAFETY: as above; `one` and `two` hold m x n each.
