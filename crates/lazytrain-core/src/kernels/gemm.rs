@@ -127,11 +127,10 @@ pub(crate) enum GemmRoute {
 
 impl GemmRoute {
     /// The route of an `m x k x n` product with a left operand of strides
-    /// `a` and a right one of strides `b`.
+    /// `a` and a right one of strides `b` (a split's right operand is
+    /// row-major, so it is never one that [`copies_rhs`] copies).
     pub(crate) fn of(dims: (usize, usize, usize), a: (usize, usize), b: (usize, usize)) -> GemmRoute {
-        if copies_rhs(dims, b) {
-            GemmRoute::CopyRhs
-        } else if splits_k(dims, b) {
+        if splits_k(dims, b) {
             GemmRoute::SplitK
         } else {
             GemmRoute::unsplit(dims, a, b)
