@@ -41,9 +41,6 @@ fn with_scratch<R>(key: &'static LocalKey<RefCell<Vec<f32>>>, f: impl FnOnce(&mu
     })
 }
 
-/// At least this many elements before conversions are split between threads.
-const PARALLEL_ELEMENTS: usize = 1 << 16;
-
 /// The `height x cols` matrix `x` widened into `dst`, keeping whichever
 /// axis `x` stores contiguously, on up to `threads` threads; returns the
 /// copy's `(rs, cs)`. `dst` only grows (it is scratch), so a repeated
@@ -83,7 +80,7 @@ fn widen<T: FloatLike<Math = f32>>(
             }
         }
     };
-    if threads > 1 && len >= PARALLEL_ELEMENTS && lines > 1 {
+    if threads > 1 && len >= super::split::SPLIT_ELEMENTWISE_FROM && lines > 1 {
         use rayon::prelude::*;
         let per_part = lines.div_ceil(threads);
         dst.par_chunks_mut(per_part * line_len).enumerate().for_each(|(p, out)| widen_lines(p * per_part, out));
@@ -142,18 +139,9 @@ pub(crate) fn matmul<T: FloatLike<Math = f32>>(
 
 /// `out = product` rounded to `T`, on up to `threads` threads.
 fn narrow_into<T: FloatLike<Math = f32>>(product: &[f32], out: &mut [T], threads: usize) {
-    let narrow = |(o, p): (&mut [T], &[f32])| {
-        for (d, &v) in o.iter_mut().zip(p) {
-            *d = T::narrow(v);
-        }
-    };
-    if threads > 1 && out.len() >= PARALLEL_ELEMENTS {
-        use rayon::prelude::*;
-        let chunk = out.len().div_ceil(threads);
-        out.par_chunks_mut(chunk).zip(product.par_chunks(chunk)).for_each(narrow);
-    } else {
-        narrow((out, product));
-    }
+    super::split::zip_in_parts(product, out, threads, |product, out| {
+        out.iter_mut().zip(product).for_each(|(o, &v)| *o = T::narrow(v))
+    });
 }
 
 #[cfg(test)]

@@ -254,12 +254,12 @@ pub(crate) unsafe fn gemm_routed<T: Real + Send + Sync + 'static>(
                         move || unsafe { gemm_routed(route1, (m, half, n), a, b, one, each) },
                         move || unsafe { gemm_routed(route2, (m, k - half, n), a2, b2, two, each) },
                     );
-                    add_into(first, second, true);
+                    add_into(first, second, threads);
                 }
                 gemm::Parallelism::Rayon(_) | gemm::Parallelism::None => {
                     gemm_routed(route1, (m, half, n), a, b, first, parallelism);
                     gemm_routed(route2, (m, k - half, n), a2, b2, second, parallelism);
-                    add_into(first, second, false);
+                    add_into(first, second, 1);
                 }
             }
         }),
@@ -267,17 +267,11 @@ pub(crate) unsafe fn gemm_routed<T: Real + Send + Sync + 'static>(
     }
 }
 
-/// `sum[i] += addend[i]`, on two threads when `split` and the sum is long.
-fn add_into<T: Real + Send + Sync>(sum: &mut [T], addend: &[T], split: bool) {
-    /// Elements from which a sum is worth splitting between two threads.
-    const SPLIT_FROM: usize = 1 << 16;
-    if split && sum.len() >= SPLIT_FROM {
-        let (sum1, sum2) = sum.split_at_mut(sum.len() / 2);
-        let (addend1, addend2) = addend.split_at(sum1.len());
-        rayon::join(|| add_into(sum1, addend1, false), || add_into(sum2, addend2, false));
-    } else {
-        sum.iter_mut().zip(addend).for_each(|(s, &a)| *s = *s + a);
-    }
+/// `sum[i] += addend[i]`, on up to `threads` threads.
+fn add_into<T: Real + Send + Sync>(sum: &mut [T], addend: &[T], threads: usize) {
+    super::split::zip_in_parts(addend, sum, threads, |addend, sum| {
+        sum.iter_mut().zip(addend).for_each(|(s, &a)| *s = *s + a)
+    });
 }
 
 /// Write the `k x n` matrix whose column `j` is the `k` contiguous values

@@ -13,6 +13,7 @@ mod movement;
 pub(crate) mod numeric;
 mod reduce;
 mod simd;
+mod split;
 pub(crate) mod strided;
 
 pub use dot::MatmulKernel;

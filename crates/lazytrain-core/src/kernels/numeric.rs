@@ -188,10 +188,11 @@ mod tests {
     /// the scalar conversions do, both ways (odd length: unequal halves).
     #[test]
     fn long_casts_match_the_elementwise_conversions() {
-        use super::{bf16_from_f32, bf16_to_f32, cast, PARALLEL_CONVERT_MIN};
+        use super::{bf16_from_f32, bf16_to_f32, cast};
+        use crate::kernels::split::SPLIT_ELEMENTWISE_FROM;
         use crate::storage::HostData;
         use half::bf16;
-        let len = PARALLEL_CONVERT_MIN * 2 + 3;
+        let len = SPLIT_ELEMENTWISE_FROM * 2 + 3;
         let mut u = vec![0f32; len];
         crate::random::uniform_f32(9, 0, &mut u);
         let values: Vec<f32> = u.iter().enumerate().map(|(i, &x)| (x - 0.5) * (1u64 << (i % 40)) as f32).collect();
@@ -369,21 +370,12 @@ pub(crate) fn fill_literal(out: &mut HostData, value: Literal) {
     }
 }
 
-/// Elements at least this many are converted on two threads.
-const PARALLEL_CONVERT_MIN: usize = 1 << 16;
-
 /// `o[i] = f(a[i])` for the casts between f32 and the 16-bit floats: in
-/// two halves on two threads for large inputs (a weight cast to bf16 under
-/// autocast), each compiled for the widest
-/// vector extension this CPU has (the same bits).
+/// parts on the pool's threads for large inputs (a weight cast to bf16
+/// under autocast), each compiled for the widest vector extension this CPU
+/// has (the same bits).
 fn convert<A: Copy + Sync, B: Send>(a: &[A], o: &mut [B], f: impl Fn(A) -> B + Sync) {
-    if a.len() >= PARALLEL_CONVERT_MIN && rayon::current_num_threads() > 1 {
-        let mid = a.len() / 2;
-        let ((a1, a2), (o1, o2)) = (a.split_at(mid), o.split_at_mut(mid));
-        rayon::join(|| convert_range(a1, o1, &f), || convert_range(a2, o2, &f));
-    } else {
-        convert_range(a, o, &f);
-    }
+    super::split::zip_in_parts(a, o, rayon::current_num_threads(), |a, o| convert_range(a, o, &f));
 }
 
 /// [`convert`] on one thread.
