@@ -462,9 +462,10 @@ fn reductions_over_an_empty_axis_write_the_identity() {
 
 /// A graph that has run once (like the first training step, which creates
 /// the optimizer state) does not keep its intermediate buffers once another
-/// graph runs on the same device; graphs that recur keep theirs for their
-/// next run; and what runs on another device (another backend instance)
-/// frees nothing here.
+/// graph runs on the same device: it hands them to that graph, whose first
+/// run fills its slots with them instead of allocating; graphs that recur
+/// keep theirs for their next run; and what runs on another device
+/// (another backend instance) takes nothing from here.
 #[test]
 fn one_off_graphs_release_their_buffers_when_another_graph_runs() {
     let device = CpuBackend::default();
@@ -483,12 +484,19 @@ fn one_off_graphs_release_their_buffers_when_another_graph_runs() {
     let context = Default::default();
     device.execute(&*once, input(), &context).unwrap();
     other_device.execute(&*elsewhere, input(), &context).unwrap();
-    assert!(once.stats().kept_bytes >= 256 * 256 * 4, "another device's run frees nothing here");
+    assert!(once.stats().kept_bytes >= 256 * 256 * 4, "another device's run takes nothing from here");
+    let product_bytes = 256 * 256 * 4;
+    assert!(elsewhere.stats().allocated_bytes >= product_bytes, "the other device's graph had nothing to take");
     device.execute(&*recurring, input(), &context).unwrap();
     assert_eq!(once.stats().kept_bytes, 0, "a graph that ran once lets go when another runs");
+    assert!(
+        recurring.stats().allocated_bytes < product_bytes,
+        "the next graph took the product's buffer over: {} bytes allocated",
+        recurring.stats().allocated_bytes
+    );
     device.execute(&*recurring, input(), &context).unwrap();
     device.execute(&*once, input(), &context).unwrap();
-    assert!(recurring.stats().kept_bytes >= 256 * 256 * 4, "a recurring graph keeps its buffers");
+    assert!(recurring.stats().kept_bytes >= product_bytes, "a recurring graph keeps its buffers");
 }
 
 /// A reduction of a reshape of contiguous data (a bias gradient summing the

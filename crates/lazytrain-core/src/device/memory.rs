@@ -29,8 +29,10 @@ fn memory_to_check_against() -> Option<u64> {
 /// `resident` bytes its inputs already hold, exceeds the available memory.
 pub(super) fn check_fits(exe: &dyn Executable, resident: u64) -> Result<()> {
     let stats = exe.stats();
-    if stats.allocated_bytes > 0 {
-        return Ok(()); // it ran before: its memory is known to fit
+    if stats.allocated_bytes > 0 || stats.kept_bytes > 0 {
+        // It ran before (on fresh memory, or on buffers another graph
+        // handed over): its memory is known to fit.
+        return Ok(());
     }
     let needed = (stats.peak_bytes as u64).saturating_sub(resident);
     match memory_to_check_against() {

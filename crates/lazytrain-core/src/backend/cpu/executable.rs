@@ -10,6 +10,7 @@ use crate::kernels::fused::{ChainLink, FusedProgram, OutView, Source};
 use crate::kernels::{self, MatmulKernel};
 use crate::schedule::{ChainRead, Operand};
 use crate::storage::{Buffer, HostData};
+use std::collections::HashSet;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, Weak};
 
@@ -32,15 +33,22 @@ impl CpuExecutable {
     /// of the same dtype that is large enough (but not wastefully so) is
     /// reused, else one is allocated.
     fn fresh_slot(&self, slot: usize, spare: &mut Vec<HostData>) -> HostData {
-        let (dtype, capacity) = self.plan.slots[slot];
-        let fits = |b: &HostData| b.dtype() == dtype && (capacity..=capacity.saturating_mul(2)).contains(&b.capacity());
-        match spare.iter().position(fits) {
-            Some(pos) => spare.swap_remove(pos),
+        match self.take_fitting(slot, spare) {
+            Some(buffer) => buffer,
             None => {
+                let (dtype, capacity) = self.plan.slots[slot];
                 self.allocated.fetch_add((capacity * dtype.size_in_bytes()) as u64, Ordering::Relaxed);
                 HostData::with_capacity(dtype, capacity)
             }
         }
+    }
+
+    /// A buffer out of `spare` of `slot`'s dtype that holds its planned
+    /// capacity without being wastefully larger (at most twice).
+    fn take_fitting(&self, slot: usize, spare: &mut Vec<HostData>) -> Option<HostData> {
+        let (dtype, capacity) = self.plan.slots[slot];
+        let fits = |b: &HostData| b.dtype() == dtype && (capacity..=capacity.saturating_mul(2)).contains(&b.capacity());
+        spare.iter().position(fits).map(|pos| spare.swap_remove(pos))
     }
 }
 
@@ -66,11 +74,10 @@ impl CpuExecutable {
     ) -> Result<Vec<Arc<Buffer>>> {
         check_inputs(&inputs, self.num_params)?;
         // Reuse the previous run's intermediate buffers: no allocation and no
-        // page faults in steady state.
-        if let Some(last_run) = last_run {
-            release_one_off_pool(&self.pool, last_run);
-        }
-        let mut run = self.begin(inputs);
+        // page faults in steady state. A one-off graph's buffers that ran
+        // just before become this run's spares.
+        let handed_over = last_run.map(|last_run| release_one_off_pool(&self.pool, last_run)).unwrap_or_default();
+        let mut run = self.begin(inputs, handed_over);
         for step in &self.steps {
             let started = profile::enabled().then(std::time::Instant::now);
             let (result, kind) = match &step.kernel {
@@ -104,15 +111,24 @@ impl CpuExecutable {
     }
 
     /// A run's buffers: a kept slot set (or an empty one), with the donated
-    /// inputs' memory taken over into their slots.
-    fn begin(&self, inputs: Vec<Arc<Buffer>>) -> RunBuffers {
+    /// inputs' memory taken over into their slots, and the empty slots
+    /// filled from `handed_over` where a buffer fits (the rest is freed).
+    fn begin(&self, inputs: Vec<Arc<Buffer>>, mut handed_over: Vec<HostData>) -> RunBuffers {
         let mut slots: Vec<Option<HostData>> = self.pool.sets.lock().ok().and_then(|mut p| p.pop()).unwrap_or_default();
         slots.resize(self.plan.slots.len(), None);
+        if !handed_over.is_empty() {
+            let donated: HashSet<usize> = self.plan.donated.iter().map(|&(_, slot)| slot).collect();
+            for (slot, buffer) in slots.iter_mut().enumerate().filter(|(slot, _)| !donated.contains(slot)) {
+                if buffer.is_none() {
+                    *buffer = self.take_fitting(slot, &mut handed_over);
+                }
+            }
+        }
+        let mut spare = Vec::new();
         let mut inputs: Vec<Option<Arc<Buffer>>> = inputs.into_iter().map(Some).collect();
         // Buffers the last run left in donated slots: graph outputs took
         // other slots' buffers out of the pool, and these replace them (in
         // steady state the sizes pair up), so a run allocates nothing.
-        let mut spare = Vec::new();
         for &(k, slot) in &self.plan.donated {
             // Take the memory over when nothing else holds it; copy otherwise.
             let donated = inputs[k].take().map(|buffer| match Arc::try_unwrap(buffer) {
@@ -401,23 +417,27 @@ pub(super) struct SlotPool {
 /// The slot pool of the executable that started a run last on one device.
 pub(super) type LastRun = Mutex<Option<Weak<SlotPool>>>;
 
-/// Count a run of `current`'s executable, and free the buffers kept by the
+/// Count a run of `current`'s executable, and take the buffers kept by the
 /// executable that ran before it on the same device if that was another
 /// graph that has run only once (the first training step, which creates
 /// the optimizer state): its intermediates are not kept alive beside the
-/// next graph's. Graphs that recur (steady steps, gradient-accumulation
-/// micro-steps, evaluation) keep theirs, so alternating between them
-/// allocates nothing.
-fn release_one_off_pool(current: &Arc<SlotPool>, last_run: &LastRun) {
+/// next graph's but handed to it, whose first run fills its own slots with
+/// those that fit instead of faulting in fresh memory (BERT-base on a 2-core
+/// virtual machine: 260 thousand fewer page faults, the first four steps
+/// 1.5-2 s shorter, peak RSS 2.6 % higher: some slots get buffers up to
+/// twice their size). Graphs that recur (steady steps,
+/// gradient-accumulation micro-steps, evaluation) keep theirs, so
+/// alternating between them allocates nothing.
+fn release_one_off_pool(current: &Arc<SlotPool>, last_run: &LastRun) -> Vec<HostData> {
     current.runs.fetch_add(1, Ordering::Relaxed);
     let mut last = last_run.lock().unwrap_or_else(|p| p.into_inner());
     let previous = last.replace(Arc::downgrade(current));
-    if let Some(previous) = previous.and_then(|weak| weak.upgrade()) {
-        if !Arc::ptr_eq(&previous, current) && previous.runs.load(Ordering::Relaxed) <= 1 {
-            if let Ok(mut sets) = previous.sets.lock() {
-                sets.clear();
-            }
+    match previous.and_then(|weak| weak.upgrade()) {
+        Some(previous) if !Arc::ptr_eq(&previous, current) && previous.runs.load(Ordering::Relaxed) <= 1 => {
+            let mut sets = previous.sets.lock().unwrap_or_else(|p| p.into_inner());
+            sets.drain(..).flatten().flatten().collect()
         }
+        Some(_) | None => Vec::new(),
     }
 }
 
