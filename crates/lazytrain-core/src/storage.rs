@@ -53,8 +53,8 @@ impl HostData {
     /// core. On a 2-core virtual machine those flushes took a quarter of
     /// BERT-base's first four steps (`perf`: `do_wp_page` under the fused
     /// update kernels' stores); with the zeros written up front (one
-    /// ordinary fault per page) the first step took 4.9-6.3 s instead of
-    /// 8.3-9.6, and the run's system time fell from 10-11 s to 3-4.
+    /// ordinary fault per page) its first step took 4.6-6.8 s instead of
+    /// 7.1-9.6, and the run's system time fell from 8-11 s to 3-4.
     pub fn zeros(dtype: DType, len: usize) -> HostData {
         match dtype {
             DType::F32 => HostData::F32(written_zeros(len)),
