@@ -10,7 +10,6 @@ use crate::kernels::fused::{ChainLink, FusedProgram, OutView, Source};
 use crate::kernels::{self, MatmulKernel};
 use crate::schedule::{ChainRead, Operand};
 use crate::storage::{Buffer, HostData};
-use std::collections::HashSet;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, Weak};
 
@@ -48,8 +47,8 @@ impl CpuExecutable {
     fn take_fitting(&self, slot: usize, spare: &mut Vec<HostData>) -> Option<HostData> {
         let (dtype, capacity) = self.plan.slots[slot];
         let fits = |b: &HostData| b.dtype() == dtype && (capacity..=capacity.saturating_mul(2)).contains(&b.capacity());
-        let smallest = spare.iter().enumerate().filter(|(_, b)| fits(b)).min_by_key(|(_, b)| b.capacity());
-        smallest.map(|(pos, _)| pos).map(|pos| spare.swap_remove(pos))
+        let (pos, _) = spare.iter().enumerate().filter(|(_, b)| fits(b)).min_by_key(|(_, b)| b.capacity())?;
+        Some(spare.swap_remove(pos))
     }
 }
 
@@ -117,16 +116,6 @@ impl CpuExecutable {
     fn begin(&self, inputs: Vec<Arc<Buffer>>, mut handed_over: Vec<HostData>) -> RunBuffers {
         let mut slots: Vec<Option<HostData>> = self.pool.sets.lock().ok().and_then(|mut p| p.pop()).unwrap_or_default();
         slots.resize(self.plan.slots.len(), None);
-        if !handed_over.is_empty() {
-            // Largest slots first, each with the smallest buffer that fits.
-            let donated: HashSet<usize> = self.plan.donated.iter().map(|&(_, slot)| slot).collect();
-            let mut empty: Vec<usize> =
-                (0..slots.len()).filter(|s| slots[*s].is_none() && !donated.contains(s)).collect();
-            empty.sort_by_key(|&s| std::cmp::Reverse(self.plan.slots[s].1 * self.plan.slots[s].0.size_in_bytes()));
-            for slot in empty {
-                slots[slot] = self.take_fitting(slot, &mut handed_over);
-            }
-        }
         let mut spare = Vec::new();
         let mut inputs: Vec<Option<Arc<Buffer>>> = inputs.into_iter().map(Some).collect();
         // Buffers the last run left in donated slots: graph outputs took
@@ -139,6 +128,18 @@ impl CpuExecutable {
                 Err(shared) => ready(&shared).clone(),
             });
             spare.extend(std::mem::replace(&mut slots[slot], donated));
+        }
+        if !handed_over.is_empty() {
+            // The slots still empty, largest first, each with the smallest
+            // handed-over buffer that fits.
+            let mut empty: Vec<usize> = (0..slots.len()).filter(|&s| slots[s].is_none()).collect();
+            empty.sort_by_key(|&s| {
+                let (dtype, capacity) = self.plan.slots[s];
+                std::cmp::Reverse(capacity * dtype.size_in_bytes())
+            });
+            for slot in empty {
+                slots[slot] = self.take_fitting(slot, &mut handed_over);
+            }
         }
         RunBuffers { slots, inputs, spare }
     }
