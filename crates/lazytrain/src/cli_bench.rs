@@ -61,6 +61,9 @@ struct ReplicaRun {
     compiles: u64,
     cache_hits: u64,
     compile_ms: f64,
+    /// Minor page faults of the whole process during the timed steps (on
+    /// Linux; `None` elsewhere or with `--dry-run`).
+    timed_faults: Option<u64>,
 }
 
 /// The anchor's sequence length.
@@ -126,6 +129,22 @@ pub fn gemm_peak_gflops(device: &Device, dtype: DType) -> lazytrain_core::Result
         drop(c);
     }
     Ok(2.0 * (n * n * n) as f64 / best / 1e9)
+}
+
+/// The minor page faults of this process so far (all its threads), from
+/// `/proc/self/stat` (Linux only): a step that allocates nothing faults in
+/// no page, one that maps a fresh buffer faults in each of its pages.
+fn minor_faults() -> Option<u64> {
+    minor_faults_in(&std::fs::read_to_string("/proc/self/stat").ok()?)
+}
+
+/// The `minflt` field of a `/proc/<pid>/stat` line.
+fn minor_faults_in(stat: &str) -> Option<u64> {
+    // The fields after the command name, which is parenthesised and may hold
+    // spaces and parentheses of its own.
+    let fields = &stat[stat.rfind(')')? + 1..];
+    // `minflt` is the 10th field of the line, the 8th after the name.
+    fields.split_whitespace().nth(7)?.parse().ok()
 }
 
 fn peak_rss_mb() -> f64 {
@@ -203,10 +222,12 @@ fn bench_model<M: TaskModel>(
     let mut times = Vec::new();
     let mut first_loss = f32::NAN;
     let mut last_loss = f32::NAN;
+    let mut faults_before_timed = None;
     for step in 0..steps + 3 {
         if step == 3 && replica.is_master() {
             // The profile covers the timed steps only (not the first step's page faults).
             lazytrain_core::backend::profile::reset();
+            faults_before_timed = minor_faults();
         }
         let start = Instant::now();
         let ctx = Context::train(device, replica.rank() as i64, step as i64)?;
@@ -237,6 +258,7 @@ fn bench_model<M: TaskModel>(
                     compiles: 0,
                     cache_hits: 0,
                     compile_ms: 0.0,
+                    timed_faults: None,
                 });
             }
             (output, _) => output?,
@@ -248,6 +270,7 @@ fn bench_model<M: TaskModel>(
         }
         last_loss = value;
     }
+    let timed_faults = faults_before_timed.zip(minor_faults()).map(|(before, after)| after.saturating_sub(before));
     let m = device.metrics();
     // The group's totals (every replica of every process), read before this
     // sum's own compile counts.
@@ -267,6 +290,7 @@ fn bench_model<M: TaskModel>(
         compiles: totals[0] as u64,
         cache_hits: totals[1] as u64,
         compile_ms: totals[2],
+        timed_faults,
     })
 }
 
@@ -349,6 +373,7 @@ pub fn run(args: &BenchArgs) -> lazytrain::Result<()> {
         "executed_gflops": (executed * 100.0).round() / 100.0,
         "mfu_executed": (executed / peak * 1000.0).round() / 1000.0,
         "peak_rss_mb": peak_rss_mb().round(),
+        "page_faults_per_step": master.timed_faults.map(|f| f / timed.len() as u64),
     });
     if args.bf16 {
         report["bf16_matmul"] = serde_json::json!(lazytrain_core::bf16_matmul_method());
@@ -362,4 +387,23 @@ pub fn run(args: &BenchArgs) -> lazytrain::Result<()> {
         println!("{}", serde_json::to_string_pretty(&report).unwrap_or_default());
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// `minflt` is read past a command name with spaces and parentheses,
+    /// and this process's own count is there on Linux and only grows.
+    #[test]
+    fn minor_faults_are_the_tenth_field_of_the_stat_line() {
+        let line = "4242 (lazy (train) x) R 1 4242 4242 0 -1 4194560 18225 0 3 0 120 30 0 0 20 0 3 0 99 1 2\n";
+        assert_eq!(minor_faults_in(line), Some(18225));
+        assert_eq!(minor_faults_in("4242 (truncated) R 1 2"), None);
+        if cfg!(target_os = "linux") {
+            let before = minor_faults().unwrap();
+            std::hint::black_box(vec![1u8; 8 << 20]);
+            assert!(minor_faults().unwrap() >= before);
+        }
+    }
 }
