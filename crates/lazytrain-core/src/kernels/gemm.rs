@@ -335,13 +335,13 @@ unsafe impl<T> Sync for SendPtr<T> {}
 /// Above 32 MiB the C allocator maps such a buffer afresh every time and
 /// unmaps it on return, so every call faults in every page of it again:
 /// BERT-base's decoder weight gradient (`[1024, 30522]^T x [1024, 768]`)
-/// packed 62 MB per step, 15 000 page faults of its 20 000 (Intel Xeon
-/// virtual machine, `/usr/bin/time` over 2 and 5 steps). Computed in blocks
-/// of rows, each block's buffer stays below that, and the allocator keeps
-/// the freed memory for the next block and step: 2 000 faults per step,
-/// and in three interleaved profiled runs the product took 1.20x (1.12-1.26)
-/// the time of the logits' product of the same size instead of 1.44x
-/// (1.24-1.76).
+/// packed 62 MB per step, about 15 000 page faults (Intel Xeon virtual
+/// machine, `/usr/bin/time` over 2 and 5 steps). Computed in blocks of
+/// rows, each block's buffer stays below that, and the allocator keeps the
+/// freed memory for the next block and step: 3-4 faults per step (`bench
+/// --json`'s `page_faults_per_step`), and in three interleaved profiled
+/// runs the product took 1.20x (1.12-1.26) the time of the logits' product
+/// of the same size instead of 1.44x (1.24-1.76).
 const PACKED_ROWS_MAX_BYTES: usize = 16 << 20;
 
 /// The most columns of the left operand `gemm` packs at a time (its `kc`,
@@ -384,7 +384,8 @@ unsafe fn gemm_in_row_blocks<T: Real + 'static>(
     parallelism: gemm::Parallelism,
     block: usize,
 ) {
-    for first in (0..m).step_by(block.max(1)) {
+    let block = block.max(1);
+    for first in (0..m).step_by(block) {
         let rows = block.min(m - first);
         let out = out[first * n..].as_mut_ptr();
         // SAFETY: the caller's; `first < m` is a row of `a` and of `out`.
