@@ -57,18 +57,18 @@ fn fill_normal_from(out: &mut [f32], first: usize, std: f32, seed: u64, stream: 
     }
 }
 
-/// A zeroed host buffer for a parameter of `shape`, or an error naming the
-/// shape when it cannot exist (a config with absurd sizes) instead of an
-/// abort on allocation failure. The zeros are written on rayon's threads,
+/// A host buffer of `value`s for a parameter of `shape`, or an error naming
+/// the shape when it cannot exist (a config with absurd sizes) instead of an
+/// abort on allocation failure. The values are written on rayon's threads,
 /// so each faults in its share of the fresh pages: 110 M values (BERT-base)
 /// took 0.24 s on one thread, 0.11 s on two.
-fn host_buffer(shape: &[usize]) -> Result<Vec<f32>> {
+fn host_buffer(shape: &[usize], value: f32) -> Result<Vec<f32>> {
     use rayon::prelude::*;
     let n = shape.iter().try_fold(1usize, |n, &d| n.checked_mul(d));
     let mut values = Vec::new();
     match n {
         Some(n) if values.try_reserve_exact(n).is_ok() => {
-            values.par_extend(rayon::iter::repeat_n(0.0, n));
+            values.par_extend(rayon::iter::repeat_n(value, n));
             Ok(values)
         }
         _ => Err(crate::NnError::Invalid {
@@ -83,15 +83,14 @@ fn host_buffer(shape: &[usize]) -> Result<Vec<f32>> {
 
 /// A trainable tensor of N(0, std²) values.
 pub fn normal(shape: &[usize], std: f32, seed: u64, stream: u64, device: &Device) -> Result<Tensor> {
-    let mut values = host_buffer(shape)?;
+    let mut values = host_buffer(shape, 0.0)?;
     fill_normal(&mut values, std, seed, stream);
     parameter(Tensor::from_vec(values, shape, device)?)
 }
 
 /// A trainable tensor filled with `value`.
 pub fn constant(shape: &[usize], value: f32, device: &Device) -> Result<Tensor> {
-    let mut values = host_buffer(shape)?;
-    values.fill(value);
+    let values = host_buffer(shape, value)?;
     parameter(Tensor::from_vec(values, shape, device)?)
 }
 
