@@ -23,6 +23,10 @@ pub(crate) enum Arithmetic {
     /// `vfmadd231ps` (AVX-512 F): each packed word holds one f32; every
     /// product is exact and each addition rounded, as an f32 matmul.
     Fma,
+    /// `tdpbf16ps` on AMX tiles (`dot_amx`): pairs of `k` packed as for
+    /// [`Arithmetic::DotPairs`], 16 x 16 f32 products a tile; products
+    /// exact, sums within f32 rounding of the f32 matmul's, denormals flushed.
+    Tiles,
 }
 
 impl Arithmetic {
@@ -30,7 +34,7 @@ impl Arithmetic {
     /// (right operand).
     pub(crate) fn words_per_pair(self) -> usize {
         match self {
-            Arithmetic::DotPairs => 1,
+            Arithmetic::DotPairs | Arithmetic::Tiles => 1,
             Arithmetic::Fma => 2,
         }
     }
@@ -41,6 +45,9 @@ impl Arithmetic {
     pub(crate) fn supported() -> Vec<Arithmetic> {
         let (f, bf16) = features();
         let mut all = Vec::new();
+        if f && amx() {
+            all.push(Arithmetic::Tiles);
+        }
         if f && bf16 {
             all.push(Arithmetic::DotPairs);
         }
@@ -57,11 +64,18 @@ impl Arithmetic {
 /// with AVX-512 F alone keep it).
 pub(crate) fn arithmetic() -> Option<Arithmetic> {
     static CHOICE: OnceLock<Option<Arithmetic>> = OnceLock::new();
-    *CHOICE.get_or_init(|| match (features(), half_rate_dot()) {
-        ((false, _), _) | ((true, false), _) => None,
-        ((true, true), false) => Some(Arithmetic::DotPairs),
-        ((true, true), true) => Some(Arithmetic::Fma),
+    *CHOICE.get_or_init(|| match (features(), amx(), half_rate_dot()) {
+        ((false, _), _, _) | ((true, false), _, _) => None,
+        ((true, true), true, _) => Some(Arithmetic::Tiles),
+        ((true, true), false, false) => Some(Arithmetic::DotPairs),
+        ((true, true), false, true) => Some(Arithmetic::Fma),
     })
+}
+
+/// True when this process may run AMX tiles (asked of the CPU and the OS once).
+fn amx() -> bool {
+    static ENABLED: OnceLock<bool> = OnceLock::new();
+    *ENABLED.get_or_init(super::dot_amx::enable)
 }
 
 /// (AVX-512 F, AVX-512 BF16) on this CPU.
@@ -149,10 +163,11 @@ mod tests {
         if let Some(choice) = arithmetic() {
             assert!(supported.contains(&choice), "{choice:?} not in {supported:?}");
         }
-        let expected = match (supported.contains(&Arithmetic::DotPairs), half_rate_dot()) {
-            (false, _) => None,
-            (true, false) => Some(Arithmetic::DotPairs),
-            (true, true) => Some(Arithmetic::Fma),
+        let expected = match (supported.contains(&Arithmetic::DotPairs), amx(), half_rate_dot()) {
+            (false, _, _) => None,
+            (true, true, _) => Some(Arithmetic::Tiles),
+            (true, false, false) => Some(Arithmetic::DotPairs),
+            (true, false, true) => Some(Arithmetic::Fma),
         };
         assert_eq!(arithmetic(), expected);
     }

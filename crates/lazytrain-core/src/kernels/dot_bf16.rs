@@ -52,7 +52,7 @@ pub(crate) struct View<'a> {
 
 impl View<'_> {
     #[inline(always)]
-    fn bits(&self, i: usize, j: usize) -> u32 {
+    pub(super) fn bits(&self, i: usize, j: usize) -> u32 {
         u32::from(self.data[self.offset + i * self.rs + j * self.cs].to_bits())
     }
 }
@@ -69,7 +69,7 @@ pub(crate) enum Out<'a> {
 
 /// The output as raw parts, shared by threads that write disjoint elements.
 #[derive(Clone, Copy)]
-enum OutPtr {
+pub(super) enum OutPtr {
     F32(*mut f32),
     BF16(*mut bf16),
 }
@@ -105,6 +105,12 @@ pub(crate) fn matmul_with(
         }
     };
     if m == 0 || n == 0 {
+        return;
+    }
+    if arithmetic == Arithmetic::Tiles {
+        // SAFETY: `Tiles` is chosen only where `dot_amx::enable` succeeded;
+        // the output holds `m x n` elements (asserted above).
+        unsafe { super::dot_amx::matmul((m, k, n), a, b, ptr, threads) };
         return;
     }
     let parts = threads.clamp(1, 8);
@@ -428,6 +434,7 @@ impl Tiles<'_, '_> {
                 match g.arithmetic {
                     Arithmetic::DotPairs => micro_kernel(kp, (&rows_a, step_a), pb, tile, !first),
                     Arithmetic::Fma => micro_kernel_fma(kp, rows_a[0], pb, tile, !first),
+                    Arithmetic::Tiles => unreachable!("`matmul_with` hands AMX products to `dot_amx`"),
                 }
                 if last {
                     store(tile, self.out, self.n, i0, j0, tr, tc);
@@ -442,7 +449,7 @@ impl Tiles<'_, '_> {
 /// The first `len` elements of `buffer`, grown (never shrunk) to hold
 /// them; its users write every element before reading it (the packing
 /// loops every word they hand out, the first `k` block every partial sum).
-fn sized<T: Copy + Default>(buffer: &mut Vec<T>, len: usize) -> &mut [T] {
+pub(super) fn sized<T: Copy + Default>(buffer: &mut Vec<T>, len: usize) -> &mut [T] {
     if buffer.len() < len {
         buffer.resize(len, T::default());
     }
@@ -488,14 +495,14 @@ impl Partial {
 }
 
 /// The bf16 buffer as raw 16-bit words.
-fn raw(data: &[bf16]) -> &[u16] {
+pub(super) fn raw(data: &[bf16]) -> &[u16] {
     // SAFETY: `bf16` is a transparent wrapper of `u16`.
     unsafe { std::slice::from_raw_parts(data.as_ptr() as *const u16, data.len()) }
 }
 
 /// `out[c] = lo[c] | hi[c] << 16` (the `k` pair of two rows), `hi` absent past an odd `k`.
 #[inline(always)]
-fn interleave(lo: &[u16], hi: Option<&[u16]>, out: &mut [u32]) {
+pub(super) fn interleave(lo: &[u16], hi: Option<&[u16]>, out: &mut [u32]) {
     match hi {
         Some(hi) => {
             out.iter_mut().zip(lo.iter().zip(hi)).for_each(|(o, (&l, &h))| *o = u32::from(l) | u32::from(h) << 16)
@@ -730,7 +737,15 @@ unsafe fn micro_kernel(_: usize, _: (&[*const u32; MR], usize), _: *const u32, _
 /// # Safety
 /// The rectangle lies inside the `? x n` output and belongs to this thread.
 #[inline(always)]
-unsafe fn store(tile: &[f32; MR * NR], out: OutPtr, n: usize, i0: usize, j0: usize, rows: usize, cols: usize) {
+pub(super) unsafe fn store(
+    tile: &[f32; MR * NR],
+    out: OutPtr,
+    n: usize,
+    i0: usize,
+    j0: usize,
+    rows: usize,
+    cols: usize,
+) {
     #[cfg(target_arch = "x86_64")]
     if let (OutPtr::BF16(p), MR, NR) = (out, rows, cols) {
         round_tile(tile, p.add(i0 * n + j0), n);

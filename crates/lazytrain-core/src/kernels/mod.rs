@@ -3,6 +3,7 @@
 
 mod bf16_arithmetic;
 pub(crate) mod dot;
+mod dot_amx;
 mod dot_bf16;
 mod dot_widened;
 mod elementwise;
@@ -22,7 +23,8 @@ use crate::ir::{Node, Op};
 use crate::shape::contiguous_strides;
 use crate::storage::HostData;
 
-/// How this CPU multiplies bf16 matrices: `"avx512-bf16-dot"`
+/// How this CPU multiplies bf16 matrices: `"amx-bf16-tiles"` (AMX
+/// `tdpbf16ps`, Intel Xeons from Sapphire Rapids), `"avx512-bf16-dot"`
 /// (`vdpbf16ps`), `"avx512-fma-widened"` (values widened to f32 as they
 /// are packed, f32 FMA: Intel CPUs, whose `vdpbf16ps` runs at half the FMA
 /// rate), or `"gemm-widened"` (no AVX-512 BF16: operands widened whole for
@@ -31,6 +33,7 @@ pub fn bf16_matmul_method() -> &'static str {
     match bf16_arithmetic::arithmetic() {
         Some(bf16_arithmetic::Arithmetic::DotPairs) => "avx512-bf16-dot",
         Some(bf16_arithmetic::Arithmetic::Fma) => "avx512-fma-widened",
+        Some(bf16_arithmetic::Arithmetic::Tiles) => "amx-bf16-tiles",
         None => "gemm-widened",
     }
 }

@@ -1,0 +1,515 @@
+//! bf16 matmul on AMX tiles (Intel's Advanced Matrix Extensions): one
+//! `tdpbf16ps` multiplies a 16 x 32 bf16 tile by a 32 x 16 one into a
+//! 16 x 16 f32 tile, 16 384 FLOPs an instruction.
+//!
+//! Both operands are packed into 1 KiB tiles: the left one per panel of
+//! [`PANEL`] rows, per chunk of [`CHUNK_PAIRS`] pairs of `k`, two tiles of
+//! 16 rows holding each row's pairs as 32-bit words; the right one per
+//! panel of [`PANEL`] columns, per chunk, two tiles of 16 columns holding
+//! for each pair of `k` rows the columns' pair words (the layout
+//! `tdpbf16ps` reads, the one `vdpbf16ps` reads too). Past the edges both
+//! hold zeros. The micro-kernel keeps a 32 x 32 f32 product in four tile
+//! registers over the whole `k`, chunk after chunk, so each element's sum
+//! runs the same instructions whatever the blocking and the threads: the
+//! bits do not depend on the thread count. It is stored once, rounded to
+//! bf16 when the output is bf16.
+//!
+//! Products of bf16 values are exact in f32. How the hardware adds the 32
+//! products of a chunk is not the sequential f32 sum (measured: about a
+//! quarter of the elements of a 33 x 70 x 45 product differ in the last
+//! bit from the FMA kernel's), so results equal an f32 matmul of the same
+//! inputs within f32 rounding, as `vdpbf16ps`'s do; denormal inputs are
+//! read as zero and denormal sums flushed.
+//!
+//! Linux grants a process the tiles' 8 KiB of register state only on
+//! request (`arch_prctl(ARCH_REQ_XCOMP_PERM)`); [`enable`] asks once.
+
+use super::dot_bf16::{interleave, raw, sized, store, OutPtr, View, MR, NR};
+
+/// Rows (columns) of a packed left (right) panel: two tiles of 16.
+const PANEL: usize = 32;
+/// Pairs of `k` per tile: 16 words of 64 bytes a tile row.
+const CHUNK_PAIRS: usize = 16;
+/// Words of one tile (16 x 16).
+const TILE_WORDS: usize = 256;
+/// Packed bytes budget of a block of the right operand (a column block).
+const B_BLOCK_BYTES: usize = 1 << 20;
+/// Packed bytes budget of a block of the left operand (a row block).
+const A_BLOCK_BYTES: usize = 512 << 10;
+
+/// True when this CPU has AMX-TILE and AMX-BF16, the kernel enabled them
+/// in XCR0 and granted this process the tile state. Asked once.
+pub(crate) fn enable() -> bool {
+    #[cfg(all(target_arch = "x86_64", target_os = "linux"))]
+    {
+        use std::arch::x86_64::{__cpuid, __cpuid_count};
+        const OSXSAVE: u32 = 1 << 27;
+        const AMX_BF16: u32 = 1 << 22;
+        const AMX_TILE: u32 = 1 << 24;
+        const XTILE_STATE: u64 = 0b11 << 17;
+        const ARCH_REQ_XCOMP_PERM: libc::c_ulong = 0x1023;
+        const XFEATURE_XTILEDATA: libc::c_ulong = 18;
+        if __cpuid(0).eax < 7 || __cpuid(1).ecx & OSXSAVE == 0 {
+            return false;
+        }
+        let edx = __cpuid_count(7, 0).edx;
+        if edx & AMX_BF16 == 0 || edx & AMX_TILE == 0 {
+            return false;
+        }
+        // SAFETY: OSXSAVE says XGETBV is enabled; register 0 is XCR0.
+        let xcr0 = unsafe { xcr0() };
+        if xcr0 & XTILE_STATE != XTILE_STATE {
+            return false;
+        }
+        // SAFETY: a plain system call with integer arguments.
+        unsafe { libc::syscall(libc::SYS_arch_prctl, ARCH_REQ_XCOMP_PERM, XFEATURE_XTILEDATA) == 0 }
+    }
+    #[cfg(not(all(target_arch = "x86_64", target_os = "linux")))]
+    {
+        false
+    }
+}
+
+/// XCR0, the state components the OS saves.
+///
+/// # Safety
+/// The CPU has XGETBV enabled (CPUID.1:ECX.OSXSAVE).
+#[cfg(all(target_arch = "x86_64", target_os = "linux"))]
+unsafe fn xcr0() -> u64 {
+    let (lo, hi): (u32, u32);
+    std::arch::asm!("xgetbv", in("ecx") 0u32, out("eax") lo, out("edx") hi, options(nomem, nostack, preserves_flags));
+    u64::from(hi) << 32 | u64::from(lo)
+}
+
+/// How a product of depth `k` is cut: chunks of `k`, words of a packed
+/// panel, and the rows and columns of a packed block.
+#[derive(Clone, Copy)]
+struct Blocking {
+    k: usize,
+    chunks: usize,
+    panel_words: usize,
+    mc: usize,
+    nc: usize,
+}
+
+impl Blocking {
+    fn of(k: usize) -> Blocking {
+        let chunks = k.div_ceil(2 * CHUNK_PAIRS);
+        let panel_words = chunks * 2 * TILE_WORDS;
+        let panel_bytes = (4 * panel_words).max(1);
+        let panels = |budget: usize| (budget / panel_bytes).max(1) * PANEL;
+        Blocking { k, chunks, panel_words, mc: panels(A_BLOCK_BYTES), nc: panels(B_BLOCK_BYTES) }
+    }
+
+    /// Words of a packed block of `len` rows (or columns).
+    fn block_words(&self, len: usize) -> usize {
+        len.div_ceil(PANEL) * self.panel_words
+    }
+
+    /// Where the word of pair `p` of row (or column) `i` of a block lies.
+    #[inline(always)]
+    fn at(&self, i: usize, p: usize) -> usize {
+        let (panel, half, r) = (i / PANEL, (i % PANEL) / 16, i % 16);
+        panel * self.panel_words + (p / CHUNK_PAIRS) * 2 * TILE_WORDS + half * TILE_WORDS + r * 16 + p % CHUNK_PAIRS
+    }
+
+    /// True when a block of `len` rows (columns) has padding to zero.
+    fn padded(&self, len: usize) -> bool {
+        !len.is_multiple_of(PANEL) || !self.k.is_multiple_of(2 * CHUNK_PAIRS)
+    }
+}
+
+/// `out = a x b` (`m x k` by `k x n`) on up to `threads` threads.
+///
+/// # Safety
+/// [`enable`] returned true; `out` holds `m x n` elements no other thread
+/// touches meanwhile.
+pub(crate) unsafe fn matmul((m, k, n): (usize, usize, usize), a: View, b: View, out: OutPtr, threads: usize) {
+    let g = Blocking::of(k);
+    let parts = threads.clamp(1, 8);
+    if parts == 1 || m * n * k < 1 << 22 {
+        compute(&g, n, (a, b), out, 0..m, 0..n, None);
+        return;
+    }
+    if m < PANEL * parts {
+        // Few rows: the threads split the columns, each packing its own.
+        let chunk = n.div_ceil(parts).div_ceil(PANEL) * PANEL;
+        rayon::scope(|s| {
+            for j0 in (0..n).step_by(chunk) {
+                let cols = j0..(j0 + chunk).min(n);
+                // SAFETY: as above; the threads' columns are disjoint.
+                s.spawn(move |_| unsafe { compute(&g, n, (a, b), out, 0..m, cols, None) });
+            }
+        });
+        return;
+    }
+    // The threads split the rows and share each column block of the right
+    // operand, packed once between them.
+    let chunk = m.div_ceil(parts).div_ceil(PANEL) * PANEL;
+    let mut packed = Vec::new();
+    for jc in (0..n).step_by(g.nc) {
+        let cols = jc..(jc + g.nc).min(n);
+        let words = sized(&mut packed, g.block_words(cols.len()));
+        if g.padded(cols.len()) {
+            words.fill(0);
+        }
+        let panels_per_part = cols.len().div_ceil(PANEL).div_ceil(parts);
+        rayon::scope(|s| {
+            for (part, slice) in words.chunks_mut(panels_per_part * g.panel_words).enumerate() {
+                let first = cols.start + part * panels_per_part * PANEL;
+                let own = first..(first + panels_per_part * PANEL).min(cols.end);
+                s.spawn(move |_| pack_b(&g, &b, own, slice));
+            }
+        });
+        let shared: &[u32] = words;
+        rayon::scope(|s| {
+            for i0 in (0..m).step_by(chunk) {
+                let (rows, cols) = (i0..(i0 + chunk).min(m), cols.clone());
+                // SAFETY: as above; the threads' rows are disjoint.
+                s.spawn(move |_| unsafe { compute(&g, n, (a, b), out, rows, cols, Some(shared)) });
+            }
+        });
+    }
+}
+
+thread_local! {
+    /// This thread's packed blocks of the left and right operands, kept
+    /// between products (packing writes every word it hands out, padding
+    /// included).
+    static PACKED: std::cell::RefCell<(Vec<u32>, Vec<u32>)> = const { std::cell::RefCell::new((Vec::new(), Vec::new())) };
+}
+
+/// Rows `rows` x columns `cols` of the product on this thread, the right
+/// operand's block of `cols` already packed in `shared` or packed here
+/// a block of columns at a time.
+///
+/// # Safety
+/// As for [`matmul`]; no other thread writes the rectangle.
+unsafe fn compute(
+    g: &Blocking,
+    n: usize,
+    (a, b): (View, View),
+    out: OutPtr,
+    rows: std::ops::Range<usize>,
+    cols: std::ops::Range<usize>,
+    shared: Option<&[u32]>,
+) {
+    PACKED.with_borrow_mut(|(own_a, own_b)| {
+        let _tiles = Tiles::configure();
+        let mut tile = Product([0.0; PANEL * PANEL]);
+        let col_block = if shared.is_some() { cols.len().max(1) } else { g.nc };
+        for jc in cols.clone().step_by(col_block) {
+            let block_cols = jc..(jc + col_block).min(cols.end);
+            let packed_b: &[u32] = match shared {
+                Some(words) => words,
+                None => {
+                    let words = sized(own_b, g.block_words(block_cols.len()));
+                    if g.padded(block_cols.len()) {
+                        words.fill(0);
+                    }
+                    pack_b(g, &b, block_cols.clone(), words);
+                    words
+                }
+            };
+            for ic in rows.clone().step_by(g.mc) {
+                let block_rows = ic..(ic + g.mc).min(rows.end);
+                let packed_a = sized(own_a, g.block_words(block_rows.len()));
+                if g.padded(block_rows.len()) {
+                    packed_a.fill(0);
+                }
+                pack_a(g, &a, block_rows.clone(), packed_a);
+                for (jp, j0) in block_cols.clone().step_by(PANEL).enumerate() {
+                    let pb = packed_b.as_ptr().add(jp * g.panel_words);
+                    for (ip, i0) in block_rows.clone().step_by(PANEL).enumerate() {
+                        let pa = packed_a.as_ptr().add(ip * g.panel_words);
+                        micro_kernel(g.chunks, pa, pb, &mut tile);
+                        let (height, width) = (PANEL.min(block_rows.end - i0), PANEL.min(block_cols.end - j0));
+                        tile.store(out, n, (i0, j0), (height, width));
+                    }
+                }
+            }
+        }
+    });
+}
+
+/// A 32 x 32 f32 product, row-major, aligned for the tile stores.
+#[repr(C, align(64))]
+struct Product([f32; PANEL * PANEL]);
+
+impl Product {
+    /// Write the `height x width` corner at `(i0, j0)` of the `? x n` output,
+    /// a strip of [`MR`] rows at a time.
+    ///
+    /// # Safety
+    /// The rectangle lies inside the output and belongs to this thread.
+    unsafe fn store(&self, out: OutPtr, n: usize, (i0, j0): (usize, usize), (height, width): (usize, usize)) {
+        const { assert!(NR == PANEL && PANEL.is_multiple_of(MR)) };
+        for (s, strip) in self.0.chunks_exact(MR * NR).enumerate().take(height.div_ceil(MR)) {
+            let strip: &[f32; MR * NR] = strip.try_into().expect("strips of MR x NR values");
+            store(strip, out, n, i0 + s * MR, j0, MR.min(height - s * MR), width);
+        }
+    }
+}
+
+/// Pack rows `rows` of `a` (`m x k`) into `packed` ([`Blocking::at`]'s
+/// layout), reading along whichever axis `a` stores contiguously. Words
+/// past the edges keep the zeros the caller wrote.
+fn pack_a(g: &Blocking, a: &View, rows: std::ops::Range<usize>, packed: &mut [u32]) {
+    let (k, pairs) = (g.k, g.k.div_ceil(2));
+    let d = raw(a.data);
+    if a.cs == 1 {
+        let mut words = vec![0u32; pairs];
+        for (i, row) in rows.clone().enumerate() {
+            let values = &d[a.offset + row * a.rs..][..k];
+            for (p, word) in words.iter_mut().enumerate() {
+                let hi = if 2 * p + 1 < k { u32::from(values[2 * p + 1]) } else { 0 };
+                *word = u32::from(values[2 * p]) | hi << 16;
+            }
+            for (c, run) in words.chunks(CHUNK_PAIRS).enumerate() {
+                let at = g.at(i, c * CHUNK_PAIRS);
+                packed[at..at + run.len()].copy_from_slice(run);
+            }
+        }
+    } else {
+        let mut column_pair = vec![0u32; rows.len()];
+        for p in 0..pairs {
+            if a.rs == 1 {
+                // Transposed storage: two contiguous runs of the rows.
+                let column = |c: usize| &d[a.offset + c * a.cs + rows.start..][..rows.len()];
+                interleave(column(2 * p), (2 * p + 1 < k).then(|| column(2 * p + 1)), &mut column_pair);
+            } else {
+                for (i, w) in column_pair.iter_mut().enumerate() {
+                    let hi = if 2 * p + 1 < k { a.bits(rows.start + i, 2 * p + 1) } else { 0 };
+                    *w = a.bits(rows.start + i, 2 * p) | hi << 16;
+                }
+            }
+            for (i, &w) in column_pair.iter().enumerate() {
+                packed[g.at(i, p)] = w;
+            }
+        }
+    }
+}
+
+/// Pack columns `cols` of `b` (`k x n`) into `packed` ([`Blocking::at`]'s
+/// layout with columns for rows), reading along whichever axis `b` stores
+/// contiguously. Words past the edges keep the zeros the caller wrote.
+fn pack_b(g: &Blocking, b: &View, cols: std::ops::Range<usize>, packed: &mut [u32]) {
+    let (k, pairs, width) = (g.k, g.k.div_ceil(2), cols.len());
+    let d = raw(b.data);
+    if b.cs == 1 {
+        let mut row_pair = vec![0u32; width];
+        for p in 0..pairs {
+            let row = |r: usize| &d[b.offset + r * b.rs + cols.start..][..width];
+            interleave(row(2 * p), (2 * p + 1 < k).then(|| row(2 * p + 1)), &mut row_pair);
+            // Column `j` of pair `p` goes to word `j % 16` of row `p % 16`
+            // of its tile: runs of 16 columns are contiguous.
+            for (run, words) in row_pair.chunks(16).enumerate() {
+                let at = column_word(g, 16 * run, p);
+                packed[at..at + words.len()].copy_from_slice(words);
+            }
+        }
+    } else if b.rs == 1 {
+        // Transposed storage: each column is contiguous in `k`, so the pair
+        // (2p, 2p + 1) of a column is one unaligned 32-bit word.
+        for (j, col) in cols.clone().enumerate() {
+            let column = &d[b.offset + col * b.cs..][..k];
+            for p in 0..pairs {
+                let hi = if 2 * p + 1 < k { u32::from(column[2 * p + 1]) } else { 0 };
+                packed[column_word(g, j, p)] = u32::from(column[2 * p]) | hi << 16;
+            }
+        }
+    } else {
+        for (j, col) in cols.clone().enumerate() {
+            for p in 0..pairs {
+                let hi = if 2 * p + 1 < k { b.bits(2 * p + 1, col) } else { 0 };
+                packed[column_word(g, j, p)] = b.bits(2 * p, col) | hi << 16;
+            }
+        }
+    }
+}
+
+/// Where pair `p` of column `j` of a packed right block lies: row `p % 16`,
+/// word `j % 16` of its tile.
+#[inline(always)]
+fn column_word(g: &Blocking, j: usize, p: usize) -> usize {
+    let (panel, half, c) = (j / PANEL, (j % PANEL) / 16, j % 16);
+    panel * g.panel_words + (p / CHUNK_PAIRS) * 2 * TILE_WORDS + half * TILE_WORDS + (p % CHUNK_PAIRS) * 16 + c
+}
+
+/// The tile registers configured as eight 16 x 64-byte tiles for this
+/// thread while the value lives, released after.
+struct Tiles;
+
+/// The `ldtilecfg` operand: palette 1, bytes per row and rows per tile.
+#[repr(C, align(64))]
+struct TileConfig {
+    palette: u8,
+    start_row: u8,
+    reserved: [u8; 14],
+    bytes_per_row: [u16; 16],
+    rows: [u8; 16],
+}
+
+impl Tiles {
+    /// # Safety
+    /// [`enable`] returned true.
+    unsafe fn configure() -> Tiles {
+        let mut config =
+            TileConfig { palette: 1, start_row: 0, reserved: [0; 14], bytes_per_row: [0; 16], rows: [0; 16] };
+        config.bytes_per_row[..8].fill(64);
+        config.rows[..8].fill(16);
+        #[cfg(target_arch = "x86_64")]
+        std::arch::asm!("ldtilecfg [{}]", in(reg) &config as *const TileConfig, options(nostack, readonly));
+        Tiles
+    }
+}
+
+impl Drop for Tiles {
+    fn drop(&mut self) {
+        // SAFETY: the tiles were configured; releasing returns them to init state.
+        #[cfg(target_arch = "x86_64")]
+        unsafe {
+            std::arch::asm!("tilerelease", options(nostack, nomem))
+        };
+    }
+}
+
+/// `tile = A panel x B panel` over `chunks` chunks of `k`: four 16 x 16
+/// accumulators (rows 0-15 and 16-31 by columns 0-15 and 16-31).
+///
+/// # Safety
+/// The tiles are configured; each panel holds `chunks` chunks of two tiles.
+#[cfg(target_arch = "x86_64")]
+unsafe fn micro_kernel(chunks: usize, a: *const u32, b: *const u32, tile: &mut Product) {
+    use std::arch::asm;
+    const ROW: usize = 64;
+    asm!("tilezero tmm0", "tilezero tmm1", "tilezero tmm2", "tilezero tmm3", options(nostack, nomem));
+    for c in 0..chunks {
+        let (a0, b0) = (a.add(c * 2 * TILE_WORDS), b.add(c * 2 * TILE_WORDS));
+        asm!(
+            "tileloadd tmm4, [{a0} + {row}*1]",
+            "tileloadd tmm5, [{a1} + {row}*1]",
+            "tileloadd tmm6, [{b0} + {row}*1]",
+            "tileloadd tmm7, [{b1} + {row}*1]",
+            "tdpbf16ps tmm0, tmm4, tmm6",
+            "tdpbf16ps tmm1, tmm4, tmm7",
+            "tdpbf16ps tmm2, tmm5, tmm6",
+            "tdpbf16ps tmm3, tmm5, tmm7",
+            a0 = in(reg) a0,
+            a1 = in(reg) a0.add(TILE_WORDS),
+            b0 = in(reg) b0,
+            b1 = in(reg) b0.add(TILE_WORDS),
+            row = in(reg) ROW,
+            options(nostack, readonly),
+        );
+    }
+    let (out, row) = (tile.0.as_mut_ptr(), 4 * PANEL);
+    asm!(
+        "tilestored [{t0} + {row}*1], tmm0",
+        "tilestored [{t1} + {row}*1], tmm1",
+        "tilestored [{t2} + {row}*1], tmm2",
+        "tilestored [{t3} + {row}*1], tmm3",
+        t0 = in(reg) out,
+        t1 = in(reg) out.add(16),
+        t2 = in(reg) out.add(16 * PANEL),
+        t3 = in(reg) out.add(16 * PANEL + 16),
+        row = in(reg) row,
+        options(nostack),
+    );
+}
+
+#[cfg(not(target_arch = "x86_64"))]
+unsafe fn micro_kernel(_: usize, _: *const u32, _: *const u32, _: &mut Product) {
+    unreachable!("`enable` is false off x86-64")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::super::bf16_arithmetic::Arithmetic;
+    use super::super::dot_bf16::{matmul_with, Out, View};
+    use half::bf16;
+
+    fn values(len: usize, seed: u64) -> Vec<bf16> {
+        let mut u = vec![0f32; len];
+        crate::random::uniform_f32(seed, 0, &mut u);
+        u.iter().map(|&x| bf16::from_f32(4.0 * x - 2.0)).collect()
+    }
+
+    /// `a x b` in f64 from the bf16 values, and the sum of |products| per element.
+    fn reference(m: usize, k: usize, n: usize, a: &[bf16], b: &[bf16]) -> (Vec<f64>, Vec<f64>) {
+        let mut exact = vec![0f64; m * n];
+        let mut magnitude = vec![0f64; m * n];
+        for i in 0..m {
+            for p in 0..k {
+                let x = a[i * k + p].to_f64();
+                for j in 0..n {
+                    let v = x * b[p * n + j].to_f64();
+                    exact[i * n + j] += v;
+                    magnitude[i * n + j] += v.abs();
+                }
+            }
+        }
+        (exact, magnitude)
+    }
+
+    /// The tile kernel is an f32 matmul of the bf16 inputs (within f32
+    /// rounding of the f64 product) whose bits do not depend on the thread
+    /// count: one thread, threads splitting the rows over several shared
+    /// column blocks, threads splitting the columns; ragged panels, a `k`
+    /// tail, odd `k` and transposed operands.
+    #[test]
+    fn tiles_match_f64_on_any_thread_count() {
+        if !Arithmetic::supported().contains(&Arithmetic::Tiles) {
+            eprintln!("skipped: this CPU (or OS) runs no AMX tiles");
+            return;
+        }
+        for (m, k, n, transposed) in [
+            (1, 1, 1, false),
+            (33, 70, 45, false),
+            (31, 33, 17, true),
+            (130, 1100, 90, false),
+            (40, 601, 300, true),
+            (97, 1100, 1500, false),
+        ] {
+            let (a, b) = (values(m * k, 21), values(k * n, 22));
+            let (at, bt) = match transposed {
+                true => {
+                    let mut at = vec![bf16::ZERO; m * k];
+                    let mut bt = vec![bf16::ZERO; k * n];
+                    for i in 0..m {
+                        for p in 0..k {
+                            at[p * m + i] = a[i * k + p];
+                        }
+                    }
+                    for p in 0..k {
+                        for j in 0..n {
+                            bt[j * k + p] = b[p * n + j];
+                        }
+                    }
+                    (at, bt)
+                }
+                false => (a.clone(), b.clone()),
+            };
+            let (a_view, b_view) = match transposed {
+                true => (View { data: &at, offset: 0, rs: 1, cs: m }, View { data: &bt, offset: 0, rs: 1, cs: k }),
+                false => (View { data: &at, offset: 0, rs: k, cs: 1 }, View { data: &bt, offset: 0, rs: n, cs: 1 }),
+            };
+            let run = |threads| {
+                let mut out = vec![0f32; m * n];
+                matmul_with(Arithmetic::Tiles, (m, k, n), a_view, b_view, Out::F32(&mut out), threads);
+                out
+            };
+            let one = run(1);
+            let (exact, magnitude) = reference(m, k, n, &a, &b);
+            for i in 0..m * n {
+                let bound = (k as f64 + 2.0) * f64::from(f32::EPSILON) * magnitude[i] + 1e-30;
+                let error = (f64::from(one[i]) - exact[i]).abs();
+                assert!(error <= bound, "{m}x{k}x{n} element {i}: {} vs {}", one[i], exact[i]);
+            }
+            for threads in [2, 3] {
+                let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+                assert!(bits(&one) == bits(&run(threads)), "{m}x{k}x{n} on {threads} threads ({transposed})");
+            }
+        }
+    }
+}
