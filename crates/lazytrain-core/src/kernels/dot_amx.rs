@@ -2,7 +2,8 @@
 //! `tdpbf16ps` multiplies a 16 x 32 bf16 tile by a 32 x 16 one into a
 //! 16 x 16 f32 tile, 16 384 FLOPs an instruction.
 //!
-//! Both operands are packed into 1 KiB tiles: the left one per panel of
+//! Both operands are packed into 1 KiB tiles (a row-major left operand
+//! whose `k` fills whole chunks is read in place instead): the left one per panel of
 //! [`PANEL`] rows, per chunk of [`CHUNK_PAIRS`] pairs of `k`, two tiles of
 //! 16 rows holding each row's pairs as 32-bit words; the right one per
 //! panel of [`PANEL`] columns, per chunk, two tiles of 16 columns holding
@@ -213,16 +214,31 @@ unsafe fn compute(
             };
             for ic in rows.clone().step_by(g.mc) {
                 let block_rows = ic..(ic + g.mc).min(rows.end);
-                let packed_a = sized(own_a, g.block_words(block_rows.len()));
-                if g.padded(block_rows.len()) {
-                    packed_a.fill(0);
+                // Whole panels of a row-major left operand whose `k` fills
+                // whole chunks are read in place; the rest is packed.
+                let in_place = match a.cs == 1 && g.k.is_multiple_of(2 * CHUNK_PAIRS) {
+                    true => block_rows.len() / PANEL * PANEL,
+                    false => 0,
+                };
+                let packed_rows = ic + in_place..block_rows.end;
+                let packed_a = sized(own_a, g.block_words(packed_rows.len()));
+                if !packed_rows.is_empty() {
+                    if g.padded(packed_rows.len()) {
+                        packed_a.fill(0);
+                    }
+                    pack_a(g, &a, packed_rows, packed_a);
                 }
-                pack_a(g, &a, block_rows.clone(), packed_a);
-                for (jp, j0) in block_cols.clone().step_by(PANEL).enumerate() {
-                    let pb = packed_b.as_ptr().add(jp * g.panel_words);
-                    for (ip, i0) in block_rows.clone().step_by(PANEL).enumerate() {
-                        let pa = packed_a.as_ptr().add(ip * g.panel_words);
-                        micro_kernel(g.chunks, pa, pb, &mut tile);
+                // Each left panel stays in L1 while the right block's panels
+                // stream by from L2 (measured 1.3-1.9x faster than the other
+                // order on BERT's shapes).
+                for i0 in block_rows.clone().step_by(PANEL) {
+                    let panel = match i0 < ic + in_place {
+                        true => LeftPanel::in_place(&a, i0),
+                        false => LeftPanel::packed(packed_a.as_ptr().add((i0 - ic - in_place) / PANEL * g.panel_words)),
+                    };
+                    for (jp, j0) in block_cols.clone().step_by(PANEL).enumerate() {
+                        let pb = packed_b.as_ptr().add(jp * g.panel_words);
+                        micro_kernel(g.chunks, panel, pb, &mut tile);
                         let (height, width) = (PANEL.min(block_rows.end - i0), PANEL.min(block_cols.end - j0));
                         tile.store(out, n, (i0, j0), (height, width));
                     }
@@ -230,6 +246,35 @@ unsafe fn compute(
             }
         }
     });
+}
+
+/// Where the micro-kernel reads a panel of the left operand: the address
+/// of its first tile and the bytes from a tile row to the next, from a
+/// chunk of `k` to the next, and from its first tile to its second.
+#[derive(Clone, Copy)]
+struct LeftPanel {
+    first: *const u8,
+    row: usize,
+    chunk: usize,
+    half: usize,
+}
+
+impl LeftPanel {
+    /// A panel packed in [`Blocking::at`]'s layout.
+    fn packed(first: *const u32) -> LeftPanel {
+        LeftPanel { first: first as *const u8, row: 64, chunk: 8 * TILE_WORDS, half: 4 * TILE_WORDS }
+    }
+
+    /// Rows `i0..i0 + 32` of a row-major `a` (contiguous pairs of `k` are the
+    /// words `tdpbf16ps` reads).
+    ///
+    /// # Safety
+    /// The rows and their whole `k` lie inside `a`.
+    unsafe fn in_place(a: &View, i0: usize) -> LeftPanel {
+        let row = 2 * a.rs;
+        let first = a.data.as_ptr().add(a.offset + i0 * a.rs) as *const u8;
+        LeftPanel { first, row, chunk: 4 * CHUNK_PAIRS, half: 16 * row }
+    }
 }
 
 /// A 32 x 32 f32 product, row-major, aligned for the tile stores.
@@ -380,15 +425,15 @@ impl Drop for Tiles {
 /// # Safety
 /// The tiles are configured; each panel holds `chunks` chunks of two tiles.
 #[cfg(target_arch = "x86_64")]
-unsafe fn micro_kernel(chunks: usize, a: *const u32, b: *const u32, tile: &mut Product) {
+unsafe fn micro_kernel(chunks: usize, a: LeftPanel, b: *const u32, tile: &mut Product) {
     use std::arch::asm;
     const ROW: usize = 64;
     asm!("tilezero tmm0", "tilezero tmm1", "tilezero tmm2", "tilezero tmm3", options(nostack, nomem));
     for c in 0..chunks {
-        let (a0, b0) = (a.add(c * 2 * TILE_WORDS), b.add(c * 2 * TILE_WORDS));
+        let (a0, b0) = (a.first.add(c * a.chunk), b.add(c * 2 * TILE_WORDS));
         asm!(
-            "tileloadd tmm4, [{a0} + {row}*1]",
-            "tileloadd tmm5, [{a1} + {row}*1]",
+            "tileloadd tmm4, [{a0} + {a_row}*1]",
+            "tileloadd tmm5, [{a1} + {a_row}*1]",
             "tileloadd tmm6, [{b0} + {row}*1]",
             "tileloadd tmm7, [{b1} + {row}*1]",
             "tdpbf16ps tmm0, tmm4, tmm6",
@@ -396,7 +441,8 @@ unsafe fn micro_kernel(chunks: usize, a: *const u32, b: *const u32, tile: &mut P
             "tdpbf16ps tmm2, tmm5, tmm6",
             "tdpbf16ps tmm3, tmm5, tmm7",
             a0 = in(reg) a0,
-            a1 = in(reg) a0.add(TILE_WORDS),
+            a1 = in(reg) a0.add(a.half),
+            a_row = in(reg) a.row,
             b0 = in(reg) b0,
             b1 = in(reg) b0.add(TILE_WORDS),
             row = in(reg) ROW,
@@ -419,7 +465,7 @@ unsafe fn micro_kernel(chunks: usize, a: *const u32, b: *const u32, tile: &mut P
 }
 
 #[cfg(not(target_arch = "x86_64"))]
-unsafe fn micro_kernel(_: usize, _: *const u32, _: *const u32, _: &mut Product) {
+unsafe fn micro_kernel(_: usize, _: LeftPanel, _: *const u32, _: &mut Product) {
     unreachable!("`enable` is false off x86-64")
 }
 
@@ -456,7 +502,8 @@ mod tests {
     /// rounding of the f64 product) whose bits do not depend on the thread
     /// count: one thread, threads splitting the rows over several shared
     /// column blocks, threads splitting the columns; ragged panels, a `k`
-    /// tail, odd `k` and transposed operands.
+    /// tail, odd `k`, transposed operands, and left panels read in place
+    /// beside a packed ragged one.
     #[test]
     fn tiles_match_f64_on_any_thread_count() {
         if !Arithmetic::supported().contains(&Arithmetic::Tiles) {
@@ -470,6 +517,8 @@ mod tests {
             (130, 1100, 90, false),
             (40, 601, 300, true),
             (97, 1100, 1500, false),
+            (97, 1024, 200, false),
+            (70, 64, 40, false),
         ] {
             let (a, b) = (values(m * k, 21), values(k * n, 22));
             let (at, bt) = match transposed {
