@@ -3,12 +3,15 @@
 //! AVX-512 BF16's `vdpbf16ps` multiplies a pair of bf16 values per f32 lane
 //! and adds both products in one instruction. AMD's Zen 4 and Zen 5 run it
 //! at the rate of an f32 FMA, so it does twice an FMA's work; Intel's cores
-//! (without AMX, which lazytrain does not use) run it at half that rate
-//! (measured on an Emerald Rapids Xeon: 85 GFLOP/s a core against 150–172
-//! for f32 FMA), where bf16 products are faster widened to f32 while they
-//! are packed and multiplied with FMA. The packing, blocking and threading
-//! are the same either way; the choice is made once per process from the
-//! CPU's features and vendor, so a machine always computes the same bits.
+//! run it at half that rate (measured on an Emerald Rapids Xeon: 85 GFLOP/s
+//! a core against 150–172 for f32 FMA), where bf16 products are faster
+//! widened to f32 while they are packed and multiplied with FMA. The
+//! packing, blocking and threading are the same either way. Intel cores
+//! with AMX (Sapphire Rapids on) run `tdpbf16ps` on tiles instead
+//! (`dot_amx`, measured 2.4 TFLOP/s a core on L1-resident tiles), once
+//! Linux grants the process the tile state. The choice is made once per
+//! process from the CPU's features, its vendor and the OS, so a machine
+//! always computes the same bits.
 
 use super::dot_bf16::{MR, NR};
 use std::sync::OnceLock;

@@ -33,10 +33,11 @@ const PANEL: usize = 32;
 const CHUNK_PAIRS: usize = 16;
 /// Words of one tile (16 x 16).
 const TILE_WORDS: usize = 256;
-/// Packed bytes budget of a block of the right operand (a column block).
+/// Packed bytes budget of a block of the right operand (a column block),
+/// which holds at least [`MIN_BLOCK_PANELS`] panels however deep `k` is:
+/// the left operand streams by once per block.
 const B_BLOCK_BYTES: usize = 1 << 20;
-/// Packed bytes budget of a block of the left operand (a row block).
-const A_BLOCK_BYTES: usize = 512 << 10;
+const MIN_BLOCK_PANELS: usize = 4;
 
 /// True when this CPU has AMX-TILE and AMX-BF16, the kernel enabled them
 /// in XCR0 and granted this process the tile state. Asked once.
@@ -83,13 +84,12 @@ unsafe fn xcr0() -> u64 {
 }
 
 /// How a product of depth `k` is cut: chunks of `k`, words of a packed
-/// panel, and the rows and columns of a packed block.
+/// panel, and the columns of a packed block of the right operand.
 #[derive(Clone, Copy)]
 struct Blocking {
     k: usize,
     chunks: usize,
     panel_words: usize,
-    mc: usize,
     nc: usize,
 }
 
@@ -98,8 +98,14 @@ impl Blocking {
         let chunks = k.div_ceil(2 * CHUNK_PAIRS);
         let panel_words = chunks * 2 * TILE_WORDS;
         let panel_bytes = (4 * panel_words).max(1);
-        let panels = |budget: usize| (budget / panel_bytes).max(1) * PANEL;
-        Blocking { k, chunks, panel_words, mc: panels(A_BLOCK_BYTES), nc: panels(B_BLOCK_BYTES) }
+        let nc = (B_BLOCK_BYTES / panel_bytes).max(MIN_BLOCK_PANELS) * PANEL;
+        Blocking { k, chunks, panel_words, nc }
+    }
+
+    /// True when the left operand `a` is read in place: row-major, its `k`
+    /// whole chunks (its panels are packed otherwise).
+    fn reads_in_place(&self, a: &View) -> bool {
+        a.cs == 1 && self.k.is_multiple_of(2 * CHUNK_PAIRS)
     }
 
     /// Words of a packed block of `len` rows (or columns).
@@ -129,7 +135,7 @@ pub(crate) unsafe fn matmul((m, k, n): (usize, usize, usize), a: View, b: View, 
     let g = Blocking::of(k);
     let parts = threads.clamp(1, 8);
     if parts == 1 || m * n * k < 1 << 22 {
-        compute(&g, n, (a, b), out, 0..m, 0..n, None);
+        compute(&g, n, (a, b), out, 0..m, 0..n, Shared::default());
         return;
     }
     if m < PANEL * parts {
@@ -139,18 +145,29 @@ pub(crate) unsafe fn matmul((m, k, n): (usize, usize, usize), a: View, b: View, 
             for j0 in (0..n).step_by(chunk) {
                 let cols = j0..(j0 + chunk).min(n);
                 // SAFETY: as above; the threads' columns are disjoint.
-                s.spawn(move |_| unsafe { compute(&g, n, (a, b), out, 0..m, cols, None) });
+                s.spawn(move |_| unsafe { compute(&g, n, (a, b), out, 0..m, cols, Shared::default()) });
             }
         });
         return;
     }
     // The threads split the rows and share each column block of the right
-    // operand, packed once between them.
+    // operand, packed once between them, and the left operand when it
+    // needs packing, packed once for every block.
     let chunk = m.div_ceil(parts).div_ceil(PANEL) * PANEL;
-    let mut packed = Vec::new();
+    let mut packed_a = Vec::new();
+    if !g.reads_in_place(&a) {
+        packed_a = vec![0u32; g.block_words(m)];
+        rayon::scope(|s| {
+            for (i0, slice) in (0..m).step_by(chunk).zip(packed_a.chunks_mut(chunk / PANEL * g.panel_words)) {
+                s.spawn(move |_| pack_a(&g, &a, i0..(i0 + chunk).min(m), slice));
+            }
+        });
+    }
+    let shared_a: &[u32] = &packed_a;
+    let mut packed_b = Vec::new();
     for jc in (0..n).step_by(g.nc) {
         let cols = jc..(jc + g.nc).min(n);
-        let words = sized(&mut packed, g.block_words(cols.len()));
+        let words = sized(&mut packed_b, g.block_words(cols.len()));
         if g.padded(cols.len()) {
             words.fill(0);
         }
@@ -162,15 +179,26 @@ pub(crate) unsafe fn matmul((m, k, n): (usize, usize, usize), a: View, b: View, 
                 s.spawn(move |_| pack_b(&g, &b, own, slice));
             }
         });
-        let shared: &[u32] = words;
+        let shared_b: &[u32] = words;
         rayon::scope(|s| {
             for i0 in (0..m).step_by(chunk) {
                 let (rows, cols) = (i0..(i0 + chunk).min(m), cols.clone());
+                let a_panels = (!shared_a.is_empty()).then(|| &shared_a[i0 / PANEL * g.panel_words..]);
+                let shared = Shared { a: a_panels, b: Some(shared_b) };
                 // SAFETY: as above; the threads' rows are disjoint.
-                s.spawn(move |_| unsafe { compute(&g, n, (a, b), out, rows, cols, Some(shared)) });
+                s.spawn(move |_| unsafe { compute(&g, n, (a, b), out, rows, cols, shared) });
             }
         });
     }
+}
+
+/// Operands packed before [`compute`] runs: the left one's panels from the
+/// first row of the rectangle (unless it is read in place), the right
+/// one's block of its columns.
+#[derive(Clone, Copy, Default)]
+struct Shared<'a> {
+    a: Option<&'a [u32]>,
+    b: Option<&'a [u32]>,
 }
 
 thread_local! {
@@ -180,9 +208,10 @@ thread_local! {
     static PACKED: std::cell::RefCell<(Vec<u32>, Vec<u32>)> = const { std::cell::RefCell::new((Vec::new(), Vec::new())) };
 }
 
-/// Rows `rows` x columns `cols` of the product on this thread, the right
-/// operand's block of `cols` already packed in `shared` or packed here
-/// a block of columns at a time.
+/// Rows `rows` x columns `cols` of the product on this thread. The left
+/// operand is read in place, packed in `shared`, or packed here once; the
+/// right one's block of `cols` is packed in `shared` or packed here a
+/// block of columns at a time.
 ///
 /// # Safety
 /// As for [`matmul`]; no other thread writes the rectangle.
@@ -193,15 +222,33 @@ unsafe fn compute(
     out: OutPtr,
     rows: std::ops::Range<usize>,
     cols: std::ops::Range<usize>,
-    shared: Option<&[u32]>,
+    shared: Shared,
 ) {
     PACKED.with_borrow_mut(|(own_a, own_b)| {
         let _tiles = Tiles::configure();
         let mut tile = Product([0.0; PANEL * PANEL]);
-        let col_block = if shared.is_some() { cols.len().max(1) } else { g.nc };
+        // Rows from `packed_from` on are read packed: all of them, or the
+        // ragged last panel of an operand read in place.
+        let packed_from = match g.reads_in_place(&a) {
+            true => rows.start + rows.len() / PANEL * PANEL,
+            false => rows.start,
+        };
+        let packed_a: &[u32] = match shared.a {
+            Some(words) => words,
+            None => {
+                let packed_rows = packed_from..rows.end;
+                let words = sized(own_a, g.block_words(packed_rows.len()));
+                if g.padded(packed_rows.len()) {
+                    words.fill(0);
+                }
+                pack_a(g, &a, packed_rows, words);
+                words
+            }
+        };
+        let col_block = if shared.b.is_some() { cols.len().max(1) } else { g.nc };
         for jc in cols.clone().step_by(col_block) {
             let block_cols = jc..(jc + col_block).min(cols.end);
-            let packed_b: &[u32] = match shared {
+            let packed_b: &[u32] = match shared.b {
                 Some(words) => words,
                 None => {
                     let words = sized(own_b, g.block_words(block_cols.len()));
@@ -212,36 +259,19 @@ unsafe fn compute(
                     words
                 }
             };
-            for ic in rows.clone().step_by(g.mc) {
-                let block_rows = ic..(ic + g.mc).min(rows.end);
-                // Whole panels of a row-major left operand whose `k` fills
-                // whole chunks are read in place; the rest is packed.
-                let in_place = match a.cs == 1 && g.k.is_multiple_of(2 * CHUNK_PAIRS) {
-                    true => block_rows.len() / PANEL * PANEL,
-                    false => 0,
+            // Each left panel stays in L1 while the right block's panels
+            // stream by from L2 (measured 1.3-1.9x faster than the other
+            // order on BERT's shapes).
+            for i0 in rows.clone().step_by(PANEL) {
+                let panel = match i0 < packed_from {
+                    true => LeftPanel::in_place(&a, i0),
+                    false => LeftPanel::packed(packed_a.as_ptr().add((i0 - packed_from) / PANEL * g.panel_words)),
                 };
-                let packed_rows = ic + in_place..block_rows.end;
-                let packed_a = sized(own_a, g.block_words(packed_rows.len()));
-                if !packed_rows.is_empty() {
-                    if g.padded(packed_rows.len()) {
-                        packed_a.fill(0);
-                    }
-                    pack_a(g, &a, packed_rows, packed_a);
-                }
-                // Each left panel stays in L1 while the right block's panels
-                // stream by from L2 (measured 1.3-1.9x faster than the other
-                // order on BERT's shapes).
-                for i0 in block_rows.clone().step_by(PANEL) {
-                    let panel = match i0 < ic + in_place {
-                        true => LeftPanel::in_place(&a, i0),
-                        false => LeftPanel::packed(packed_a.as_ptr().add((i0 - ic - in_place) / PANEL * g.panel_words)),
-                    };
-                    for (jp, j0) in block_cols.clone().step_by(PANEL).enumerate() {
-                        let pb = packed_b.as_ptr().add(jp * g.panel_words);
-                        micro_kernel(g.chunks, panel, pb, &mut tile);
-                        let (height, width) = (PANEL.min(block_rows.end - i0), PANEL.min(block_cols.end - j0));
-                        tile.store(out, n, (i0, j0), (height, width));
-                    }
+                for (jp, j0) in block_cols.clone().step_by(PANEL).enumerate() {
+                    let pb = packed_b.as_ptr().add(jp * g.panel_words);
+                    micro_kernel(g.chunks, panel, pb, &mut tile);
+                    let (height, width) = (PANEL.min(rows.end - i0), PANEL.min(block_cols.end - j0));
+                    tile.store(out, n, (i0, j0), (height, width));
                 }
             }
         }
