@@ -150,24 +150,57 @@ pub(crate) unsafe fn matmul((m, k, n): (usize, usize, usize), a: View, b: View, 
         });
         return;
     }
-    // The threads split the rows and share each column block of the right
-    // operand, packed once between them, and the left operand when it
-    // needs packing, packed once for every block.
+    // The threads split the rows: the caller's buffers, kept between
+    // products, hold what they share (fresh ones should a job this thread
+    // runs while it waits multiply too).
+    SHARED.with(|cell| match cell.try_borrow_mut() {
+        Ok(mut buffers) => {
+            let (packed_a, packed_b) = &mut *buffers;
+            split_rows(&g, (m, n, parts), (a, b), out, packed_a, packed_b);
+        }
+        Err(_) => split_rows(&g, (m, n, parts), (a, b), out, &mut Vec::new(), &mut Vec::new()),
+    });
+}
+
+thread_local! {
+    /// The operands a thread's products share between their threads.
+    static SHARED: std::cell::RefCell<(Vec<u32>, Vec<u32>)> = const { std::cell::RefCell::new((Vec::new(), Vec::new())) };
+}
+
+/// [`matmul`] on `parts` threads splitting the rows, sharing each column
+/// block of the right operand, packed once between them, and the left
+/// operand when it needs packing, packed once for every block.
+///
+/// # Safety
+/// As for [`matmul`].
+unsafe fn split_rows(
+    g: &Blocking,
+    (m, n, parts): (usize, usize, usize),
+    (a, b): (View, View),
+    out: OutPtr,
+    packed_a: &mut Vec<u32>,
+    packed_b: &mut Vec<u32>,
+) {
+    let g = *g;
     let chunk = m.div_ceil(parts).div_ceil(PANEL) * PANEL;
-    let mut packed_a = Vec::new();
-    if !g.reads_in_place(&a) {
-        packed_a = vec![0u32; g.block_words(m)];
-        rayon::scope(|s| {
-            for (i0, slice) in (0..m).step_by(chunk).zip(packed_a.chunks_mut(chunk / PANEL * g.panel_words)) {
-                s.spawn(move |_| pack_a(&g, &a, i0..(i0 + chunk).min(m), slice));
+    let shared_a: &[u32] = match g.reads_in_place(&a) {
+        true => &[],
+        false => {
+            let words = sized(packed_a, g.block_words(m));
+            if g.padded(m) {
+                words.fill(0);
             }
-        });
-    }
-    let shared_a: &[u32] = &packed_a;
-    let mut packed_b = Vec::new();
+            rayon::scope(|s| {
+                for (i0, slice) in (0..m).step_by(chunk).zip(words.chunks_mut(chunk / PANEL * g.panel_words)) {
+                    s.spawn(move |_| pack_a(&g, &a, i0..(i0 + chunk).min(m), slice));
+                }
+            });
+            words
+        }
+    };
     for jc in (0..n).step_by(g.nc) {
         let cols = jc..(jc + g.nc).min(n);
-        let words = sized(&mut packed_b, g.block_words(cols.len()));
+        let words = sized(packed_b, g.block_words(cols.len()));
         if g.padded(cols.len()) {
             words.fill(0);
         }
