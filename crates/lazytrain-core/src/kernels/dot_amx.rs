@@ -3,8 +3,8 @@
 //! 16 x 16 f32 tile, 16 384 FLOPs an instruction.
 //!
 //! Both operands are packed into 1 KiB tiles (a row-major left operand
-//! whose `k` fills whole chunks is read in place instead): the left one per panel of
-//! [`PANEL`] rows, per chunk of [`CHUNK_PAIRS`] pairs of `k`, two tiles of
+//! whose `k` fills whole chunks is read in place instead): the left one
+//! per panel of [`PANEL`] rows, per chunk of [`CHUNK_PAIRS`] pairs of `k`, two tiles of
 //! 16 rows holding each row's pairs as 32-bit words; the right one per
 //! panel of [`PANEL`] columns, per chunk, two tiles of 16 columns holding
 //! for each pair of `k` rows the columns' pair words (the layout
@@ -23,7 +23,8 @@
 //! read as zero and denormal sums flushed.
 //!
 //! Linux grants a process the tiles' 8 KiB of register state only on
-//! request (`arch_prctl(ARCH_REQ_XCOMP_PERM)`); [`enable`] asks once.
+//! request (`arch_prctl(ARCH_REQ_XCOMP_PERM)`): [`enable`] asks, and
+//! `bf16_arithmetic` calls it once per process.
 
 use super::dot_bf16::{interleave, raw, sized, store, OutPtr, View, MR, NR};
 
@@ -535,31 +536,9 @@ unsafe fn micro_kernel(_: usize, _: LeftPanel, _: *const u32, _: &mut Product) {
 #[cfg(test)]
 mod tests {
     use super::super::bf16_arithmetic::Arithmetic;
+    use super::super::dot_bf16::tests::{reference, values};
     use super::super::dot_bf16::{matmul_with, Out, View};
     use half::bf16;
-
-    fn values(len: usize, seed: u64) -> Vec<bf16> {
-        let mut u = vec![0f32; len];
-        crate::random::uniform_f32(seed, 0, &mut u);
-        u.iter().map(|&x| bf16::from_f32(4.0 * x - 2.0)).collect()
-    }
-
-    /// `a x b` in f64 from the bf16 values, and the sum of |products| per element.
-    fn reference(m: usize, k: usize, n: usize, a: &[bf16], b: &[bf16]) -> (Vec<f64>, Vec<f64>) {
-        let mut exact = vec![0f64; m * n];
-        let mut magnitude = vec![0f64; m * n];
-        for i in 0..m {
-            for p in 0..k {
-                let x = a[i * k + p].to_f64();
-                for j in 0..n {
-                    let v = x * b[p * n + j].to_f64();
-                    exact[i * n + j] += v;
-                    magnitude[i * n + j] += v.abs();
-                }
-            }
-        }
-        (exact, magnitude)
-    }
 
     /// The tile kernel is an f32 matmul of the bf16 inputs (within f32
     /// rounding of the f64 product) whose bits do not depend on the thread

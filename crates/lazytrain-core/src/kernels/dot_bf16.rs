@@ -790,7 +790,7 @@ unsafe fn round_tile(tile: &[f32; MR * NR], out: *mut bf16, n: usize) {
 }
 
 #[cfg(test)]
-mod tests {
+pub(super) mod tests {
     use super::*;
 
     /// The AVX-512 tile rounding gives `bf16_from_f32`'s bits on ties,
@@ -833,7 +833,7 @@ mod tests {
     }
 
     /// `a x b` in f64 from the bf16 values, and the sum of |products| per element.
-    fn reference(m: usize, k: usize, n: usize, a: &[bf16], b: &[bf16]) -> (Vec<f64>, Vec<f64>) {
+    pub(in crate::kernels) fn reference(m: usize, k: usize, n: usize, a: &[bf16], b: &[bf16]) -> (Vec<f64>, Vec<f64>) {
         let mut exact = vec![0f64; m * n];
         let mut magnitude = vec![0f64; m * n];
         for i in 0..m {
@@ -848,7 +848,8 @@ mod tests {
         (exact, magnitude)
     }
 
-    fn values(len: usize, seed: u64) -> Vec<bf16> {
+    /// `len` bf16 values drawn uniformly from [-2, 2) with `seed`.
+    pub(in crate::kernels) fn values(len: usize, seed: u64) -> Vec<bf16> {
         let mut u = vec![0f32; len];
         crate::random::uniform_f32(seed, 0, &mut u);
         u.iter().map(|&x| bf16::from_f32(4.0 * x - 2.0)).collect()
