@@ -121,9 +121,14 @@ impl Blocking {
         panel * self.panel_words + (p / CHUNK_PAIRS) * 2 * TILE_WORDS + half * TILE_WORDS + r * 16 + p % CHUNK_PAIRS
     }
 
-    /// True when a block of `len` rows (columns) has padding to zero.
-    fn padded(&self, len: usize) -> bool {
-        !len.is_multiple_of(PANEL) || !self.k.is_multiple_of(2 * CHUNK_PAIRS)
+    /// The first words of `buffer` to pack a block of `len` rows (columns)
+    /// into, its padding zeroed when it has any (packing writes the rest).
+    fn block<'b>(&self, buffer: &'b mut Vec<u32>, len: usize) -> &'b mut [u32] {
+        let words = sized(buffer, self.block_words(len));
+        if !len.is_multiple_of(PANEL) || !self.k.is_multiple_of(2 * CHUNK_PAIRS) {
+            words.fill(0);
+        }
+        words
     }
 }
 
@@ -187,10 +192,7 @@ unsafe fn split_rows(
     let shared_a: &[u32] = match g.reads_in_place(&a) {
         true => &[],
         false => {
-            let words = sized(packed_a, g.block_words(m));
-            if g.padded(m) {
-                words.fill(0);
-            }
+            let words = g.block(packed_a, m);
             rayon::scope(|s| {
                 for (i0, slice) in (0..m).step_by(chunk).zip(words.chunks_mut(chunk / PANEL * g.panel_words)) {
                     s.spawn(move |_| pack_a(&g, &a, i0..(i0 + chunk).min(m), slice));
@@ -201,10 +203,7 @@ unsafe fn split_rows(
     };
     for jc in (0..n).step_by(g.nc) {
         let cols = jc..(jc + g.nc).min(n);
-        let words = sized(packed_b, g.block_words(cols.len()));
-        if g.padded(cols.len()) {
-            words.fill(0);
-        }
+        let words = g.block(packed_b, cols.len());
         let panels_per_part = cols.len().div_ceil(PANEL).div_ceil(parts);
         rayon::scope(|s| {
             for (part, slice) in words.chunks_mut(panels_per_part * g.panel_words).enumerate() {
@@ -271,10 +270,7 @@ unsafe fn compute(
             Some(words) => words,
             None => {
                 let packed_rows = packed_from..rows.end;
-                let words = sized(own_a, g.block_words(packed_rows.len()));
-                if g.padded(packed_rows.len()) {
-                    words.fill(0);
-                }
+                let words = g.block(own_a, packed_rows.len());
                 pack_a(g, &a, packed_rows, words);
                 words
             }
@@ -285,10 +281,7 @@ unsafe fn compute(
             let packed_b: &[u32] = match shared.b {
                 Some(words) => words,
                 None => {
-                    let words = sized(own_b, g.block_words(block_cols.len()));
-                    if g.padded(block_cols.len()) {
-                        words.fill(0);
-                    }
+                    let words = g.block(own_b, block_cols.len());
                     pack_b(g, &b, block_cols.clone(), words);
                     words
                 }
