@@ -27,6 +27,7 @@
 //! `bf16_arithmetic` calls it once per process.
 
 use super::dot_bf16::{interleave, raw, sized, store, OutPtr, View, MR, NR};
+use half::bf16;
 
 /// Rows (columns) of a packed left (right) panel: two tiles of 16.
 const PANEL: usize = 32;
@@ -104,9 +105,14 @@ impl Blocking {
     }
 
     /// True when the left operand `a` is read in place: row-major, its `k`
-    /// whole chunks (its panels are packed otherwise).
+    /// whole chunks, each row starting on a cache line (its panels are
+    /// packed otherwise: a tile row across two lines loads at half speed).
     fn reads_in_place(&self, a: &View) -> bool {
-        a.cs == 1 && self.k.is_multiple_of(2 * CHUNK_PAIRS)
+        let first_row = a.data.as_ptr().wrapping_add(a.offset);
+        a.cs == 1
+            && self.k.is_multiple_of(2 * CHUNK_PAIRS)
+            && (a.rs * size_of::<bf16>()).is_multiple_of(64)
+            && first_row.align_offset(64) == 0
     }
 
     /// Words of a packed block of `len` rows (or columns).
@@ -124,12 +130,21 @@ impl Blocking {
     /// The first words of `buffer` to pack a block of `len` rows (columns)
     /// into, its padding zeroed when it has any (packing writes the rest).
     fn block<'b>(&self, buffer: &'b mut Vec<u32>, len: usize) -> &'b mut [u32] {
-        let words = sized(buffer, self.block_words(len));
+        let words = aligned(buffer, self.block_words(len));
         if !len.is_multiple_of(PANEL) || !self.k.is_multiple_of(2 * CHUNK_PAIRS) {
             words.fill(0);
         }
         words
     }
+}
+
+/// The first `len` words of `buffer` from a 64-byte boundary: a tile row
+/// read from there lies in one cache line, not across two.
+fn aligned(buffer: &mut Vec<u32>, len: usize) -> &mut [u32] {
+    const LINE_WORDS: usize = 16;
+    let words = sized(buffer, len + LINE_WORDS);
+    let skip = words.as_ptr().align_offset(4 * LINE_WORDS);
+    &mut words[skip..skip + len]
 }
 
 /// `out = a x b` (`m x k` by `k x n`) on up to `threads` threads.
@@ -574,25 +589,44 @@ mod tests {
                 }
                 false => (a.clone(), b.clone()),
             };
-            let (a_view, b_view) = match transposed {
-                true => (View { data: &at, offset: 0, rs: 1, cs: m }, View { data: &bt, offset: 0, rs: 1, cs: k }),
-                false => (View { data: &at, offset: 0, rs: k, cs: 1 }, View { data: &bt, offset: 0, rs: n, cs: 1 }),
-            };
-            let run = |threads| {
-                let mut out = vec![0f32; m * n];
-                matmul_with(Arithmetic::Tiles, (m, k, n), a_view, b_view, Out::F32(&mut out), threads);
-                out
-            };
-            let one = run(1);
-            let (exact, magnitude) = reference(m, k, n, &a, &b);
-            for i in 0..m * n {
-                let bound = (k as f64 + 2.0) * f64::from(f32::EPSILON) * magnitude[i] + 1e-30;
-                let error = (f64::from(one[i]) - exact[i]).abs();
-                assert!(error <= bound, "{m}x{k}x{n} element {i}: {} vs {}", one[i], exact[i]);
-            }
-            for threads in [2, 3] {
+            // The left operand from a cache line (read in place when its
+            // rows are whole chunks) and one element past it (packed).
+            let mut shifted_a = vec![bf16::ZERO; at.len() + 64];
+            let line = shifted_a.as_ptr().align_offset(64);
+            let mut from_line = None;
+            for shift in [line, line + 1] {
+                shifted_a[shift..shift + at.len()].copy_from_slice(&at);
+                let (a_view, b_view) = match transposed {
+                    true => (
+                        View { data: &shifted_a, offset: shift, rs: 1, cs: m },
+                        View { data: &bt, offset: 0, rs: 1, cs: k },
+                    ),
+                    false => (
+                        View { data: &shifted_a, offset: shift, rs: k, cs: 1 },
+                        View { data: &bt, offset: 0, rs: n, cs: 1 },
+                    ),
+                };
+                let run = |threads| {
+                    let mut out = vec![0f32; m * n];
+                    matmul_with(Arithmetic::Tiles, (m, k, n), a_view, b_view, Out::F32(&mut out), threads);
+                    out
+                };
+                let one = run(1);
+                let (exact, magnitude) = reference(m, k, n, &a, &b);
+                for i in 0..m * n {
+                    let bound = (k as f64 + 2.0) * f64::from(f32::EPSILON) * magnitude[i] + 1e-30;
+                    let error = (f64::from(one[i]) - exact[i]).abs();
+                    assert!(error <= bound, "{m}x{k}x{n} element {i}: {} vs {}", one[i], exact[i]);
+                }
                 let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
-                assert!(bits(&one) == bits(&run(threads)), "{m}x{k}x{n} on {threads} threads ({transposed})");
+                for threads in [2, 3] {
+                    assert!(bits(&one) == bits(&run(threads)), "{m}x{k}x{n} on {threads} threads ({transposed})");
+                }
+                // Packed or read in place, the tiles hold the same words.
+                match &from_line {
+                    None => from_line = Some(bits(&one)),
+                    Some(first) => assert!(*first == bits(&one), "{m}x{k}x{n}: shifted a line ({transposed})"),
+                }
             }
         }
     }
