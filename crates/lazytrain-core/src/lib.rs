@@ -44,6 +44,7 @@ mod error;
 pub mod interp;
 pub mod ir;
 mod kernels;
+mod line_aligned;
 pub mod metrics;
 pub mod random;
 pub mod schedule;
@@ -56,6 +57,7 @@ pub use device::{available_memory_bytes, Device, DeviceOptions, PrecisionGuard, 
 pub use dtype::{DType, Literal};
 pub use error::{panic_message, Error, Result, RuleError, RuleKind};
 pub use kernels::{bf16_matmul_method, MatmulKernel};
+pub use line_aligned::LineAligned;
 pub use shape::Shape;
 pub use storage::{live_buffer_bytes, peak_buffer_bytes, BackendMemory, Buffer, DeviceMemory, Element, HostData};
 pub use tensor::{broadcast_shapes, Tensor};
