@@ -38,9 +38,10 @@ impl LineAligned {
         layout.size() >= Self::MIN_BYTES && layout.align() <= Self::LINE
     }
 
-    /// The system block's layout for a lined block of `size` bytes.
-    fn system(size: usize) -> Layout {
-        Layout::from_size_align(size + Self::LINE, align_of::<usize>()).expect("a block below isize::MAX")
+    /// The system block's layout for a lined block of `size` bytes, or
+    /// `None` when that is too large to be a layout (the allocation fails).
+    fn system(size: usize) -> Option<Layout> {
+        Layout::from_size_align(size.checked_add(Self::LINE)?, align_of::<usize>()).ok()
     }
 
     /// The caller's part of the system block at `raw`, with its distance
@@ -73,23 +74,27 @@ impl LineAligned {
 // through the system block, whose start `skip` recovers.
 unsafe impl GlobalAlloc for LineAligned {
     unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
-        match Self::lined(layout) {
-            true => Self::line_up(System.alloc(Self::system(layout.size()))),
-            false => System.alloc(layout),
+        match (Self::lined(layout), Self::system(layout.size())) {
+            (true, Some(system)) => Self::line_up(System.alloc(system)),
+            (true, None) => std::ptr::null_mut(),
+            (false, _) => System.alloc(layout),
         }
     }
 
     unsafe fn alloc_zeroed(&self, layout: Layout) -> *mut u8 {
-        match Self::lined(layout) {
-            true => Self::line_up(System.alloc_zeroed(Self::system(layout.size()))),
-            false => System.alloc_zeroed(layout),
+        match (Self::lined(layout), Self::system(layout.size())) {
+            (true, Some(system)) => Self::line_up(System.alloc_zeroed(system)),
+            (true, None) => std::ptr::null_mut(),
+            (false, _) => System.alloc_zeroed(layout),
         }
     }
 
     unsafe fn dealloc(&self, ptr: *mut u8, layout: Layout) {
-        match Self::lined(layout) {
-            true => System.dealloc(ptr.sub(Self::skip(ptr)), Self::system(layout.size())),
-            false => System.dealloc(ptr, layout),
+        match (Self::lined(layout), Self::system(layout.size())) {
+            (true, Some(system)) => System.dealloc(ptr.sub(Self::skip(ptr)), system),
+            // Never allocated here: `alloc` failed for this size.
+            (true, None) => {}
+            (false, _) => System.dealloc(ptr, layout),
         }
     }
 
@@ -99,8 +104,11 @@ unsafe impl GlobalAlloc for LineAligned {
         match (Self::lined(layout), Self::lined(asked)) {
             (false, false) => System.realloc(ptr, layout, new_size),
             (true, true) => {
+                let (Some(old), Some(new)) = (Self::system(layout.size()), Self::system(new_size)) else {
+                    return std::ptr::null_mut();
+                };
                 let skip = Self::skip(ptr);
-                let raw = System.realloc(ptr.sub(skip), Self::system(layout.size()), new_size + Self::LINE);
+                let raw = System.realloc(ptr.sub(skip), old, new.size());
                 if raw.is_null() {
                     return raw;
                 }
@@ -179,6 +187,8 @@ mod tests {
             for (block, size) in blocks {
                 allocator.dealloc(block, layout(size));
             }
+            let too_large = Layout::from_size_align(isize::MAX as usize - 8, 8).expect("a layout");
+            assert!(allocator.alloc(too_large).is_null(), "a block past the address space fails");
             for size in [LineAligned::MIN_BYTES, 1 << 20, 64 << 20] {
                 let block = allocator.alloc_zeroed(layout(size));
                 assert!(!block.is_null() && block.align_offset(64) == 0, "{size} bytes at {block:p}");

@@ -16,11 +16,11 @@ mod demo_causal;
 mod demo_classification;
 
 use clap::{Parser, Subcommand};
+use std::process::ExitCode;
 
 /// Tensors start on cache lines (see [`lazytrain_core::LineAligned`]).
 #[global_allocator]
 static ALLOCATOR: lazytrain_core::LineAligned = lazytrain_core::LineAligned;
-use std::process::ExitCode;
 
 /// Train transformer language models with lazy tensors.
 #[derive(Parser)]
