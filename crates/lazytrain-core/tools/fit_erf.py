@@ -35,12 +35,14 @@ def chebyshev(lo, hi):
     return np.cos(np.linspace(0, np.pi, NODES)) * (hi - lo) / 2 + (hi + lo) / 2
 
 
-xs = np.clip(chebyshev(0.0, 1.0), 1e-6, 1.0)
-ys = np.array([float(mpmath.erf(mpmath.mpf(x)) / x) for x in xs])
-a, err_a = lawson(xs, ys, lambda x: x * x, 6)
-print(f"A (max relative error {err_a:.2e}):", [float(np.float32(c)) for c in reversed(a)])
 
-xs = chebyshev(1.0, 4.0)
-ys = np.array([float(mpmath.erfc(mpmath.mpf(x)) * mpmath.exp(mpmath.mpf(x) ** 2)) for x in xs])
-b, err_b = lawson(xs, ys, lambda x: 1 / x - 0.625, 9)
-print(f"B (max relative error {err_b:.2e}):", [float(np.float32(c)) for c in reversed(b)])
+if __name__ == "__main__":
+    xs = np.clip(chebyshev(0.0, 1.0), 1e-6, 1.0)
+    ys = np.array([float(mpmath.erf(mpmath.mpf(x)) / x) for x in xs])
+    a, err_a = lawson(xs, ys, lambda x: x * x, 6)
+    print(f"A (max relative error {err_a:.2e}):", [float(np.float32(c)) for c in reversed(a)])
+
+    xs = chebyshev(1.0, 4.0)
+    ys = np.array([float(mpmath.erfc(mpmath.mpf(x)) * mpmath.exp(mpmath.mpf(x) ** 2)) for x in xs])
+    b, err_b = lawson(xs, ys, lambda x: 1 / x - 0.625, 9)
+    print(f"B (max relative error {err_b:.2e}):", [float(np.float32(c)) for c in reversed(b)])
