@@ -33,6 +33,8 @@ use std::alloc::{GlobalAlloc, Layout, System};
 /// stay plain `malloc` blocks, so `realloc` still grows them in place or
 /// by remapping, `calloc`'s fresh pages stay unmapped until written, and
 /// the C allocator's thresholds for keeping freed memory work as before.
+/// Blocks of 1-64 MiB aligned past a line are system blocks too, up to 8
+/// of them kept when freed for the next request of the same layout.
 pub struct LineAligned;
 
 impl LineAligned {
@@ -122,7 +124,8 @@ static KEPT: std::sync::Mutex<Kept> = std::sync::Mutex::new(Kept { blocks: [(0, 
 
 // SAFETY: small blocks go to `System` as asked; a large block is the part of
 // a larger system block that `line_up` hands out, released and resized
-// through the system block, whose start `skip` recovers.
+// through the system block, whose start `skip` recovers; a kept block is a
+// free system block of exactly the layout asked, handed out once.
 unsafe impl GlobalAlloc for LineAligned {
     unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
         match (Self::lined(layout), Self::system(layout.size())) {
