@@ -83,6 +83,13 @@ macro_rules! impl_real {
 impl_real!(f32, exp_f32, erf_f32, tanh_f32);
 impl_real!(f64, f64::exp, libm::erf, f64::tanh);
 
+/// The polynomial with coefficients `c` (highest degree first) at `x`, by
+/// Horner's rule in fused multiply-adds.
+#[inline(always)]
+fn horner(c: &[f32], x: f32) -> f32 {
+    c[1..].iter().fold(c[0], |p, &c| p.mul_add(x, c))
+}
+
 /// `e^x` in `f32`, branch-free so loops over it vectorise: Cody-Waite
 /// reduction `x = n ln2 + r`, Cephes' degree-5 polynomial for `e^r`
 /// (about 1 ulp), and `2^n` built from exponent bits in two halves.
@@ -106,13 +113,8 @@ pub(crate) fn exp_f32(x: f32) -> f32 {
     let t = xc.mul_add(LOG2E, ROUND);
     let n = t - ROUND;
     let r = (-n).mul_add(LN2_LO, (-n).mul_add(LN2_HI, xc));
-    let mut p = 1.987_569_1e-4_f32;
-    p = p.mul_add(r, 1.398_199_9e-3);
-    p = p.mul_add(r, 8.333_452e-3);
-    p = p.mul_add(r, 4.166_579_6e-2);
-    p = p.mul_add(r, 1.666_666_5e-1);
-    p = p.mul_add(r, 0.5);
-    let y = (p * r).mul_add(r, r) + 1.0;
+    const P: [f32; 6] = [1.987_569_1e-4, 1.398_199_9e-3, 8.333_452e-3, 4.166_579_6e-2, 1.666_666_5e-1, 0.5];
+    let y = (horner(&P, r) * r).mul_add(r, r) + 1.0;
     let k = (t.to_bits() as i32).wrapping_sub(ROUND.to_bits() as i32);
     let half = k >> 1;
     let scale_a = f32::from_bits(((half + 127) as u32) << 23);
@@ -161,18 +163,10 @@ pub(crate) fn erf_f32(x: f32) -> f32 {
     ];
     let ax = x.abs();
     let s = x * x;
-    let mut a = A[0];
-    for c in &A[1..] {
-        a = a.mul_add(s, *c);
-    }
-    let small = x * a;
+    let small = x * horner(&A, s);
     let t = ax.clamp(1.0, 4.0);
     let w = 1.0 / t - 0.625;
-    let mut b = B[0];
-    for c in &B[1..] {
-        b = b.mul_add(w, *c);
-    }
-    let large = (-exp_f32(-(t * t))).mul_add(b, 1.0).copysign(x);
+    let large = (-exp_f32(-(t * t))).mul_add(horner(&B, w), 1.0).copysign(x);
     if ax < 1.0 || x.is_nan() {
         small
     } else {
@@ -193,11 +187,7 @@ pub(crate) fn tanh_f32(x: f32) -> f32 {
     const U: [f32; 6] = [2.292_894e-3, -8.344_098e-3, 2.176_897_4e-2, -5.395_927e-2, 0.133_333_04, -0.333_333_34];
     let ax = x.abs();
     let s = x * x;
-    let mut u = U[0];
-    for c in &U[1..] {
-        u = u.mul_add(s, *c);
-    }
-    let small = (ax * s).mul_add(u, ax).copysign(x);
+    let small = (ax * s).mul_add(horner(&U, s), ax).copysign(x);
     let e = exp_f32(2.0 * ax.min(10.0));
     let large = (1.0 - 2.0 / (e + 1.0)).copysign(x);
     if ax < 0.625 || x.is_nan() {
