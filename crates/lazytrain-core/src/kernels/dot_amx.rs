@@ -47,6 +47,9 @@ const MIN_BLOCK_PANELS: usize = 4;
 const KC_CHUNKS: usize = 64;
 /// Rows whose partial sums are kept at once when `k` is blocked.
 const MC_ROWS: usize = 8 * PANEL;
+/// Bytes of a cache line, and of a tile row: one loads whole from a line
+/// boundary and straddles two lines from anywhere else.
+const LINE_BYTES: usize = 64;
 
 /// True when this CPU has AMX-TILE and AMX-BF16, the kernel enabled them
 /// in XCR0 and granted this process the tile state. Asked once.
@@ -120,8 +123,8 @@ impl Blocking {
         let first_row = a.data.as_ptr().wrapping_add(a.offset);
         a.cs == 1
             && self.k.is_multiple_of(2 * CHUNK_PAIRS)
-            && (a.rs * size_of::<bf16>()).is_multiple_of(64)
-            && first_row.align_offset(64) == 0
+            && (a.rs * size_of::<bf16>()).is_multiple_of(LINE_BYTES)
+            && first_row.align_offset(LINE_BYTES) == 0
     }
 
     /// Words of a packed block of `len` rows (or columns).
@@ -156,9 +159,8 @@ impl Blocking {
 /// The first `len` words of `buffer` from a 64-byte boundary: a tile row
 /// read from there lies in one cache line, not across two.
 fn aligned(buffer: &mut Vec<u32>, len: usize) -> &mut [u32] {
-    const LINE_WORDS: usize = 16;
-    let words = sized(buffer, len + LINE_WORDS);
-    let skip = words.as_ptr().align_offset(4 * LINE_WORDS);
+    let words = sized(buffer, len + LINE_BYTES / size_of::<u32>());
+    let skip = words.as_ptr().align_offset(LINE_BYTES);
     &mut words[skip..skip + len]
 }
 
