@@ -114,8 +114,26 @@ impl Layer {
 
     fn forward(&self, x: &Tensor, mask: Option<&Tensor>, ctx: &Context) -> Result<Tensor> {
         let attended = self.attention_output.forward(&self.attention.forward(x, mask, ctx)?, x, ctx)?;
-        let hidden = expansion_activation(&self.intermediate.forward(&attended)?, &self.hidden_act)?;
-        self.output.forward(&hidden, &attended, ctx)
+        self.feed_forward(&attended, ctx)
+    }
+
+    /// The layer's output `[rows, hidden]` at the flat `positions` (`[rows]`
+    /// i64 indices `row * seq + column`) of `x` `[batch, seq, hidden]`. The
+    /// attention reads every token; what follows it works token by token,
+    /// so only the rows at `positions` are computed: the output
+    /// projection, the feed-forward block and their LayerNorms.
+    fn forward_rows(&self, x: &Tensor, mask: Option<&Tensor>, positions: &Tensor, ctx: &Context) -> Result<Tensor> {
+        let [b, s, d] = crate::error::dims_of(x, "the hidden state", "[batch, seq, hidden]")?;
+        let rows = |t: &Tensor| -> Result<Tensor> { Ok(t.reshape([b * s, d])?.embedding(positions)?) };
+        let context = rows(&self.attention.forward(x, mask, ctx)?)?;
+        let attended = self.attention_output.forward(&context, &rows(x)?, ctx)?;
+        self.feed_forward(&attended, ctx)
+    }
+
+    /// The feed-forward block with its residual, token by token.
+    fn feed_forward(&self, attended: &Tensor, ctx: &Context) -> Result<Tensor> {
+        let hidden = expansion_activation(&self.intermediate.forward(attended)?, &self.hidden_act)?;
+        self.output.forward(&hidden, attended, ctx)
     }
 }
 
@@ -149,6 +167,23 @@ impl Encoder {
         }
         Ok(h)
     }
+
+    /// The last hidden state `[rows, hidden]` at the flat `positions`
+    /// (`[rows]` i64 indices `row * seq + column` into `x` `[batch, seq,
+    /// hidden]`): every layer but the last runs whole, the last one past its
+    /// attention only at `positions` (a head that reads those rows alone
+    /// gets the values it would get from [`Encoder::forward`]).
+    pub fn forward_rows(&self, x: &Tensor, mask: Option<&Tensor>, positions: &Tensor, ctx: &Context) -> Result<Tensor> {
+        let Some((last, before)) = self.layers.split_last() else {
+            let [b, s, d] = crate::error::dims_of(x, "the hidden state", "[batch, seq, hidden]")?;
+            return Ok(x.reshape([b * s, d])?.embedding(positions)?);
+        };
+        let mut h = x.clone();
+        for layer in before {
+            h = layer.forward(&h, mask, ctx)?;
+        }
+        last.forward_rows(&h, mask, positions, ctx)
+    }
 }
 
 impl Module for Encoder {
@@ -163,6 +198,36 @@ impl Module for Encoder {
 mod tests {
     use super::*;
     use lazytrain_core::Device;
+    use lazytrain_nn::init::Initializer;
+
+    /// The last layer run past its attention at chosen rows gives the whole
+    /// stack's output rows there (positions may repeat, as a padded
+    /// capacity's unused slots do). The masked-LM test compares a whole
+    /// step's loss and gradients with the attention's dropout on.
+    #[test]
+    fn forward_rows_gives_the_rows_of_the_whole_forward() {
+        let device = Device::cpu();
+        let mut config = ModelConfig::preset("bert-tiny", 50).unwrap();
+        (config.hidden_size, config.num_attention_heads, config.intermediate_size) = (16, 2, 32);
+        (config.hidden_dropout_prob, config.attention_probs_dropout_prob) = (0.0, 0.0);
+        let encoder = Encoder::new(&mut Initializer::new(7, &device), &config).unwrap();
+        let (b, s, d) = (2, 6, 16);
+        let values = (0..b * s * d).map(|i| ((i * 37 % 101) as f32 - 50.0) / 40.0).collect();
+        let x = Tensor::from_vec(values, [b, s, d], &device).unwrap();
+        let positions = [7i64, 0, 11, 3, 0, 0];
+        let at = Tensor::from_vec(positions.to_vec(), [positions.len()], &device).unwrap();
+        let ctx = || Context::train(&device, 1, 0).unwrap();
+        let rows = encoder.forward_rows(&x, None, &at, &ctx()).unwrap();
+        assert_eq!(rows.dims(), [positions.len(), d]);
+        let whole = encoder.forward(&x, None, &ctx()).unwrap().to_vec::<f32>().unwrap();
+        for (row, &p) in rows.to_vec::<f32>().unwrap().chunks(d).zip(&positions) {
+            let expected = &whole[p as usize * d..(p as usize + 1) * d];
+            for (got, want) in row.iter().zip(expected) {
+                assert!((got - want).abs() <= 1e-5, "row {p}: {got} vs {want}");
+            }
+        }
+        assert!(whole.chunks(d).any(|r| r != &whole[..d]), "the rows differ, so a wrong row would show");
+    }
 
     /// Under autocast the expansion's input is rounded to bf16 once, the
     /// GELU computes in f32 from it, and its output is rounded to bf16 once;

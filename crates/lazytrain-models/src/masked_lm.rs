@@ -71,7 +71,12 @@ impl ForMaskedLM {
         Ok(h.matmul_transposed(word, false, true)?.add(&self.bias)?)
     }
 
-    /// Logits `[capacity, vocab]` at the flat `positions` of `[batch, seq]` ids.
+    /// Logits `[capacity, vocab]` at the flat `positions` of `[batch, seq]`
+    /// ids. Past its attention, the last encoder layer also runs only at
+    /// `positions` ([`EncoderModel::forward_rows`]): the logits are those
+    /// of [`ForMaskedLM::forward`] at these positions, up to float
+    /// summation order, except that the last layer's dropout draws its
+    /// masks over the gathered rows.
     pub fn forward_at(
         &self,
         input_ids: &Tensor,
@@ -80,7 +85,7 @@ impl ForMaskedLM {
         positions: &Tensor,
         ctx: &Context,
     ) -> Result<Tensor> {
-        self.head_at(&self.model.forward(input_ids, attention_mask, token_type_ids, ctx)?, positions)
+        self.head_rows(&self.model.forward_rows(input_ids, attention_mask, token_type_ids, positions, ctx)?)
     }
 
     /// Logits `[batch, seq, vocab]` for `[batch, seq]` ids.
@@ -126,12 +131,15 @@ mod tests {
     use lazytrain_core::Device;
     use lazytrain_nn::named_parameters;
 
-    /// The loss and every gradient of a step, the head dense or at the
-    /// labelled positions only (padded with unused slots).
+    /// The loss and every gradient of a step, the head (and the last layer
+    /// past its attention) dense or at the labelled positions only (padded
+    /// with unused slots). Without dropout after the attention: the gathered
+    /// rows draw their own masks.
     fn loss_and_grads(gathered: bool) -> (f32, Vec<Vec<f32>>) {
         let dev = Device::cpu();
         let mut config = ModelConfig::preset("bert-tiny", 97).unwrap();
         (config.hidden_size, config.num_attention_heads, config.intermediate_size) = (32, 2, 64);
+        config.hidden_dropout_prob = 0.0;
         let model = ForMaskedLM::new(&mut Initializer::new(3, &dev), &config).unwrap();
         let (b, s) = (3, 16);
         let ids: Vec<i64> = (0..b * s).map(|i| 5 + (i * 37 % 90) as i64).collect();

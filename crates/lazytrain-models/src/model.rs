@@ -61,6 +61,34 @@ impl EncoderModel {
         token_type_ids: Option<&Tensor>,
         ctx: &Context,
     ) -> Result<Tensor> {
+        let (x, mask) = self.embed(input_ids, attention_mask, token_type_ids, ctx)?;
+        self.encoder.forward(&x, mask.as_ref(), ctx)
+    }
+
+    /// The last hidden state `[rows, hidden]` at the flat `positions`
+    /// (`[rows]` i64 indices `row * seq + column`) only, the rows of
+    /// [`EncoderModel::forward`]'s output: the last layer computes past its
+    /// attention only there ([`Encoder::forward_rows`]).
+    pub fn forward_rows(
+        &self,
+        input_ids: &Tensor,
+        attention_mask: Option<&Tensor>,
+        token_type_ids: Option<&Tensor>,
+        positions: &Tensor,
+        ctx: &Context,
+    ) -> Result<Tensor> {
+        let (x, mask) = self.embed(input_ids, attention_mask, token_type_ids, ctx)?;
+        self.encoder.forward_rows(&x, mask.as_ref(), positions, ctx)
+    }
+
+    /// The checked inputs' embeddings and additive attention mask.
+    fn embed(
+        &self,
+        input_ids: &Tensor,
+        attention_mask: Option<&Tensor>,
+        token_type_ids: Option<&Tensor>,
+        ctx: &Context,
+    ) -> Result<(Tensor, Option<Tensor>)> {
         let integer = |t: &Tensor| matches!(t.dtype(), DType::I64 | DType::I32);
         let fits = |t: &Tensor| t.dims() == input_ids.dims() && integer(t);
         if input_ids.rank() != 2
@@ -89,7 +117,7 @@ impl EncoderModel {
         }
         let x = self.embeddings.forward(input_ids, token_type_ids, ctx)?;
         let mask = attention_mask.map(Self::additive_mask).transpose()?;
-        self.encoder.forward(&x, mask.as_ref(), ctx)
+        Ok((x, mask))
     }
 
     /// The pooled first-token representation `[batch, hidden]`.

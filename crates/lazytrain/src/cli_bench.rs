@@ -85,13 +85,19 @@ fn anchor_config(name: &str) -> Option<(usize, usize, usize, usize, usize)> {
     })
 }
 
-/// FLOPs per token the step executes: the anchor's, less the masked-LM
-/// head's transform and decoder for the token rows it skips when it runs
-/// at `head_rows` of every `tokens` (the masked positions' capacity).
+/// FLOPs per token the step executes: the anchor's, less what the token
+/// rows skipped by a masked-LM head at `head_rows` of every `tokens` (the
+/// masked positions' capacity) leave out: the head's transform and decoder,
+/// and the last encoder layer's output projection and feed-forward block
+/// (which run at those rows only).
 pub fn executed_flops_per_token(config: &ModelConfig, seq: usize, head_rows: usize, tokens: usize) -> f64 {
-    let (h, v) = (config.hidden_size as f64, config.vocab_size as f64);
+    let (h, v, i) = (config.hidden_size as f64, config.vocab_size as f64, config.intermediate_size as f64);
     let skipped = 1.0 - head_rows as f64 / tokens as f64;
-    anchor_flops_per_token(config, seq) - 6.0 * (h * h + v * h) * skipped
+    let last_layer = match config.num_hidden_layers {
+        0 => 0.0,
+        _ => h * h + 2.0 * h * i,
+    };
+    anchor_flops_per_token(config, seq) - 6.0 * (h * h + v * h + last_layer) * skipped
 }
 
 /// Model FLOPs per token of the anchor's step for `config`: BERT's
@@ -392,6 +398,25 @@ pub fn run(args: &BenchArgs) -> lazytrain::Result<()> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The executed FLOPs of BERT-tiny's step, counted matmul by matmul:
+    /// every layer's projections and attention at all 4 096 tokens except
+    /// the last layer's output projection and feed-forward block, which run
+    /// at the 800 masked-position rows, as the head does.
+    #[test]
+    fn executed_flops_count_the_rows_the_last_layer_and_head_skip() {
+        let mut config = ModelConfig::preset("bert-tiny", 8192).unwrap();
+        (config.hidden_size, config.intermediate_size, config.num_hidden_layers) = (128, 512, 2);
+        let (tokens, rows, (h, i, v, s)) = (4096.0, 800.0, (128.0, 512.0, 8192.0, 128.0));
+        let per_layer_row = 4.0 * h * h + 2.0 * h * i + 2.0 * s * h;
+        let kept_last_layer_row = 3.0 * h * h + 2.0 * s * h;
+        let macs = tokens * (per_layer_row + kept_last_layer_row)
+            + rows * (per_layer_row - kept_last_layer_row)
+            + rows * (h * h + v * h);
+        let counted = executed_flops_per_token(&config, 128, 800, 4096) * tokens;
+        assert!((counted - 6.0 * macs).abs() <= 1e-9 * counted, "{counted} vs {}", 6.0 * macs);
+        assert_eq!(executed_flops_per_token(&config, 128, 4096, 4096), anchor_flops_per_token(&config, 128));
+    }
 
     /// `minflt` is read past a command name with spaces and parentheses,
     /// and this process's own count is there on Linux and only grows.
