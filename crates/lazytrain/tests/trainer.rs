@@ -396,7 +396,11 @@ fn the_demo_learns_its_facts_and_fine_tunes_a_classifier() {
         .find_map(|l| l.trim().strip_prefix("eval accuracy"))
         .and_then(|v| v.trim().parse().ok())
         .unwrap_or_default();
-    assert!(accuracy >= 0.95, "fine-tuning reaches 95 % eval accuracy:\n{stdout}");
+    // Far above chance (0.5). How far depends on the pre-trained weights'
+    // random draws: seeds 0, 1, 2 reached 0.99, 0.88 and 0.94 with the
+    // last layer run at every token, 0.92, 0.91 and 0.89 with it run at the
+    // masked positions only (the same pre-training losses).
+    assert!(accuracy >= 0.85, "fine-tuning reaches 85 % eval accuracy:\n{stdout}");
     let config = std::fs::read_to_string(dir.join("classification/model/config.json")).unwrap();
     assert!(config.contains("RobertaForSequenceClassification") && config.contains("\"positive\""), "{config}");
 }
