@@ -34,6 +34,13 @@ pub(crate) fn expansion_activation(pre: &Tensor, name: &str) -> Result<Tensor> {
     }
 }
 
+/// The rows `[rows, hidden]` of `hidden` `[batch, seq, hidden]` at the flat
+/// `positions` (`[rows]` i64 indices `row * seq + column`).
+pub(crate) fn rows_at(hidden: &Tensor, positions: &Tensor) -> Result<Tensor> {
+    let [b, s, d] = crate::error::dims_of(hidden, "the hidden state", "[batch, seq, hidden]")?;
+    Ok(hidden.reshape([b * s, d])?.embedding(positions)?)
+}
+
 /// `dense`, dropout, residual, LayerNorm: BERT's `*Output` blocks.
 pub struct ResidualOutput {
     /// The projection.
@@ -123,10 +130,8 @@ impl Layer {
     /// so only the rows at `positions` are computed: the output
     /// projection, the feed-forward block and their LayerNorms.
     fn forward_rows(&self, x: &Tensor, mask: Option<&Tensor>, positions: &Tensor, ctx: &Context) -> Result<Tensor> {
-        let [b, s, d] = crate::error::dims_of(x, "the hidden state", "[batch, seq, hidden]")?;
-        let rows = |t: &Tensor| -> Result<Tensor> { Ok(t.reshape([b * s, d])?.embedding(positions)?) };
-        let context = rows(&self.attention.forward(x, mask, ctx)?)?;
-        let attended = self.attention_output.forward(&context, &rows(x)?, ctx)?;
+        let context = rows_at(&self.attention.forward(x, mask, ctx)?, positions)?;
+        let attended = self.attention_output.forward(&context, &rows_at(x, positions)?, ctx)?;
         self.feed_forward(&attended, ctx)
     }
 
@@ -174,10 +179,7 @@ impl Encoder {
     /// attention only at `positions` (a head that reads those rows alone
     /// gets the values it would get from [`Encoder::forward`]).
     pub fn forward_rows(&self, x: &Tensor, mask: Option<&Tensor>, positions: &Tensor, ctx: &Context) -> Result<Tensor> {
-        let Some((last, before)) = self.layers.split_last() else {
-            let [b, s, d] = crate::error::dims_of(x, "the hidden state", "[batch, seq, hidden]")?;
-            return Ok(x.reshape([b * s, d])?.embedding(positions)?);
-        };
+        let Some((last, before)) = self.layers.split_last() else { return rows_at(x, positions) };
         let mut h = x.clone();
         for layer in before {
             h = layer.forward(&h, mask, ctx)?;

@@ -1,6 +1,6 @@
 //! `BertForMaskedLM` / `RobertaForMaskedLM`.
 
-use crate::encoder::{activation, rescale_init};
+use crate::encoder::{activation, rescale_init, rows_at};
 use crate::{EncoderModel, ModelConfig, ModelType, Result};
 use lazytrain_core::Tensor;
 use lazytrain_nn::init::Initializer;
@@ -54,8 +54,7 @@ impl ForMaskedLM {
     /// original BERT recipe's `max_predictions_per_seq`, the head's transform,
     /// LayerNorm and tied decoder computed for the labelled tokens alone.
     pub fn head_at(&self, hidden: &Tensor, positions: &Tensor) -> Result<Tensor> {
-        let [b, s, d] = crate::error::dims_of(hidden, "the hidden state", "[batch, seq, hidden]")?;
-        self.head_rows(&hidden.reshape([b * s, d])?.embedding(positions)?)
+        self.head_rows(&rows_at(hidden, positions)?)
     }
 
     /// The head over `[rows, hidden]` rows.
