@@ -163,3 +163,45 @@ fn a_kernel_reading_other_rows_is_not_chained_to_their_producer() {
     // a chain of their own with the reciprocal and the gradient.
     assert_eq!(check("transposed", 64, 64, Logits::TransposedRead), [3]);
 }
+
+/// The masked-LM head's loss and gradients through the tensor API: the
+/// cross-entropy of `h W^T + bias` over a vocabulary two tiles wide gives
+/// the same bits with row chains on and off, and agrees with the reference
+/// interpreter. Here the logits are stored (their row maxima are taken
+/// before the chain, which starts at the exponentials), and the CPU backend
+/// runs the chain as fused rows (`kernels/fused/softmax_rows.rs`).
+#[test]
+fn cross_entropy_gradients_over_whole_tile_rows_are_the_same_bits_chained() {
+    use lazytrain_core::cache::CompileCache;
+    use lazytrain_core::{grad, Device, Tensor};
+    let (rows, hidden, vocab) = (600, 16, 2048);
+    let run = |backend: Arc<dyn Backend>| -> Vec<Vec<f32>> {
+        let dev = Device::with_backend(backend, Arc::new(CompileCache::new()), 0);
+        let values = |len: usize, salt: usize, spread: f32| -> Vec<f32> {
+            (0..len).map(|i| (((i * 7919 + salt * 104_729) % 2003) as f32 / 1001.0 - 1.0) * spread).collect()
+        };
+        let h = Tensor::from_vec(values(rows * hidden, 1, 2.0), [rows, hidden], &dev).unwrap();
+        let word = Tensor::from_vec(values(vocab * hidden, 3, 1.0), [vocab, hidden], &dev).unwrap();
+        let bias = Tensor::from_vec(values(vocab, 2, 1.0), [vocab], &dev).unwrap();
+        let labels: Vec<i64> = (0..rows).map(|i| if i % 7 == 3 { -100 } else { ((i * 131) % vocab) as i64 }).collect();
+        let labels = Tensor::from_vec(labels, [2, rows / 2], &dev).unwrap();
+        // `[batch, seq, vocab]` logits, as a model's head gives them.
+        let logits = h.matmul_transposed(&word, false, true).unwrap().add(&bias).unwrap();
+        let logits = logits.reshape([2, rows / 2, vocab]).unwrap();
+        let loss = logits.cross_entropy(&labels, -100).unwrap();
+        let grads = grad(&loss, &[&h, &word, &bias]).unwrap();
+        let mut out = vec![loss.to_vec::<f32>().unwrap()];
+        out.extend(grads.iter().map(|g| g.to_vec::<f32>().unwrap()));
+        out
+    };
+    let chained = run(Arc::new(CpuBackend::default().with_row_chains(Some(0))));
+    let separate = run(Arc::new(CpuBackend::default().with_row_chains(None)));
+    let reference = run(Arc::new(ReferenceBackend));
+    for (k, ((a, b), r)) in chained.iter().zip(&separate).zip(&reference).enumerate() {
+        let same = a.iter().zip(b).all(|(x, y)| x.to_bits() == y.to_bits());
+        assert!(same, "output {k}: fusing the rows changed the values");
+        for (i, (x, y)) in a.iter().zip(r).enumerate() {
+            assert!((x - y).abs() <= 1e-5 * (1.0 + y.abs()), "output {k}[{i}]: {x} vs {y}");
+        }
+    }
+}

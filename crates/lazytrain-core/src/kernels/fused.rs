@@ -21,6 +21,7 @@ use crate::storage::HostData;
 use half::bf16;
 
 mod chain;
+mod softmax_rows;
 pub(crate) use chain::{run_chain, ChainLink};
 
 /// Elements per tile: small enough that a program's live registers stay in

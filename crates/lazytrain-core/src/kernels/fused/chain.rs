@@ -2,6 +2,7 @@
 //! programs over the same rows run a block of rows at a time, each in turn,
 //! so a program reads the rows earlier ones just wrote from cache.
 
+use super::softmax_rows::SoftmaxRows;
 use super::{FusedProgram, OutView, OutViews, Source, PARALLEL_MIN};
 
 /// Elements of the widest program a block of rows holds: a few such
@@ -37,6 +38,10 @@ pub(crate) fn run_chain(links: &[ChainLink], rows: usize) -> Result<(), String> 
         }
         widths.push(numel / rows);
     }
+    if let Some(softmax) = SoftmaxRows::of(links, rows) {
+        run_softmax(links, &softmax, rows);
+        return Ok(());
+    }
     let widest = widths.iter().copied().max().unwrap_or(1).max(1);
     let block = (BLOCK_ELEMENTS / widest).max(1);
     let outs: Vec<OutViews> = links.iter().map(|l| OutViews(l.outputs.clone())).collect();
@@ -67,4 +72,27 @@ pub(crate) fn run_chain(links: &[ChainLink], rows: usize) -> Result<(), String> 
         unsafe { link.program.write_column_sums(&link.outputs, &first[k], &second[k]) };
     }
     Ok(())
+}
+
+/// Run a softmax row chain (see [`SoftmaxRows`]): the rows split at the
+/// middle one as [`run_chain`] splits them, each half on its own thread
+/// (or one after the other) with its own column partial sums.
+fn run_softmax(links: &[ChainLink], softmax: &SoftmaxRows, rows: usize) {
+    let width = softmax.width();
+    let (mut first, mut second) = (vec![0f64; width], vec![0f64; width]);
+    let mid = rows / 2;
+    // SAFETY: `SoftmaxRows::of` took the pointers from the links' buffers,
+    // sized for their programs and alive for the run; the two halves touch
+    // disjoint rows.
+    unsafe {
+        if rows * width >= PARALLEL_MIN && rayon::current_num_threads() > 1 {
+            rayon::join(|| softmax.run_rows(0, mid, &mut first), || softmax.run_rows(mid, rows, &mut second));
+        } else {
+            softmax.run_rows(0, mid, &mut first);
+            softmax.run_rows(mid, rows, &mut second);
+        }
+    }
+    let last = &links[links.len() - 1];
+    // SAFETY: both halves have finished; output 1 of the last link is its column sum.
+    unsafe { last.program.write_column_sums(&last.outputs, &[Vec::new(), first], &[Vec::new(), second]) };
 }
