@@ -135,63 +135,56 @@ enum Logits {
     Stored(*const f32),
 }
 
+/// A program's instructions: its first two inputs loaded into registers 0
+/// and 1, then `rest`.
+fn after_two_loads(rest: impl IntoIterator<Item = super::Instr>) -> Vec<super::Instr> {
+    [Load { load: 0, dst: 0 }, Load { load: 1, dst: 1 }].into_iter().chain(rest).collect()
+}
+
 /// The instructions of (1): `row_max(x + bias)`.
 fn row_maxima() -> Vec<super::Instr> {
-    vec![
-        Load { load: 0, dst: 0 },
-        Load { load: 1, dst: 1 },
+    after_two_loads([
         Binary { op: BinaryOp::Add, a: Reg(0), b: Reg(1), dst: 2 },
         ReduceStore { op: ReduceOp::Max, src: 2, out: 0 },
-    ]
+    ])
 }
 
 /// The instructions of (2) over biased logits: `e = exp(x + bias - m)`
 /// and `row_sum(e)`.
 fn biased_exponentials() -> Vec<super::Instr> {
-    vec![
-        Load { load: 0, dst: 0 },
-        Load { load: 1, dst: 1 },
+    after_two_loads([
         Binary { op: BinaryOp::Add, a: Reg(0), b: Reg(1), dst: 2 },
         Load { load: 2, dst: 1 },
         Binary { op: BinaryOp::Sub, a: Reg(2), b: Reg(1), dst: 0 },
         Unary { op: UnaryOp::Exp, src: 0, dst: 1 },
         Store { src: 1, out: 0 },
         ReduceStore { op: ReduceOp::Sum, src: 1, out: 1 },
-    ]
+    ])
 }
 
 /// The instructions of (2) over stored logits: `e = exp(t - m)` and
 /// `row_sum(e)`.
 fn stored_exponentials() -> Vec<super::Instr> {
-    vec![
-        Load { load: 0, dst: 0 },
-        Load { load: 1, dst: 1 },
+    after_two_loads([
         Binary { op: BinaryOp::Sub, a: Reg(0), b: Reg(1), dst: 2 },
         Unary { op: UnaryOp::Exp, src: 2, dst: 1 },
         Store { src: 1, out: 0 },
         ReduceStore { op: ReduceOp::Sum, src: 1, out: 1 },
-    ]
+    ])
 }
 
 /// The instructions of (3): `g / s`.
 fn ratios() -> Vec<super::Instr> {
-    vec![
-        Load { load: 0, dst: 0 },
-        Load { load: 1, dst: 1 },
-        Binary { op: BinaryOp::Div, a: Reg(0), b: Reg(1), dst: 2 },
-        Store { src: 2, out: 0 },
-    ]
+    after_two_loads([Binary { op: BinaryOp::Div, a: Reg(0), b: Reg(1), dst: 2 }, Store { src: 2, out: 0 }])
 }
 
 /// The instructions of (4): `d = r * e` and `column_sum(d)`.
 fn gradient() -> Vec<super::Instr> {
-    vec![
-        Load { load: 0, dst: 0 },
-        Load { load: 1, dst: 1 },
+    after_two_loads([
         Binary { op: BinaryOp::Mul, a: Reg(0), b: Reg(1), dst: 2 },
         Store { src: 2, out: 0 },
         ColumnSum { src: 2, out: 1 },
-    ]
+    ])
 }
 
 // SAFETY: the threads of one run read the shared inputs and write
