@@ -25,7 +25,9 @@ pub(crate) struct ChainLink<'a> {
 /// every link in order. The values are those of the links run one after
 /// the other, bit for bit: elementwise results do not depend on where rows
 /// split, each row reduction sees its whole row on one thread, and column
-/// sums add each half's rows in order in `f64`, then the two halves.
+/// sums add each half's rows in order in `f64`, then the two halves. A
+/// softmax chain runs each half as fused rows instead of blocks of
+/// interpreted programs, with the same bits (`SoftmaxRows`).
 pub(crate) fn run_chain(links: &[ChainLink], rows: usize) -> Result<(), String> {
     if rows == 0 {
         return Ok(());
@@ -38,15 +40,20 @@ pub(crate) fn run_chain(links: &[ChainLink], rows: usize) -> Result<(), String> 
         }
         widths.push(numel / rows);
     }
-    if let Some(softmax) = SoftmaxRows::of(links, rows) {
-        run_softmax(links, &softmax, rows);
-        return Ok(());
-    }
+    // A softmax chain runs each half as fused rows (see `SoftmaxRows`).
+    let softmax = SoftmaxRows::of(links, rows);
     let widest = widths.iter().copied().max().unwrap_or(1).max(1);
     let block = (BLOCK_ELEMENTS / widest).max(1);
     let outs: Vec<OutViews> = links.iter().map(|l| OutViews(l.outputs.clone())).collect();
     let fresh = || -> Vec<Vec<Vec<f64>>> { links.iter().map(|l| l.program.column_partials(l.outputs.len())).collect() };
     let half = |lo: usize, hi: usize, columns: &mut Vec<Vec<Vec<f64>>>| -> Result<(), String> {
+        if let (Some(softmax), Some(last)) = (&softmax, columns.last_mut()) {
+            // SAFETY: `SoftmaxRows::of` took the pointers from the links'
+            // buffers, sized for their programs and alive for the run; the
+            // two halves touch disjoint rows.
+            unsafe { softmax.run_rows(lo, hi, last) };
+            return Ok(());
+        }
         let mut row = lo;
         while row < hi {
             let end = (row + block).min(hi);
@@ -72,27 +79,4 @@ pub(crate) fn run_chain(links: &[ChainLink], rows: usize) -> Result<(), String> 
         unsafe { link.program.write_column_sums(&link.outputs, &first[k], &second[k]) };
     }
     Ok(())
-}
-
-/// Run a softmax row chain (see [`SoftmaxRows`]): the rows split at the
-/// middle one as [`run_chain`] splits them, each half on its own thread
-/// (or one after the other) with its own column partial sums.
-fn run_softmax(links: &[ChainLink], softmax: &SoftmaxRows, rows: usize) {
-    let width = softmax.width();
-    let (mut first, mut second) = (vec![0f64; width], vec![0f64; width]);
-    let mid = rows / 2;
-    // SAFETY: `SoftmaxRows::of` took the pointers from the links' buffers,
-    // sized for their programs and alive for the run; the two halves touch
-    // disjoint rows.
-    unsafe {
-        if rows * width >= PARALLEL_MIN && rayon::current_num_threads() > 1 {
-            rayon::join(|| softmax.run_rows(0, mid, &mut first), || softmax.run_rows(mid, rows, &mut second));
-        } else {
-            softmax.run_rows(0, mid, &mut first);
-            softmax.run_rows(mid, rows, &mut second);
-        }
-    }
-    let last = &links[links.len() - 1];
-    // SAFETY: both halves have finished; output 1 of the last link is its column sum.
-    unsafe { last.program.write_column_sums(&last.outputs, &[Vec::new(), first], &[Vec::new(), second]) };
 }

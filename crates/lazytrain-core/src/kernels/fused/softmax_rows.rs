@@ -178,12 +178,15 @@ fn ratios() -> Vec<super::Instr> {
     after_two_loads([Binary { op: BinaryOp::Div, a: Reg(0), b: Reg(1), dst: 2 }, Store { src: 2, out: 0 }])
 }
 
+/// The output of (4) that holds its column sums.
+const COLUMN_SUMS: usize = 1;
+
 /// The instructions of (4): `d = r * e` and `column_sum(d)`.
 fn gradient() -> Vec<super::Instr> {
     after_two_loads([
         Binary { op: BinaryOp::Mul, a: Reg(0), b: Reg(1), dst: 2 },
         Store { src: 2, out: 0 },
-        ColumnSum { src: 2, out: 1 },
+        ColumnSum { src: 2, out: COLUMN_SUMS },
     ])
 }
 
@@ -192,11 +195,6 @@ fn gradient() -> Vec<super::Instr> {
 unsafe impl Sync for SoftmaxRows {}
 
 impl SoftmaxRows {
-    /// The width of the rows.
-    pub(crate) fn width(&self) -> usize {
-        self.width
-    }
-
     /// The chain `links` over `rows` rows when it is exactly a softmax row
     /// chain of f32 values, from (1) or from (2) over stored logits; `None`
     /// otherwise (the interpreter runs it).
@@ -263,13 +261,15 @@ impl SoftmaxRows {
         })
     }
 
-    /// Rows `lo..hi`, one after another, adding (4)'s values into
-    /// `columns` (the column sums' `f64` partials).
+    /// Rows `lo..hi`, one after another, adding (4)'s values into its
+    /// column sums' `f64` partials (`partials`: one per output of (4), as
+    /// `FusedProgram::column_partials` makes them).
     ///
     /// # Safety
     /// The pointers address buffers sized for the chain, alive and touched
     /// by no other thread in these rows.
-    pub(crate) unsafe fn run_rows(&self, lo: usize, hi: usize, columns: &mut [f64]) {
+    pub(crate) unsafe fn run_rows(&self, lo: usize, hi: usize, partials: &mut [Vec<f64>]) {
+        let columns = &mut partials[COLUMN_SUMS];
         simd::widest!(self.rows_inline(lo, hi, columns))
     }
 
