@@ -79,10 +79,12 @@ fn softmax_graph(rows: usize, cols: usize, source: Logits) -> Graph {
     b.finish(vec![grad, columns, max, sum], params)
 }
 
+/// `len` deterministic values in `[-spread, spread]`, varied by `salt`.
+fn values(len: usize, salt: usize, spread: f32) -> Vec<f32> {
+    (0..len).map(|i| (((i * 7919 + salt * 104_729) % 2003) as f32 / 1001.0 - 1.0) * spread).collect()
+}
+
 fn inputs(rows: usize, cols: usize, logits: Logits) -> Vec<HostData> {
-    let values = |len: usize, salt: usize, spread: f32| -> Vec<f32> {
-        (0..len).map(|i| (((i * 7919 + salt * 104_729) % 2003) as f32 / 1001.0 - 1.0) * spread).collect()
-    };
     match logits {
         Logits::Given | Logits::TransposedRead => vec![
             HostData::F32(values(rows * cols, 1, 6.0)),
@@ -183,9 +185,6 @@ fn cross_entropy_gradients_chained(rows: usize, hidden: usize, vocab: usize) {
     use lazytrain_core::{grad, Device, Tensor};
     let run = |backend: Arc<dyn Backend>| -> Vec<Vec<f32>> {
         let dev = Device::with_backend(backend, Arc::new(CompileCache::new()), 0);
-        let values = |len: usize, salt: usize, spread: f32| -> Vec<f32> {
-            (0..len).map(|i| (((i * 7919 + salt * 104_729) % 2003) as f32 / 1001.0 - 1.0) * spread).collect()
-        };
         let h = Tensor::from_vec(values(rows * hidden, 1, 2.0), [rows, hidden], &dev).unwrap();
         let word = Tensor::from_vec(values(vocab * hidden, 3, 1.0), [vocab, hidden], &dev).unwrap();
         let bias = Tensor::from_vec(values(vocab, 2, 1.0), [vocab], &dev).unwrap();
