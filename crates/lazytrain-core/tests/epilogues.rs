@@ -1,6 +1,7 @@
 //! Matmul epilogues: each kind of fused kernel that follows a matmul (bias
 //! add, GELU with its saved input, residual add, a bf16 cast, row max and
-//! row sum, a bf16 product) gives the same bits when it runs on each row
+//! row sum, column sums split at the middle row inside a panel, a bf16
+//! product) gives the same bits when it runs on each row
 //! panel of the product as when the matmul and the kernel run one after
 //! the other, and the CPU backend really pairs them.
 
@@ -168,6 +169,16 @@ fn row_max_and_row_sum() {
     let exp = node(&mut b, Op::Unary(UnaryOp::Exp), vec![y]);
     let sum = node(&mut b, Op::Reduce { op: ReduceOp::Sum, axes: vec![1] }, vec![exp]);
     check("row max and sum", &b.finish(vec![max, sum, y], 3), DType::F32);
+}
+
+#[test]
+fn column_sums() {
+    let mut b = GraphBuilder::new();
+    let y = linear(&mut b, DType::F32);
+    let residual = param(&mut b, 3, &[ROWS, N], DType::F32);
+    let scaled = node(&mut b, Op::Binary(BinaryOp::Mul), vec![y, residual]);
+    let sums = node(&mut b, Op::Reduce { op: ReduceOp::Sum, axes: vec![0] }, vec![scaled]);
+    check("column sums", &b.finish(vec![sums, scaled], 4), DType::F32);
 }
 
 #[test]

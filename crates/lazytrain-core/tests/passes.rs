@@ -4,8 +4,8 @@
 
 use lazytrain_core::backend::{Backend, CpuBackend, ReferenceBackend};
 use lazytrain_core::compile::{
-    dead_code_elimination, fold_constant_indices, fold_constants, gather_from_operands, optimize, order_small_nodes,
-    reorder_casts, schedule_narrow_copies, simplify_algebra, split_scatter_sums,
+    dead_code_elimination, fold_constant_indices, fold_constants, gather_from_operands, hoist_product_readers, optimize,
+    order_small_nodes, reorder_casts, schedule_narrow_copies, simplify_algebra, split_scatter_sums,
 };
 use lazytrain_core::interp::interpret;
 use lazytrain_core::ir::{
@@ -346,6 +346,50 @@ fn small_values_move_out_from_between_large_kernels() {
     let params = [uniform_input(1, rows * cols), uniform_input(2, rows)];
     let refs: Vec<&HostData> = params.iter().collect();
     assert_eq!(interpret(&ordered, &refs).unwrap(), interpret(&graph, &refs).unwrap());
+}
+
+/// A product's elementwise readers (and the values of earlier ones they
+/// need) move ahead of a weight-gradient matmul traced between them and the
+/// product, never ahead of anything else: a backward-pass reader of a
+/// forward value stays in the backward pass. Values keep their bits.
+#[test]
+fn product_readers_move_ahead_of_matmuls_only() {
+    let (rows, k, n) = (64, 8, 16);
+    let mut b = GraphBuilder::new();
+    let x = param(&mut b, 0, &[rows, k]);
+    let w = param(&mut b, 1, &[n, k]);
+    let g = param(&mut b, 2, &[rows, n]);
+    // Forward: a product and a reader of it.
+    let h = node(&mut b, Op::Dot { lhs_t: false, rhs_t: true }, vec![x, w]);
+    let u = node(&mut b, Op::Unary(UnaryOp::Exp), vec![h]);
+    // Something of the forward pass that is not a matmul.
+    let other = node(&mut b, Op::Unary(UnaryOp::Neg), vec![x]);
+    // Backward: the input gradient, the weight gradient traced next, then
+    // readers of the input gradient, one also needing `u * u` (traced after
+    // the weight gradient, from a forward value).
+    let dx = node(&mut b, Op::Dot { lhs_t: false, rhs_t: true }, vec![other, w]);
+    let dw = node(&mut b, Op::Dot { lhs_t: true, rhs_t: false }, vec![g, x]);
+    let square = node(&mut b, Op::Binary(BinaryOp::Mul), vec![u, u]);
+    let scaled = node(&mut b, Op::Binary(BinaryOp::Mul), vec![dx, square]);
+    let sums = node(&mut b, Op::Reduce { op: ReduceOp::Sum, axes: vec![0] }, vec![scaled]);
+    let graph = b.finish(vec![dw, scaled, sums], 3);
+
+    let hoisted = hoist_product_readers(&graph);
+    verify(&hoisted).unwrap();
+    let at = |g: &Graph, pick: &dyn Fn(&Node) -> bool| g.nodes.iter().position(pick).expect("present");
+    let weight_gradient = |g: &Graph| at(g, &|n: &Node| n.op == Op::Dot { lhs_t: true, rhs_t: false });
+    let square_at = |g: &Graph| at(g, &|n: &Node| n.op == Op::Binary(BinaryOp::Mul) && n.inputs[0] == n.inputs[1]);
+    let sums_at = |g: &Graph| at(g, &|n: &Node| matches!(n.op, Op::Reduce { .. }));
+    let neg_at = |g: &Graph| at(g, &|n: &Node| n.op == Op::Unary(UnaryOp::Neg));
+    assert!(sums_at(&graph) > weight_gradient(&graph) && square_at(&graph) > weight_gradient(&graph));
+    assert!(sums_at(&hoisted) < weight_gradient(&hoisted), "the readers and their sums first:\n{hoisted}");
+    assert!(square_at(&hoisted) < weight_gradient(&hoisted), "with the value they need:\n{hoisted}");
+    assert!(square_at(&hoisted) > neg_at(&hoisted), "but not into the forward pass:\n{hoisted}");
+    assert!(lazytrain_core::compile::PIPELINE.iter().any(|p| p.name == "hoist_product_readers"));
+
+    let params = [uniform_input(1, rows * k), uniform_input(2, n * k), uniform_input(3, rows * n)];
+    let refs: Vec<&HostData> = params.iter().collect();
+    assert_eq!(interpret(&hoisted, &refs).unwrap(), interpret(&graph, &refs).unwrap());
 }
 
 /// `len` f32 values drawn uniformly from [0, 1) with `seed`.

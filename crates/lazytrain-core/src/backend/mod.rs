@@ -128,6 +128,9 @@ pub struct ExecutableStats {
     pub epilogues: usize,
     /// Row chains run a block of rows at a time (see [`crate::schedule::chain`]).
     pub row_chains: usize,
+    /// Fused kernels run by a loop of their own instead of instruction by
+    /// instruction (GELU's forward and backward on AVX-512 CPUs).
+    pub fast_paths: usize,
     /// Intermediate buffers after liveness-based reuse.
     pub buffers: usize,
     /// Bytes of all intermediate buffers (the planned peak).

@@ -6,12 +6,14 @@
 //! backend then plans memory and emits an executable from the result.
 
 mod casts;
+mod hoist;
 mod order;
 mod passes;
 mod rewrite;
 
 pub(crate) use casts::narrow_copies;
 pub use casts::{reorder_casts, schedule_narrow_copies};
+pub use hoist::hoist_product_readers;
 pub use order::order_small_nodes;
 pub use passes::{
     dead_code_elimination, fold_constant_indices, fold_constants, gather_from_operands, live_nodes, simplify_algebra,
@@ -43,6 +45,7 @@ pub const PIPELINE: &[Pass] = &[
     Pass { name: "reorder_casts", run: reorder_casts },
     Pass { name: "schedule_narrow_copies", run: schedule_narrow_copies },
     Pass { name: "order_small_nodes", run: order_small_nodes },
+    Pass { name: "hoist_product_readers", run: hoist_product_readers },
     Pass { name: "dead_code_elimination", run: dead_code_elimination },
 ];
 

@@ -12,6 +12,8 @@
 use super::dot::PanelOut;
 use super::elementwise::{compare_lanes, float_binary, float_unary, select_lanes, Lanes1};
 use super::numeric::{bf16_from_f32, bf16_to_f32, exp_f32};
+#[cfg(target_arch = "x86_64")]
+use super::numeric_avx512::{erf_slice, exp_slice};
 use super::reduce::RowLanes;
 use super::simd;
 use crate::dtype::DType;
@@ -21,8 +23,10 @@ use crate::storage::HostData;
 use half::bf16;
 
 mod chain;
+mod gelu;
 mod softmax_rows;
 pub(crate) use chain::{run_chain, ChainLink};
+pub(crate) use gelu::Gelu;
 
 /// Elements per tile: small enough that a program's live registers stay in
 /// the L1/L2 caches, large enough to amortise the per-op dispatch.
@@ -88,6 +92,10 @@ pub(crate) struct FusedProgram {
     pub reduce_inner: usize,
     /// The row length of the program's column sums; 0 without.
     pub column_len: usize,
+    /// When the program is one of GELU's, whose arithmetic then runs as
+    /// one loop per tile (see [`Gelu`]); `None` runs every program by its
+    /// instructions.
+    pub gelu: Option<Gelu>,
 }
 
 /// Where a kernel input's data is: its own buffer, or an output buffer the
@@ -174,10 +182,10 @@ impl FusedProgram {
     /// halves run on two threads; the loop is also compiled for AVX2 and
     /// AVX-512 (the widest this CPU has is picked at run time).
     pub(crate) fn run(&self, inputs: &[Source], outputs: &mut [HostData]) -> Result<(), String> {
-        if self.column_len > 0 {
-            return self.run_column_sums(inputs, outputs);
-        }
         let outs = self.out_views(outputs)?;
+        if self.column_len > 0 {
+            return self.run_column_sums(inputs, &outs, None);
+        }
         // Each row of a reduction is reduced by one thread.
         let unit = if self.reduce_inner > 0 { self.reduce_inner } else { TILE };
         self.run_halves(inputs, &outs, unit, self.numel() >= PARALLEL_MIN, None)
@@ -199,9 +207,6 @@ impl FusedProgram {
         compute: &(dyn Fn(PanelOut, usize, usize) + Sync),
     ) -> Result<(), String> {
         let numel = self.numel();
-        if self.column_len > 0 {
-            return Err("a program summing columns does not run as an epilogue".into());
-        }
         if panel == 0 || (self.reduce_inner > 0 && !panel.is_multiple_of(self.reduce_inner)) {
             return Err(format!("panels of {panel} elements split the rows of {}", self.reduce_inner));
         }
@@ -212,27 +217,34 @@ impl FusedProgram {
             Some(OutView::Bool(_)) | None => return Err(format!("output {product} is not a matmul product")),
         };
         let panels = Panels { size: panel, compute: &|start, end| compute(target, start, end) };
-        self.run_halves(inputs, &outs, panel, numel > panel, Some(&panels))
+        match self.column_len {
+            0 => self.run_halves(inputs, &outs, panel, numel > panel, Some(&panels)),
+            _ => self.run_column_sums(inputs, &outs, Some(&panels)),
+        }
     }
 
     /// Run a program with column sums: the rows split at the middle row (as
     /// the unfused kernel's canonical order has it), each half summed into
     /// its own partial sums on its own thread (or one after the other), the
-    /// two added at the end.
-    fn run_column_sums(&self, inputs: &[Source], outputs: &mut [HostData]) -> Result<(), String> {
+    /// two added at the end. As an epilogue, each half computes its panels
+    /// of the product from its first row on.
+    fn run_column_sums(&self, inputs: &[Source], outs: &OutViews, panels: Option<&Panels>) -> Result<(), String> {
         let (numel, len) = (self.numel(), self.column_len);
-        let outs = self.out_views(outputs)?;
         let (mut first, mut second) = (self.column_partials(outs.0.len()), self.column_partials(outs.0.len()));
         let mid = numel / len / 2 * len;
-        if numel >= PARALLEL_MIN && rayon::current_num_threads() > 1 {
+        let parallel = match panels {
+            Some(p) => numel > p.size,
+            None => numel >= PARALLEL_MIN,
+        };
+        if parallel && rayon::current_num_threads() > 1 {
             let (a, b) = rayon::join(
-                || self.run_range(inputs, &outs, 0, mid, None, &mut first),
-                || self.run_range(inputs, &outs, mid, numel, None, &mut second),
+                || self.run_range(inputs, outs, 0, mid, panels, &mut first),
+                || self.run_range(inputs, outs, mid, numel, panels, &mut second),
             );
             a.and(b)?;
         } else {
-            self.run_range(inputs, &outs, 0, mid, None, &mut first)?;
-            self.run_range(inputs, &outs, mid, numel, None, &mut second)?;
+            self.run_range(inputs, outs, 0, mid, panels, &mut first)?;
+            self.run_range(inputs, outs, mid, numel, panels, &mut second)?;
         }
         // SAFETY: both halves have finished.
         unsafe { self.write_column_sums(&outs.0, &first, &second) };
@@ -337,7 +349,17 @@ impl FusedProgram {
                 (p.compute)(at, panel_end);
             }
             let len = TILE.min(panel_end - at);
-            for instr in &self.instrs {
+            let (before, after) = match self.gelu {
+                Some(gelu) => gelu.loads_and_stores(),
+                None => (&self.instrs[..], &[][..]),
+            };
+            for instr in before {
+                self.step(instr, at, len, inputs, outs, &mut regs, &mut scratch, &mut rows, columns)?;
+            }
+            if let Some(gelu) = self.gelu {
+                gelu.arithmetic(&mut regs, len);
+            }
+            for instr in after {
                 self.step(instr, at, len, inputs, outs, &mut regs, &mut scratch, &mut rows, columns)?;
             }
             at += len;
@@ -382,6 +404,12 @@ impl FusedProgram {
                 let mut out = std::mem::take(&mut regs[dst]);
                 let x = &regs[src][..len];
                 match op {
+                    // SAFETY: AVX-512 was detected on this CPU.
+                    #[cfg(target_arch = "x86_64")]
+                    UnaryOp::Exp if simd::avx512() => unsafe { exp_slice(x, &mut out[..len]) },
+                    // SAFETY: as above.
+                    #[cfg(target_arch = "x86_64")]
+                    UnaryOp::Erf if simd::avx512() => unsafe { erf_slice(x, &mut out[..len]) },
                     // A direct loop over the inlined polynomial vectorises.
                     UnaryOp::Exp => out[..len].iter_mut().zip(x).for_each(|(o, &v)| *o = exp_f32(v)),
                     _ => float_unary(op, (x, &mut out[..len])),
@@ -712,3 +740,4 @@ mod tests {
         assert_eq!(out, [0.0, 3.0, 6.0, 9.0, 1.0, 4.0, 7.0], "a transposed read");
     }
 }
+

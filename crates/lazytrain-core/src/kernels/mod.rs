@@ -12,6 +12,7 @@ mod gemm;
 mod index;
 mod movement;
 pub(crate) mod numeric;
+mod numeric_avx512;
 mod reduce;
 mod simd;
 mod split;

@@ -1,8 +1,9 @@
 //! Matmul epilogues: a fused group that runs right after a matmul and reads
 //! the product only at its own positions (bias add, GELU, residual add, a
-//! bf16 cast, the row max of logits) can run on each row panel of the
-//! product as soon as the panel is computed, while it is still in cache,
-//! instead of reading the whole product back from memory afterwards.
+//! bf16 cast, the row max of logits, GELU's gradient with its bias's
+//! column sums) can run on each row panel of the product as soon as the
+//! panel is computed, while it is still in cache, instead of reading the
+//! whole product back from memory afterwards.
 //!
 //! The schedule only names the pairs; a backend that computes products by
 //! row panels runs them together, any other runs the two steps in order
@@ -31,9 +32,10 @@ pub struct Epilogue {
 /// The epilogue pairs among `steps`: a single (batch 1) f32 or bf16 matmul
 /// followed by a group that loads the product at its own positions over
 /// the product's shape, whose reduction rows (if any) are whole product
-/// rows or whole numbers of them, and whose outputs never take over a
-/// buffer the matmul reads (the group's panels are written while later
-/// panels of the product are still being computed).
+/// rows or whole numbers of them (or which sums columns: a bias's
+/// gradient), and whose outputs never take over a buffer the matmul reads
+/// (the group's panels are written while later panels of the product are
+/// still being computed).
 pub fn matmul_epilogues(graph: &Graph, fusion: &Fusion, steps: &[Step]) -> Vec<Epilogue> {
     let mut pairs = Vec::new();
     for (k, window) in steps.windows(2).enumerate() {
@@ -57,11 +59,16 @@ pub fn matmul_epilogues(graph: &Graph, fusion: &Fusion, steps: &[Step]) -> Vec<E
         let loads_in_place =
             group.loads.iter().filter(|load| load.input == product_input).all(|load| load.access == Access::Contiguous);
         // A group summing columns splits its rows at the canonical middle
-        // row, not at panels.
-        let whole_rows = group.column_len == 0
-            && (group.reduce_inner == 0
-                || row_len.is_multiple_of(group.reduce_inner)
-                || group.reduce_inner.is_multiple_of(row_len));
+        // row (between panels or inside one: a product row boundary), and
+        // sums nothing else.
+        let whole_rows = match group.column_len {
+            0 => {
+                group.reduce_inner == 0
+                    || row_len.is_multiple_of(group.reduce_inner)
+                    || group.reduce_inner.is_multiple_of(row_len)
+            }
+            columns => group.reduce_inner == 0 && columns.is_multiple_of(row_len),
+        };
         let takes_operand = dot_inputs.iter().any(|op| match op {
             Operand::Slot(s) => outputs.contains(s),
             Operand::Param(_) | Operand::Fused => false,

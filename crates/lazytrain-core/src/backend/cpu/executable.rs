@@ -397,6 +397,12 @@ impl CpuExecutable {
                 .count(),
             epilogues: self.steps.iter().filter(|s| matches!(s.kernel, Kernel::Epilogue { .. })).count(),
             row_chains: self.steps.iter().filter(|s| matches!(s.kernel, Kernel::Chain { .. })).count(),
+            fast_paths: self
+                .steps
+                .iter()
+                .flat_map(Step::parts)
+                .filter(|s| matches!(&s.kernel, Kernel::Fused { program, .. } if program.gelu.is_some()))
+                .count(),
             buffers: self.plan.slots.len(),
             planned_bytes: self.plan.planned_bytes(),
             unplanned_bytes: self.plan.unplanned_bytes,

@@ -33,6 +33,9 @@ pub struct CpuBackend {
     /// when a step of the chain computes at least this many elements
     /// (`usize::MAX`: never).
     row_chains_from: usize,
+    /// Run the fused programs the kernels recognise (GELU's) by their own
+    /// loops instead of instruction by instruction.
+    fast_paths: bool,
     /// The kernel threads (`None`: rayon's global pool, all cores).
     pool: Option<Arc<rayon::ThreadPool>>,
     /// Keep the pool's threads awake while a run lasts (see [`warm`]).
@@ -45,21 +48,23 @@ impl std::fmt::Debug for CpuBackend {
         let threads = self.pool.as_ref().map_or(rayon::current_num_threads(), |p| p.current_num_threads());
         write!(
             f,
-            "CpuBackend {{ fuse: {}, epilogues: {}, row_chains_from: {}, threads: {threads} }}",
-            self.fuse, self.epilogues, self.row_chains_from
+            "CpuBackend {{ fuse: {}, epilogues: {}, row_chains_from: {}, fast_paths: {}, threads: {threads} }}",
+            self.fuse, self.epilogues, self.row_chains_from, self.fast_paths
         )
     }
 }
 
 impl Default for CpuBackend {
     /// Fusion on, unless `LAZYTRAIN_FUSION=0`, matmul epilogues on, unless
-    /// `LAZYTRAIN_EPILOGUES=0`, and row chains on, unless
-    /// `LAZYTRAIN_ROW_CHAINS=0` (all for A/B measurements); the kernels run
-    /// in rayon's global pool.
+    /// `LAZYTRAIN_EPILOGUES=0`, row chains on, unless
+    /// `LAZYTRAIN_ROW_CHAINS=0`, and the recognised programs' own loops on,
+    /// unless `LAZYTRAIN_FAST_PATHS=0` (all for A/B measurements); the
+    /// kernels run in rayon's global pool.
     fn default() -> CpuBackend {
         CpuBackend::with_fusion(switched_on("LAZYTRAIN_FUSION"))
             .with_epilogues(switched_on("LAZYTRAIN_EPILOGUES"))
             .with_row_chains(switched_on("LAZYTRAIN_ROW_CHAINS").then_some(ROW_CHAINS_FROM))
+            .with_fast_paths(switched_on("LAZYTRAIN_FAST_PATHS"))
     }
 }
 
@@ -73,7 +78,15 @@ impl CpuBackend {
     /// loads) when `fuse`, running in rayon's global pool.
     pub fn with_fusion(fuse: bool) -> CpuBackend {
         let row_chains_from = if fuse { ROW_CHAINS_FROM } else { usize::MAX };
-        CpuBackend { fuse, epilogues: fuse, row_chains_from, pool: None, keep_warm: false, last_run: Arc::default() }
+        CpuBackend {
+            fuse,
+            epilogues: fuse,
+            row_chains_from,
+            fast_paths: fuse,
+            pool: None,
+            keep_warm: false,
+            last_run: Arc::default(),
+        }
     }
 
     /// A backend with a thread pool of its own, `threads` threads: a step
@@ -112,6 +125,13 @@ impl CpuBackend {
     /// least `from` elements (`None`: none; with fusion off there are none).
     pub fn with_row_chains(self, from: Option<usize>) -> CpuBackend {
         CpuBackend { row_chains_from: from.filter(|_| self.fuse).unwrap_or(usize::MAX), ..self }
+    }
+
+    /// The same backend running the fused programs the kernels recognise
+    /// (GELU's) by their own loops, or every program instruction by
+    /// instruction (the same bits either way).
+    pub fn with_fast_paths(self, fast_paths: bool) -> CpuBackend {
+        CpuBackend { fast_paths: fast_paths && self.fuse, ..self }
     }
 
     /// True when the backend fuses elementwise chains.
@@ -223,7 +243,7 @@ impl Backend for CpuBackend {
         while k < schedule.steps.len() {
             if let Some(chain) = chains.next_if(|c| c.first == k) {
                 let members: Vec<Step> =
-                    (k..k + chain.reads.len()).map(|m| lower_step(graph, schedule, &schedule.steps[m])).collect();
+                    (k..k + chain.reads.len()).map(|m| lower_step(graph, schedule, &schedule.steps[m], self.fast_paths)).collect();
                 let labels: Vec<&str> = members.iter().map(|m| m.label.as_str()).collect();
                 steps.push(Step {
                     node_index: members.last().map_or(0, |m| m.node_index),
@@ -234,10 +254,10 @@ impl Backend for CpuBackend {
                 k += chain.reads.len();
                 continue;
             }
-            let step = lower_step(graph, schedule, &schedule.steps[k]);
+            let step = lower_step(graph, schedule, &schedule.steps[k], self.fast_paths);
             match pairs.next_if(|e| e.product_step == k) {
                 Some(e) => {
-                    let epilogue = lower_step(graph, schedule, &schedule.steps[k + 1]);
+                    let epilogue = lower_step(graph, schedule, &schedule.steps[k + 1], self.fast_paths);
                     steps.push(Step {
                         node_index: epilogue.node_index,
                         label: format!("{} + epilogue {}", step.label, epilogue.label),
@@ -296,11 +316,12 @@ fn panels_stay_cached(graph: &Graph, schedule: &Schedule, e: &schedule::Epilogue
     bytes <= PANEL_BYTES_MAX
 }
 
-/// The CPU kernel of one scheduled step.
-fn lower_step(graph: &Graph, schedule: &Schedule, step: &schedule::Step) -> Step {
+/// The CPU kernel of one scheduled step (see [`program::build_program`]
+/// for `fast_paths`).
+fn lower_step(graph: &Graph, schedule: &Schedule, step: &schedule::Step, fast_paths: bool) -> Step {
     match step {
         schedule::Step::Group { group, inputs, outputs, alias } => {
-            let program = program::build_program(graph, &schedule.fusion.groups[*group]);
+            let program = program::build_program(graph, &schedule.fusion.groups[*group], fast_paths);
             Step {
                 node_index: schedule.fusion.groups[*group].runs_at,
                 label: program.describe(),

@@ -5,7 +5,7 @@
 
 use crate::dtype::DType;
 use crate::ir::{BinaryOp, Graph, Op};
-use crate::kernels::fused::{FusedProgram, Instr, Src};
+use crate::kernels::fused::{FusedProgram, Gelu, Instr, Src};
 use crate::schedule::fusion::never_fused;
 use crate::schedule::{Group, MemberRead};
 
@@ -42,8 +42,9 @@ impl ProgramBuilder {
     }
 }
 
-/// Assemble the kernel of `group`.
-pub(super) fn build_program(graph: &Graph, group: &Group) -> FusedProgram {
+/// Assemble the kernel of `group`; with `fast_paths`, a program the
+/// kernels recognise (GELU's) runs by their loop for it.
+pub(super) fn build_program(graph: &Graph, group: &Group, fast_paths: bool) -> FusedProgram {
     let mut program = ProgramBuilder::default();
     let mut value_of: Vec<Option<Value>> = vec![None; graph.nodes.len()];
     for (&m, reads) in group.members.iter().zip(&group.reads) {
@@ -117,6 +118,7 @@ pub(super) fn build_program(graph: &Graph, group: &Group) -> FusedProgram {
         output_dtypes.push(graph.nodes[m].dtype);
     }
     let (instrs, registers) = allocate_registers(program.instrs, program.registers);
+    let gelu = if fast_paths { Gelu::recognise(&instrs) } else { None };
     FusedProgram {
         shape: group.shape.clone(),
         loads: group.loads.clone(),
@@ -125,6 +127,7 @@ pub(super) fn build_program(graph: &Graph, group: &Group) -> FusedProgram {
         output_dtypes,
         reduce_inner: group.reduce_inner,
         column_len: group.column_len,
+        gelu,
     }
 }
 

@@ -357,6 +357,7 @@ mod tests {
             output_dtypes: vec![DType::F32; outputs],
             reduce_inner: if k < 2 { width } else { 0 },
             column_len: if k == 3 { width } else { 0 },
+            gelu: None,
         }
     }
 

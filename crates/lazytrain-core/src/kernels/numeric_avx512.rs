@@ -1,0 +1,192 @@
+//! [`exp_f32`](super::numeric::exp_f32) and
+//! [`erf_f32`](super::numeric::erf_f32) on 16 lanes of AVX-512, written
+//! with the instructions the scalar versions leave to the compiler's
+//! vectoriser but the one the scalar code has no word for: the final
+//! `y · 2ⁿ` is one `vscalefps` instead of building two powers of two from
+//! exponent bits and multiplying by both. Scaling by a power of two is
+//! exact wherever the result is a normal float, which is everywhere the
+//! clamped `exp` does not return its special values, so every lane holds
+//! the scalar version's bits (tests below, over a sweep of all floats).
+
+#[cfg(target_arch = "x86_64")]
+use std::arch::x86_64::*;
+
+/// `e^x` in each lane, the bits of [`super::numeric::exp_f32`].
+///
+/// # Safety
+/// The CPU has AVX-512 F (see [`super::simd::avx512`]).
+#[cfg(target_arch = "x86_64")]
+#[inline(always)]
+pub(crate) unsafe fn exp16(x: __m512) -> __m512 {
+    const HIGH: f32 = 88.722_84;
+    const LOW: f32 = -87.336_55;
+    let xc = _mm512_min_ps(_mm512_max_ps(x, _mm512_set1_ps(LOW)), _mm512_set1_ps(HIGH));
+    let e = exp16_clamped(xc);
+    let e = _mm512_mask_blend_ps(_mm512_cmp_ps_mask::<_CMP_GT_OQ>(x, _mm512_set1_ps(HIGH)), e, _mm512_set1_ps(f32::INFINITY));
+    let e = _mm512_mask_blend_ps(_mm512_cmp_ps_mask::<_CMP_LT_OQ>(x, _mm512_set1_ps(LOW)), e, _mm512_setzero_ps());
+    _mm512_mask_blend_ps(_mm512_cmp_ps_mask::<_CMP_UNORD_Q>(x, x), e, x)
+}
+
+/// `e^x` for lanes already within `exp_f32`'s clamp (`-87.34 ≤ x ≤
+/// 88.72`, no NaN): the scalar version's reduction and polynomial.
+#[cfg(target_arch = "x86_64")]
+#[inline(always)]
+unsafe fn exp16_clamped(xc: __m512) -> __m512 {
+    const LOG2E: f32 = std::f32::consts::LOG2_E;
+    const LN2_HI: f32 = 0.693_359_4;
+    const LN2_LO: f32 = -2.121_944_4e-4;
+    const ROUND: f32 = 12_582_912.0;
+    const P: [f32; 6] = [1.987_569_1e-4, 1.398_199_9e-3, 8.333_452e-3, 4.166_579_6e-2, 1.666_666_5e-1, 0.5];
+    let round = _mm512_set1_ps(ROUND);
+    let t = _mm512_fmadd_ps(xc, _mm512_set1_ps(LOG2E), round);
+    let n = _mm512_sub_ps(t, round);
+    // fma(-n, c, v) is fnmadd(n, c, v): the negation is exact.
+    let r = _mm512_fnmadd_ps(n, _mm512_set1_ps(LN2_LO), _mm512_fnmadd_ps(n, _mm512_set1_ps(LN2_HI), xc));
+    let p = horner16(&P, r);
+    let y = _mm512_add_ps(_mm512_fmadd_ps(_mm512_mul_ps(p, r), r, r), _mm512_set1_ps(1.0));
+    _mm512_scalef_ps(y, n)
+}
+
+/// The polynomial with coefficients `c` (highest degree first) at `x`, by
+/// Horner's rule in fused multiply-adds (as the scalar `horner`).
+#[cfg(target_arch = "x86_64")]
+#[inline(always)]
+unsafe fn horner16(c: &[f32], x: __m512) -> __m512 {
+    c[1..].iter().fold(_mm512_set1_ps(c[0]), |p, &c| _mm512_fmadd_ps(p, x, _mm512_set1_ps(c)))
+}
+
+/// `erf(x)` in each lane, the bits of [`super::numeric::erf_f32`] (whose
+/// coefficients these are).
+///
+/// # Safety
+/// The CPU has AVX-512 F and DQ (see [`super::simd::avx512`]).
+#[cfg(target_arch = "x86_64")]
+#[inline(always)]
+pub(crate) unsafe fn erf16(x: __m512) -> __m512 {
+    const A: [f32; 7] = [
+        7.854_02e-5,
+        -8.010_246e-4,
+        5.188_334_3e-3,
+        -2.685_381_6e-2,
+        0.112_835_85,
+        -0.376_126_26,
+        std::f32::consts::FRAC_2_SQRT_PI,
+    ];
+    const B: [f32; 10] = [
+        3.071_391_8e-2,
+        -6.946_66e-3,
+        -2.840_851_6e-2,
+        4.461_993_6e-2,
+        -4.678_601_8e-2,
+        2.326_198_1e-2,
+        4.376_080_3e-2,
+        -0.172_393_6,
+        0.382_283_84,
+        0.305_953,
+    ];
+    let sign = _mm512_set1_ps(-0.0);
+    let ax = _mm512_andnot_ps(sign, x);
+    let small = _mm512_mul_ps(x, horner16(&A, _mm512_mul_ps(x, x)));
+    let one = _mm512_set1_ps(1.0);
+    let t = _mm512_min_ps(_mm512_max_ps(ax, one), _mm512_set1_ps(4.0));
+    let w = _mm512_sub_ps(_mm512_div_ps(one, t), _mm512_set1_ps(0.625));
+    // -(t t) lies in [-16, -1]: inside exp's clamp, never NaN.
+    let e = exp16_clamped(_mm512_xor_ps(_mm512_mul_ps(t, t), sign));
+    let large = _mm512_fnmadd_ps(e, horner16(&B, w), one);
+    let large = _mm512_or_ps(_mm512_andnot_ps(sign, large), _mm512_and_ps(sign, x));
+    let pick_small = _mm512_cmp_ps_mask::<_CMP_LT_OQ>(ax, one) | _mm512_cmp_ps_mask::<_CMP_UNORD_Q>(x, x);
+    _mm512_mask_blend_ps(pick_small, large, small)
+}
+
+/// `out[i] = f(x[i])` 16 lanes at a time (the tail under a mask).
+///
+/// # Safety
+/// The CPU has AVX-512 F and DQ, and `out` is as long as `x`.
+#[cfg(target_arch = "x86_64")]
+#[inline(always)]
+unsafe fn map16(x: &[f32], out: &mut [f32], f: impl Fn(__m512) -> __m512) {
+    let len = x.len().min(out.len());
+    let whole = len / 16 * 16;
+    for i in (0..whole).step_by(16) {
+        _mm512_storeu_ps(out.as_mut_ptr().add(i), f(_mm512_loadu_ps(x.as_ptr().add(i))));
+    }
+    if whole < len {
+        let mask: __mmask16 = (1u16 << (len - whole)) - 1;
+        let tail = f(_mm512_maskz_loadu_ps(mask, x.as_ptr().add(whole)));
+        _mm512_mask_storeu_ps(out.as_mut_ptr().add(whole), mask, tail);
+    }
+}
+
+/// `out[i] = exp_f32(x[i])` for `i < min(x.len(), out.len())`.
+///
+/// # Safety
+/// The CPU has AVX-512 F and DQ (see [`super::simd::avx512`]).
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f,avx512dq")]
+pub(crate) unsafe fn exp_slice(x: &[f32], out: &mut [f32]) {
+    map16(x, out, |v| exp16(v))
+}
+
+/// `out[i] = erf_f32(x[i])` for `i < min(x.len(), out.len())`.
+///
+/// # Safety
+/// The CPU has AVX-512 F and DQ (see [`super::simd::avx512`]).
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f,avx512dq")]
+pub(crate) unsafe fn erf_slice(x: &[f32], out: &mut [f32]) {
+    map16(x, out, |v| erf16(v))
+}
+
+#[cfg(all(test, target_arch = "x86_64"))]
+mod tests {
+    use super::*;
+    use crate::kernels::numeric::{erf_f32, exp_f32};
+
+    /// Every 65 537th float (all signs, exponents and NaN payload kinds)
+    /// and the edges of the clamps.
+    fn sweep() -> Vec<f32> {
+        let mut values: Vec<f32> = (0..=u32::MAX).step_by(65_537).map(f32::from_bits).collect();
+        values.extend([0.0, -0.0, 1.0, -1.0, 4.0, -4.0, 88.722_84, 88.722_85, 88.5, -87.336_55, -87.336_56, -103.0]);
+        values.extend([f32::INFINITY, f32::NEG_INFINITY, f32::NAN, f32::MIN_POSITIVE, f32::MAX, f32::MIN]);
+        // Dense runs where the results are ordinary: activations and logits.
+        values.extend((0..200_000).map(|i| (i as f32 - 100_000.0) * 1.0e-3));
+        values
+    }
+
+    /// Lanes of `vector` against `scalar` on every value of [`sweep`].
+    fn same_bits(name: &str, vector: unsafe fn(__m512) -> __m512, scalar: fn(f32) -> f32) {
+        let values = sweep();
+        for chunk in values.chunks(16) {
+            let mut lanes = [0f32; 16];
+            lanes[..chunk.len()].copy_from_slice(chunk);
+            let mut out = [0f32; 16];
+            // SAFETY: the caller checked for AVX-512.
+            unsafe { _mm512_storeu_ps(out.as_mut_ptr(), vector(_mm512_loadu_ps(lanes.as_ptr()))) };
+            for (&x, &y) in chunk.iter().zip(&out) {
+                let expected = scalar(x);
+                let same = y.to_bits() == expected.to_bits() || (y.is_nan() && expected.is_nan());
+                assert!(same, "{name}({x:e}) = {y:e}, the scalar version {expected:e}");
+            }
+        }
+    }
+
+    #[target_feature(enable = "avx512f,avx512dq")]
+    unsafe fn exp_lanes(x: __m512) -> __m512 {
+        exp16(x)
+    }
+
+    #[target_feature(enable = "avx512f,avx512dq")]
+    unsafe fn erf_lanes(x: __m512) -> __m512 {
+        erf16(x)
+    }
+
+    #[test]
+    fn lanes_hold_the_scalar_bits() {
+        if !crate::kernels::simd::avx512() {
+            eprintln!("skipped: this CPU has no AVX-512");
+            return;
+        }
+        same_bits("exp", exp_lanes, exp_f32);
+        same_bits("erf", erf_lanes, erf_f32);
+    }
+}
