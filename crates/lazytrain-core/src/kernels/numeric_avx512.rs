@@ -127,6 +127,25 @@ pub(crate) unsafe fn exp_slice(x: &[f32], out: &mut [f32]) {
     map16(x, out, |v| exp16(v))
 }
 
+/// `values[i] = exp_f32(values[i])`.
+///
+/// # Safety
+/// The CPU has AVX-512 F and DQ (see [`super::simd::avx512`]).
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f,avx512dq")]
+pub(crate) unsafe fn exp_in_place(values: &mut [f32]) {
+    let len = values.len();
+    let p = values.as_mut_ptr();
+    let whole = len / 16 * 16;
+    for i in (0..whole).step_by(16) {
+        _mm512_storeu_ps(p.add(i), exp16(_mm512_loadu_ps(p.add(i))));
+    }
+    if whole < len {
+        let mask: __mmask16 = (1u16 << (len - whole)) - 1;
+        _mm512_mask_storeu_ps(p.add(whole), mask, exp16(_mm512_maskz_loadu_ps(mask, p.add(whole))));
+    }
+}
+
 /// `out[i] = erf_f32(x[i])` for `i < min(x.len(), out.len())`.
 ///
 /// # Safety
