@@ -40,7 +40,12 @@ impl Backend for Recording {
         Ok(executable)
     }
 
-    fn execute(&self, executable: &dyn Executable, inputs: Vec<Arc<Buffer>>, context: &RunContext) -> Result<Vec<Arc<Buffer>>> {
+    fn execute(
+        &self,
+        executable: &dyn Executable,
+        inputs: Vec<Arc<Buffer>>,
+        context: &RunContext,
+    ) -> Result<Vec<Arc<Buffer>>> {
         self.inner.execute(executable, inputs, context)
     }
 }

@@ -4,8 +4,8 @@
 
 use lazytrain_core::backend::{Backend, CpuBackend, ReferenceBackend};
 use lazytrain_core::compile::{
-    dead_code_elimination, fold_constant_indices, fold_constants, gather_from_operands, hoist_product_readers, optimize,
-    order_small_nodes, reorder_casts, schedule_narrow_copies, simplify_algebra, split_scatter_sums,
+    dead_code_elimination, fold_constant_indices, fold_constants, gather_from_operands, hoist_product_readers,
+    optimize, order_small_nodes, reorder_casts, schedule_narrow_copies, simplify_algebra, split_scatter_sums,
 };
 use lazytrain_core::interp::interpret;
 use lazytrain_core::ir::{

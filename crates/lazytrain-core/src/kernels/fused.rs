@@ -740,4 +740,3 @@ mod tests {
         assert_eq!(out, [0.0, 3.0, 6.0, 9.0, 1.0, 4.0, 7.0], "a transposed read");
     }
 }
-

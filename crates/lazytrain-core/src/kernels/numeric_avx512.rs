@@ -22,7 +22,11 @@ pub(crate) unsafe fn exp16(x: __m512) -> __m512 {
     const LOW: f32 = -87.336_55;
     let xc = _mm512_min_ps(_mm512_max_ps(x, _mm512_set1_ps(LOW)), _mm512_set1_ps(HIGH));
     let e = exp16_clamped(xc);
-    let e = _mm512_mask_blend_ps(_mm512_cmp_ps_mask::<_CMP_GT_OQ>(x, _mm512_set1_ps(HIGH)), e, _mm512_set1_ps(f32::INFINITY));
+    let e = _mm512_mask_blend_ps(
+        _mm512_cmp_ps_mask::<_CMP_GT_OQ>(x, _mm512_set1_ps(HIGH)),
+        e,
+        _mm512_set1_ps(f32::INFINITY),
+    );
     let e = _mm512_mask_blend_ps(_mm512_cmp_ps_mask::<_CMP_LT_OQ>(x, _mm512_set1_ps(LOW)), e, _mm512_setzero_ps());
     _mm512_mask_blend_ps(_mm512_cmp_ps_mask::<_CMP_UNORD_Q>(x, x), e, x)
 }

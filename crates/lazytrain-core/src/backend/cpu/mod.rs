@@ -242,8 +242,9 @@ impl Backend for CpuBackend {
         let mut k = 0;
         while k < schedule.steps.len() {
             if let Some(chain) = chains.next_if(|c| c.first == k) {
-                let members: Vec<Step> =
-                    (k..k + chain.reads.len()).map(|m| lower_step(graph, schedule, &schedule.steps[m], self.fast_paths)).collect();
+                let members: Vec<Step> = (k..k + chain.reads.len())
+                    .map(|m| lower_step(graph, schedule, &schedule.steps[m], self.fast_paths))
+                    .collect();
                 let labels: Vec<&str> = members.iter().map(|m| m.label.as_str()).collect();
                 steps.push(Step {
                     node_index: members.last().map_or(0, |m| m.node_index),

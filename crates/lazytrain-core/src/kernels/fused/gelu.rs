@@ -59,7 +59,8 @@ impl Gelu {
     pub(crate) fn loads_and_stores(self) -> (&'static [Instr], &'static [Instr]) {
         const FORWARD_LOADS: [Instr; 2] = [Load { load: 0, dst: 0 }, Load { load: 1, dst: 1 }];
         const FORWARD_STORES: [Instr; 1] = [Store { src: 1, out: 0 }];
-        const BACKWARD_LOADS: [Instr; 3] = [Load { load: 0, dst: 0 }, Load { load: 1, dst: 1 }, Load { load: 2, dst: 2 }];
+        const BACKWARD_LOADS: [Instr; 3] =
+            [Load { load: 0, dst: 0 }, Load { load: 1, dst: 1 }, Load { load: 2, dst: 2 }];
         const BACKWARD_STORES: [Instr; 2] = [Store { src: 3, out: 0 }, ColumnSum { src: 3, out: 1 }];
         match self {
             Gelu::Forward => (&FORWARD_LOADS, &FORWARD_STORES),
