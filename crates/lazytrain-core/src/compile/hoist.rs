@@ -5,7 +5,7 @@
 //! in cache (a matmul epilogue, see [`crate::schedule::epilogue`]), and
 //! `dx` is written out and read back.
 
-use crate::ir::{Graph, GraphBuilder, NodeId, Op};
+use crate::ir::{Graph, Op};
 use std::collections::BTreeSet;
 
 /// True for the ops moved with a product's readers: the elementwise ops,
@@ -110,15 +110,5 @@ pub fn hoist_product_readers(graph: &Graph) -> Graph {
             candidates.extend(&readers[c]);
         }
     }
-    let mut builder = GraphBuilder::new();
-    let mut map: Vec<Option<NodeId>> = vec![None; n];
-    for &i in &order {
-        let mut node = graph.nodes[i].clone();
-        for input in node.inputs.iter_mut() {
-            *input = map[input.index()].expect("inputs come first");
-        }
-        map[i] = Some(builder.push(node));
-    }
-    let outputs = graph.outputs.iter().map(|o| map[o.index()].expect("every node is placed")).collect();
-    builder.finish_like(outputs, graph)
+    super::order::rebuilt_in_order(graph, &order)
 }

@@ -77,9 +77,15 @@ pub fn order_small_nodes(graph: &Graph) -> Graph {
         }
     }
     order.extend((0..n).filter(|&i| last[i]));
+    rebuilt_in_order(graph, &order)
+}
+
+/// `graph` rebuilt with its nodes in `order` (every node once, inputs
+/// before their readers).
+pub(super) fn rebuilt_in_order(graph: &Graph, order: &[usize]) -> Graph {
     let mut builder = GraphBuilder::new();
-    let mut map: Vec<Option<NodeId>> = vec![None; n];
-    for &i in &order {
+    let mut map: Vec<Option<NodeId>> = vec![None; graph.nodes.len()];
+    for &i in order {
         let mut node = graph.nodes[i].clone();
         for input in node.inputs.iter_mut() {
             *input = map[input.index()].expect("inputs come first");

@@ -90,6 +90,52 @@ fn horner(c: &[f32], x: f32) -> f32 {
     c[1..].iter().fold(c[0], |p, &c| p.mul_add(x, c))
 }
 
+/// The constants of [`exp_f32`] (shared with its AVX-512 lanes).
+pub(super) mod exp_constants {
+    /// `log2(e)`.
+    pub(crate) const LOG2E: f32 = std::f32::consts::LOG2_E;
+    /// The high part of `ln 2` (exact in few bits, so `n ln2_hi` is exact).
+    pub(crate) const LN2_HI: f32 = 0.693_359_4;
+    /// The rest of `ln 2`.
+    pub(crate) const LN2_LO: f32 = -2.121_944_4e-4;
+    /// `1.5 * 2^23`: adding it rounds to an integer.
+    pub(crate) const ROUND: f32 = 12_582_912.0;
+    /// Above this, `e^x` is infinite.
+    pub(crate) const HIGH: f32 = 88.722_84;
+    /// Below this, `e^x` flushes to zero.
+    pub(crate) const LOW: f32 = -87.336_55;
+    /// Cephes' polynomial for `(e^r - 1 - r) / r²`, highest degree first.
+    pub(crate) const P: [f32; 6] = [1.987_569_1e-4, 1.398_199_9e-3, 8.333_452e-3, 4.166_579_6e-2, 1.666_666_5e-1, 0.5];
+}
+
+/// The coefficients of [`erf_f32`] (shared with its AVX-512 lanes),
+/// highest degree first.
+pub(super) mod erf_constants {
+    /// `erf(x) / x` in `x²`, for `|x| < 1`.
+    pub(crate) const A: [f32; 7] = [
+        7.854_02e-5,
+        -8.010_246e-4,
+        5.188_334_3e-3,
+        -2.685_381_6e-2,
+        0.112_835_85,
+        -0.376_126_26,
+        std::f32::consts::FRAC_2_SQRT_PI,
+    ];
+    /// `erfc(x) e^{x²}` in `1/|x| - 0.625`, for `1 ≤ |x| ≤ 4`.
+    pub(crate) const B: [f32; 10] = [
+        3.071_391_8e-2,
+        -6.946_66e-3,
+        -2.840_851_6e-2,
+        4.461_993_6e-2,
+        -4.678_601_8e-2,
+        2.326_198_1e-2,
+        4.376_080_3e-2,
+        -0.172_393_6,
+        0.382_283_84,
+        0.305_953,
+    ];
+}
+
 /// `e^x` in `f32`, branch-free so loops over it vectorise: Cody-Waite
 /// reduction `x = n ln2 + r`, Cephes' degree-5 polynomial for `e^r`
 /// (about 1 ulp), and `2^n` built from exponent bits in two halves.
@@ -102,18 +148,12 @@ fn horner(c: &[f32], x: f32) -> f32 {
 /// the same way, so the bits do not depend on the CPU.
 #[inline(always)]
 pub(crate) fn exp_f32(x: f32) -> f32 {
-    const LOG2E: f32 = std::f32::consts::LOG2_E;
-    const LN2_HI: f32 = 0.693_359_4;
-    const LN2_LO: f32 = -2.121_944_4e-4;
-    const ROUND: f32 = 12_582_912.0; // 1.5 * 2^23: adding it rounds to an integer
-    const HIGH: f32 = 88.722_84;
-    const LOW: f32 = -87.336_55;
+    use exp_constants::{HIGH, LN2_HI, LN2_LO, LOG2E, LOW, P, ROUND};
     let xc = x.clamp(LOW, HIGH);
     // Adding ROUND leaves n in the low mantissa bits: no float-to-int conversion.
     let t = xc.mul_add(LOG2E, ROUND);
     let n = t - ROUND;
     let r = (-n).mul_add(LN2_LO, (-n).mul_add(LN2_HI, xc));
-    const P: [f32; 6] = [1.987_569_1e-4, 1.398_199_9e-3, 8.333_452e-3, 4.166_579_6e-2, 1.666_666_5e-1, 0.5];
     let y = (horner(&P, r) * r).mul_add(r, r) + 1.0;
     let k = (t.to_bits() as i32).wrapping_sub(ROUND.to_bits() as i32);
     let half = k >> 1;
@@ -140,27 +180,7 @@ pub(crate) fn exp_f32(x: f32) -> f32 {
 /// as in [`exp_f32`].
 #[inline(always)]
 pub(crate) fn erf_f32(x: f32) -> f32 {
-    const A: [f32; 7] = [
-        7.854_02e-5,
-        -8.010_246e-4,
-        5.188_334_3e-3,
-        -2.685_381_6e-2,
-        0.112_835_85,
-        -0.376_126_26,
-        std::f32::consts::FRAC_2_SQRT_PI,
-    ];
-    const B: [f32; 10] = [
-        3.071_391_8e-2,
-        -6.946_66e-3,
-        -2.840_851_6e-2,
-        4.461_993_6e-2,
-        -4.678_601_8e-2,
-        2.326_198_1e-2,
-        4.376_080_3e-2,
-        -0.172_393_6,
-        0.382_283_84,
-        0.305_953,
-    ];
+    use erf_constants::{A, B};
     let ax = x.abs();
     let s = x * x;
     let small = x * horner(&A, s);

@@ -18,8 +18,7 @@ use std::arch::x86_64::*;
 #[cfg(target_arch = "x86_64")]
 #[inline(always)]
 pub(crate) unsafe fn exp16(x: __m512) -> __m512 {
-    const HIGH: f32 = 88.722_84;
-    const LOW: f32 = -87.336_55;
+    use super::numeric::exp_constants::{HIGH, LOW};
     let xc = _mm512_min_ps(_mm512_max_ps(x, _mm512_set1_ps(LOW)), _mm512_set1_ps(HIGH));
     let e = exp16_clamped(xc);
     let e = _mm512_mask_blend_ps(
@@ -36,11 +35,7 @@ pub(crate) unsafe fn exp16(x: __m512) -> __m512 {
 #[cfg(target_arch = "x86_64")]
 #[inline(always)]
 unsafe fn exp16_clamped(xc: __m512) -> __m512 {
-    const LOG2E: f32 = std::f32::consts::LOG2_E;
-    const LN2_HI: f32 = 0.693_359_4;
-    const LN2_LO: f32 = -2.121_944_4e-4;
-    const ROUND: f32 = 12_582_912.0;
-    const P: [f32; 6] = [1.987_569_1e-4, 1.398_199_9e-3, 8.333_452e-3, 4.166_579_6e-2, 1.666_666_5e-1, 0.5];
+    use super::numeric::exp_constants::{LN2_HI, LN2_LO, LOG2E, P, ROUND};
     let round = _mm512_set1_ps(ROUND);
     let t = _mm512_fmadd_ps(xc, _mm512_set1_ps(LOG2E), round);
     let n = _mm512_sub_ps(t, round);
@@ -67,27 +62,7 @@ unsafe fn horner16(c: &[f32], x: __m512) -> __m512 {
 #[cfg(target_arch = "x86_64")]
 #[inline(always)]
 pub(crate) unsafe fn erf16(x: __m512) -> __m512 {
-    const A: [f32; 7] = [
-        7.854_02e-5,
-        -8.010_246e-4,
-        5.188_334_3e-3,
-        -2.685_381_6e-2,
-        0.112_835_85,
-        -0.376_126_26,
-        std::f32::consts::FRAC_2_SQRT_PI,
-    ];
-    const B: [f32; 10] = [
-        3.071_391_8e-2,
-        -6.946_66e-3,
-        -2.840_851_6e-2,
-        4.461_993_6e-2,
-        -4.678_601_8e-2,
-        2.326_198_1e-2,
-        4.376_080_3e-2,
-        -0.172_393_6,
-        0.382_283_84,
-        0.305_953,
-    ];
+    use super::numeric::erf_constants::{A, B};
     let sign = _mm512_set1_ps(-0.0);
     let ax = _mm512_andnot_ps(sign, x);
     let small = _mm512_mul_ps(x, horner16(&A, _mm512_mul_ps(x, x)));
