@@ -52,12 +52,18 @@ pub fn uniform_f32_from(seed: u64, stream: u64, first: usize, out: &mut [f32]) {
     let mut b = first.div_ceil(4);
     #[cfg(target_arch = "x86_64")]
     let rest = {
-        let wide = rest.len() / avx2::OUTPUTS * avx2::OUTPUTS;
+        let wide512 = crate::kernels::simd::avx512();
+        let outputs = if wide512 { avx512::OUTPUTS } else { avx2::OUTPUTS };
+        let wide = rest.len() / outputs * outputs;
         let fits = (b as u64).checked_add((wide / 4) as u64).is_some_and(|end| end <= 1 << 32);
-        if wide > 0 && fits && std::is_x86_feature_detected!("avx2") {
+        if wide > 0 && fits && (wide512 || std::is_x86_feature_detected!("avx2")) {
             let (wide, narrow) = rest.split_at_mut(wide);
-            // SAFETY: AVX2 was just detected on this CPU.
-            unsafe { avx2::uniform_blocks(key, stream, b as u32, wide) };
+            match wide512 {
+                // SAFETY: AVX-512 was detected on this CPU.
+                true => unsafe { avx512::uniform_blocks(key, stream, b as u32, wide) },
+                // SAFETY: AVX2 was just detected on this CPU.
+                false => unsafe { avx2::uniform_blocks(key, stream, b as u32, wide) },
+            }
             b += wide.len() / 4;
             narrow
         } else {
@@ -159,6 +165,90 @@ mod avx2 {
     }
 }
 
+/// Philox-4x32-10 on sixteen blocks at once in AVX-512 lanes: the same
+/// words as [`philox4x32_10`] and the AVX2 version, twice its blocks per
+/// instruction.
+#[cfg(target_arch = "x86_64")]
+mod avx512 {
+    use super::{M0, M1, W0, W1};
+    use std::arch::x86_64::*;
+
+    /// Outputs one iteration makes: sixteen blocks of four words.
+    pub(super) const OUTPUTS: usize = 64;
+
+    /// The 64-bit products of the 32-bit lanes of `a` with `m`, split into
+    /// their high and low halves, lane for lane.
+    #[inline(always)]
+    unsafe fn mul_hi_lo(a: __m512i, m: __m512i) -> (__m512i, __m512i) {
+        let even = _mm512_mul_epu32(a, m);
+        let odd = _mm512_mul_epu32(_mm512_srli_epi64::<32>(a), m);
+        const ODD_LANES: __mmask16 = 0b1010_1010_1010_1010;
+        let hi = _mm512_mask_blend_epi32(ODD_LANES, _mm512_srli_epi64::<32>(even), odd);
+        let lo = _mm512_mask_blend_epi32(ODD_LANES, even, _mm512_slli_epi64::<32>(odd));
+        (hi, lo)
+    }
+
+    /// The unit floats of sixteen words (see `unit_float`).
+    #[inline(always)]
+    unsafe fn unit_floats(w: __m512i) -> __m512 {
+        _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_srli_epi32::<8>(w)), _mm512_set1_ps(1.0 / (1u32 << 24) as f32))
+    }
+
+    /// Fill `out` (a multiple of [`OUTPUTS`] long) with the unit floats of
+    /// blocks `first_block..`, whose indices stay below 2^32.
+    ///
+    /// # Safety
+    /// The CPU has AVX-512 F.
+    #[target_feature(enable = "avx512f")]
+    pub(super) unsafe fn uniform_blocks(key: [u32; 2], stream: u64, first_block: u32, out: &mut [f32]) {
+        let lanes = _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
+        let (m0, m1) = (_mm512_set1_epi32(M0 as i32), _mm512_set1_epi32(M1 as i32));
+        let (s0, s1) = (_mm512_set1_epi32(stream as u32 as i32), _mm512_set1_epi32((stream >> 32) as u32 as i32));
+        for (i, chunk) in out.chunks_exact_mut(OUTPUTS).enumerate() {
+            let base = first_block.wrapping_add((i * 16) as u32);
+            let mut c = [_mm512_add_epi32(_mm512_set1_epi32(base as i32), lanes), _mm512_setzero_si512(), s0, s1];
+            let mut k = key;
+            for round in 0..10 {
+                if round > 0 {
+                    k[0] = k[0].wrapping_add(W0);
+                    k[1] = k[1].wrapping_add(W1);
+                }
+                let (hi0, lo0) = mul_hi_lo(c[0], m0);
+                let (hi1, lo1) = mul_hi_lo(c[2], m1);
+                let (k0, k1) = (_mm512_set1_epi32(k[0] as i32), _mm512_set1_epi32(k[1] as i32));
+                c = [
+                    _mm512_xor_si512(_mm512_xor_si512(hi1, c[1]), k0),
+                    lo1,
+                    _mm512_xor_si512(_mm512_xor_si512(hi0, c[3]), k1),
+                    lo0,
+                ];
+            }
+            // Lane j of word w belongs at output 4 j + w: within each
+            // 128-bit lane L, blocks 4L..4L+3 come out of the unpacks in
+            // u0..u3; the shuffles then gather the lanes of consecutive blocks.
+            let t0 = _mm512_unpacklo_epi32(c[0], c[1]);
+            let t1 = _mm512_unpackhi_epi32(c[0], c[1]);
+            let t2 = _mm512_unpacklo_epi32(c[2], c[3]);
+            let t3 = _mm512_unpackhi_epi32(c[2], c[3]);
+            let (u0, u1) = (_mm512_unpacklo_epi64(t0, t2), _mm512_unpackhi_epi64(t0, t2));
+            let (u2, u3) = (_mm512_unpacklo_epi64(t1, t3), _mm512_unpackhi_epi64(t1, t3));
+            let low01 = _mm512_shuffle_i32x4::<0b01_00_01_00>(u0, u1);
+            let low23 = _mm512_shuffle_i32x4::<0b01_00_01_00>(u2, u3);
+            let high01 = _mm512_shuffle_i32x4::<0b11_10_11_10>(u0, u1);
+            let high23 = _mm512_shuffle_i32x4::<0b11_10_11_10>(u2, u3);
+            let blocks = [
+                _mm512_shuffle_i32x4::<0b10_00_10_00>(low01, low23),
+                _mm512_shuffle_i32x4::<0b11_01_11_01>(low01, low23),
+                _mm512_shuffle_i32x4::<0b10_00_10_00>(high01, high23),
+                _mm512_shuffle_i32x4::<0b11_01_11_01>(high01, high23),
+            ];
+            for (q, words) in blocks.into_iter().enumerate() {
+                _mm512_storeu_ps(chunk.as_mut_ptr().add(16 * q), unit_floats(words));
+            }
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -174,8 +264,9 @@ mod tests {
         );
     }
 
-    /// The vectorised rounds give the scalar rounds' words, block for block,
-    /// including blocks whose index needs the counter's high word.
+    /// The vectorised rounds (AVX2 and AVX-512) give the scalar rounds'
+    /// words, block for block, including blocks whose index needs the
+    /// counter's high word.
     #[test]
     fn vectorised_draws_equal_the_scalar_blocks() {
         for (seed, stream, first) in [(0x9abc_def0_1234_5678u64, 3u64, 0usize), (7, 1 << 40, 1_000_001), (0, 0, 5)] {
@@ -187,6 +278,31 @@ mod tests {
                 let words =
                     philox4x32_10([(e / 4) as u32, ((e / 4) >> 32) as u32, stream as u32, (stream >> 32) as u32], key);
                 assert_eq!(x.to_bits(), unit_float(words[(e % 4) as usize]).to_bits(), "element {e}");
+            }
+        }
+        // Each vector version this CPU has, called directly (the draw above
+        // takes the widest).
+        #[cfg(target_arch = "x86_64")]
+        {
+            let (key, stream, first_block) = ([0x1234_5678, 0x9abc_def0], 5u64 << 33, 1_000_003u32);
+            let expected: Vec<u32> = (0..128u32)
+                .flat_map(|b| philox4x32_10([first_block + b, 0, stream as u32, (stream >> 32) as u32], key))
+                .collect();
+            let check = |name: &str, out: &[f32]| {
+                for (i, (&x, &w)) in out.iter().zip(&expected).enumerate() {
+                    assert_eq!(x.to_bits(), unit_float(w).to_bits(), "{name}: element {i}");
+                }
+            };
+            let mut out = vec![0f32; 512];
+            if std::is_x86_feature_detected!("avx2") {
+                // SAFETY: AVX2 was detected.
+                unsafe { avx2::uniform_blocks(key, stream, first_block, &mut out) };
+                check("avx2", &out);
+            }
+            if crate::kernels::simd::avx512() {
+                // SAFETY: AVX-512 was detected.
+                unsafe { avx512::uniform_blocks(key, stream, first_block, &mut out) };
+                check("avx512", &out);
             }
         }
         // Near 2^32 blocks the counter's high word changes: the scalar path.

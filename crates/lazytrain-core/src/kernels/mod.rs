@@ -14,7 +14,7 @@ mod movement;
 pub(crate) mod numeric;
 mod numeric_avx512;
 mod reduce;
-mod simd;
+pub(crate) mod simd;
 mod split;
 pub(crate) mod strided;
 
