@@ -83,10 +83,11 @@ fn bf16_saved_activations_lower_the_peak_and_keep_the_gradients() -> Result<()> 
         let distance = relative_distance(&saved.grads, &exact.grads);
         assert!(distance > 0.0, "the backward read rounded activations (autocast {autocast})");
         assert!(distance < 1e-2, "gradients within bf16 rounding: {distance} (autocast {autocast})");
-        // Without autocast every saved activation halves (a fifth off the
-        // peak here, measured); with it the matmul operands are bf16 casts
-        // already and GELU's erf is what is left to narrow.
-        let (num, den) = if autocast { (99, 100) } else { (85, 100) };
+        // Without autocast every saved activation halves (15 % off the peak
+        // here, measured); with it the matmul operands are bf16 casts
+        // already and GELU's erf is computed again, not kept: nothing wide
+        // is left to narrow, and the peak must not grow.
+        let (num, den) = if autocast { (1, 1) } else { (85, 100) };
         assert!(
             saved.peak_bytes * den <= exact.peak_bytes * num,
             "peak {} vs {} bytes (autocast {autocast})",

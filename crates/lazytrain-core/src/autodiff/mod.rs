@@ -205,8 +205,9 @@ impl<'a> ForwardValues<'a> {
     /// and the node is an activation worth saving narrow. A widening cast
     /// is read as it is (its narrow input is what is kept), and a cheap op
     /// of one activation and constants or parameters (a bias add, a
-    /// scaling) is recomputed from that activation's saved copy, so one
-    /// narrow copy serves a chain of such values.
+    /// scaling, GELU's erf, which the fusion planner recomputes too) is
+    /// recomputed from that activation's saved copy, so one narrow copy
+    /// serves a chain of such values.
     fn read(&mut self, id: NodeId, may_narrow: bool) -> Result<Tensor> {
         let Some(dtype) = self.saved_dtype.filter(|_| may_narrow && self.is_activation(id)) else {
             return Ok(self.exact(id));
@@ -219,7 +220,9 @@ impl<'a> ForwardValues<'a> {
         let activations: Vec<bool> = inputs.iter().map(|&j| self.is_activation(j)).collect();
         let value = match node.op {
             Op::Cast if self.nodes[inputs[0].index()].dtype.size_in_bytes() <= dtype.size_in_bytes() => self.exact(id),
-            Op::Unary(op @ (UnaryOp::Neg | UnaryOp::Abs)) if activations[0] => self.read(inputs[0], true)?.unary(op)?,
+            Op::Unary(op @ (UnaryOp::Neg | UnaryOp::Abs | UnaryOp::Erf)) if activations[0] => {
+                self.read(inputs[0], true)?.unary(op)?
+            }
             Op::Binary(op @ (BinaryOp::Add | BinaryOp::Sub | BinaryOp::Mul | BinaryOp::Div))
                 if activations.iter().filter(|&&a| a).count() == 1 =>
             {

@@ -42,7 +42,11 @@ impl Gelu {
     /// The GELU program `instrs` is, if it is one and this CPU runs the
     /// loops (AVX-512).
     pub(crate) fn recognise(instrs: &[Instr]) -> Option<Gelu> {
-        if !crate::kernels::simd::avx512() {
+        #[cfg(target_arch = "x86_64")]
+        let loops_run_here = crate::kernels::simd::avx512();
+        #[cfg(not(target_arch = "x86_64"))]
+        let loops_run_here = false;
+        if !loops_run_here {
             None
         } else if instrs == forward() {
             Some(Gelu::Forward)
