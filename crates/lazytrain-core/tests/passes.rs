@@ -80,6 +80,53 @@ fn each_pass_does_its_own_job() {
     assert_eq!(simplify_algebra(&g).nodes.len(), g.nodes.len(), "nothing to simplify without folding");
 }
 
+/// A float division by a broadcast value (a softmax's row sums through
+/// `expand`, a scalar such as Adam's bias correction) becomes a product with
+/// the value's reciprocal, within an ulp or so of the quotient; a division
+/// of equal shapes and an integer division stay divisions.
+#[test]
+fn divisions_by_broadcast_values_become_products_with_reciprocals() {
+    let (rows, cols) = (64, 48);
+    let mut b = GraphBuilder::new();
+    let x = param(&mut b, 0, &[rows, cols]);
+    let s = param(&mut b, 1, &[rows, 1]);
+    let scalar = param(&mut b, 2, &[1, 1]);
+    let splat =
+        b.push(Node { op: Op::Expand, inputs: vec![scalar], shape: Shape::new([rows, cols]), dtype: DType::F32 });
+    let by_scalar = node(&mut b, Op::Binary(BinaryOp::Div), vec![x, splat]);
+    let wide = b.push(Node { op: Op::Expand, inputs: vec![s], shape: Shape::new([rows, cols]), dtype: DType::F32 });
+    let by_rows = node(&mut b, Op::Binary(BinaryOp::Div), vec![x, wide]);
+    let same_shape = node(&mut b, Op::Binary(BinaryOp::Div), vec![x, by_rows]);
+    let graph = b.finish(vec![by_scalar, by_rows, same_shape], 3);
+    let simplified = simplify_algebra(&graph);
+    verify(&simplified).unwrap();
+    let count = |g: &Graph, op: Op| g.nodes.iter().filter(|n| n.op == op).count();
+    assert_eq!(count(&simplified, Op::Binary(BinaryOp::Div)), 1, "only the equal-shape division:\n{simplified}");
+    assert_eq!(count(&simplified, Op::Unary(UnaryOp::Recip)), 2, "the reciprocals:\n{simplified}");
+    let params = [uniform_input(1, rows * cols), uniform_input(2, rows), uniform_input(3, 1)];
+    let refs: Vec<&HostData> = params.iter().collect();
+    let (exact, rewritten) = (interpret(&graph, &refs).unwrap(), interpret(&simplified, &refs).unwrap());
+    for (k, (a, b)) in exact.iter().zip(&rewritten).enumerate() {
+        let (HostData::F32(a), HostData::F32(b)) = (a, b) else { panic!("f32 outputs") };
+        for (i, (x, y)) in a.iter().zip(b).enumerate() {
+            assert!((x - y).abs() <= 2.0 * f32::EPSILON * x.abs(), "output {k}[{i}]: {x} vs {y}");
+        }
+    }
+
+    let mut b = GraphBuilder::new();
+    let i = b.push(Node { op: Op::Parameter(0), inputs: vec![], shape: Shape::new([rows, cols]), dtype: DType::I64 });
+    let j = b.push(Node { op: Op::Parameter(1), inputs: vec![], shape: Shape::new([rows, 1]), dtype: DType::I64 });
+    let j = b.push(Node { op: Op::Expand, inputs: vec![j], shape: Shape::new([rows, cols]), dtype: DType::I64 });
+    let q = b.push(Node {
+        op: Op::Binary(BinaryOp::Div),
+        inputs: vec![i, j],
+        shape: Shape::new([rows, cols]),
+        dtype: DType::I64,
+    });
+    let integers = b.finish(vec![q], 2);
+    assert_eq!(count(&simplify_algebra(&integers), Op::Binary(BinaryOp::Div)), 1, "integer division stays");
+}
+
 #[test]
 fn composed_permutes_and_reshapes_collapse() {
     let mut b = GraphBuilder::new();

@@ -150,6 +150,9 @@ fn zero_scatter(b: &GraphBuilder, id: NodeId) -> Option<usize> {
 /// or that compose (reshape of reshape, permute of permute).
 pub fn simplify_algebra(graph: &Graph) -> Graph {
     rebuild(graph, |b, node| {
+        if let Some(product) = reciprocal_product(b, &node) {
+            return Rewrite::Emit(product);
+        }
         let b = &*b;
         let input = |k: usize| node.inputs[k];
         let in_node = |k: usize| b.node(node.inputs[k]);
@@ -203,6 +206,27 @@ pub fn simplify_algebra(graph: &Graph) -> Graph {
             _ => Rewrite::Emit(node),
         }
     })
+}
+
+/// `x / expand(s)` as `x * expand(1 / s)` for a float `s` broadcast to a
+/// larger shape (a softmax's row sums): one division per broadcast value
+/// instead of one per element (a vector division costs about ten
+/// multiplications), as PyTorch's softmax kernels do. The reciprocal is
+/// pushed to `b`; returns the product to emit in `node`'s place.
+fn reciprocal_product(b: &mut GraphBuilder, node: &Node) -> Option<Node> {
+    let Op::Binary(BinaryOp::Div) = node.op else { return None };
+    let divisor = b.node(node.inputs[1]).clone();
+    if divisor.op != Op::Expand || !node.dtype.is_float() {
+        return None;
+    }
+    let small = divisor.inputs[0];
+    let small_node = b.node(small).clone();
+    if small_node.shape.numel() >= divisor.shape.numel() {
+        return None;
+    }
+    let reciprocal = b.push(Node { op: Op::Unary(UnaryOp::Recip), inputs: vec![small], ..small_node });
+    let expanded = b.push(Node { inputs: vec![reciprocal], ..divisor });
+    Some(Node { op: Op::Binary(BinaryOp::Mul), inputs: vec![node.inputs[0], expanded], ..node.clone() })
 }
 
 /// Column sums of a scatter-add's result split in two:
