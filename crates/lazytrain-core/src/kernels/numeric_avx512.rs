@@ -77,23 +77,31 @@ pub(crate) unsafe fn erf16(x: __m512) -> __m512 {
     _mm512_mask_blend_ps(pick_small, large, small)
 }
 
-/// `out[i] = f(x[i])` 16 lanes at a time (the tail under a mask).
-///
-/// # Safety
-/// The CPU has AVX-512 F and DQ, and `out` is as long as `x`.
+/// `f(i, mask)` for each group of 16 lanes of `0..len`, `i` its first
+/// index and `mask` the lanes below `len` (all of them but in a last part).
 #[cfg(target_arch = "x86_64")]
 #[inline(always)]
-unsafe fn map16(x: &[f32], out: &mut [f32], f: impl Fn(__m512) -> __m512) {
-    let len = x.len().min(out.len());
+pub(crate) unsafe fn each16(len: usize, mut f: impl FnMut(usize, __mmask16)) {
+    // Whole groups under a constant mask (plain loads and stores once
+    // inlined), then the part.
     let whole = len / 16 * 16;
     for i in (0..whole).step_by(16) {
-        _mm512_storeu_ps(out.as_mut_ptr().add(i), f(_mm512_loadu_ps(x.as_ptr().add(i))));
+        f(i, u16::MAX);
     }
     if whole < len {
-        let mask: __mmask16 = (1u16 << (len - whole)) - 1;
-        let tail = f(_mm512_maskz_loadu_ps(mask, x.as_ptr().add(whole)));
-        _mm512_mask_storeu_ps(out.as_mut_ptr().add(whole), mask, tail);
+        f(whole, (1u16 << (len - whole)) - 1);
     }
+}
+
+/// `out[i] = f(x[i])` for `i < len`, 16 lanes at a time (`x` and `out` may
+/// be the same buffer: each group is read before it is written).
+///
+/// # Safety
+/// The CPU has AVX-512 F, and `x` and `out` address `len` elements.
+#[cfg(target_arch = "x86_64")]
+#[inline(always)]
+unsafe fn map16(x: *const f32, out: *mut f32, len: usize, f: impl Fn(__m512) -> __m512) {
+    each16(len, |i, m| _mm512_mask_storeu_ps(out.add(i), m, f(_mm512_maskz_loadu_ps(m, x.add(i)))));
 }
 
 /// `out[i] = exp_f32(x[i])` for `i < min(x.len(), out.len())`.
@@ -103,7 +111,7 @@ unsafe fn map16(x: &[f32], out: &mut [f32], f: impl Fn(__m512) -> __m512) {
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx512f,avx512dq")]
 pub(crate) unsafe fn exp_slice(x: &[f32], out: &mut [f32]) {
-    map16(x, out, |v| exp16(v))
+    map16(x.as_ptr(), out.as_mut_ptr(), x.len().min(out.len()), |v| exp16(v))
 }
 
 /// `values[i] = exp_f32(values[i])`.
@@ -113,16 +121,8 @@ pub(crate) unsafe fn exp_slice(x: &[f32], out: &mut [f32]) {
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx512f,avx512dq")]
 pub(crate) unsafe fn exp_in_place(values: &mut [f32]) {
-    let len = values.len();
     let p = values.as_mut_ptr();
-    let whole = len / 16 * 16;
-    for i in (0..whole).step_by(16) {
-        _mm512_storeu_ps(p.add(i), exp16(_mm512_loadu_ps(p.add(i))));
-    }
-    if whole < len {
-        let mask: __mmask16 = (1u16 << (len - whole)) - 1;
-        _mm512_mask_storeu_ps(p.add(whole), mask, exp16(_mm512_maskz_loadu_ps(mask, p.add(whole))));
-    }
+    map16(p, p, values.len(), |v| exp16(v))
 }
 
 /// `out[i] = erf_f32(x[i])` for `i < min(x.len(), out.len())`.
@@ -132,7 +132,7 @@ pub(crate) unsafe fn exp_in_place(values: &mut [f32]) {
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx512f,avx512dq")]
 pub(crate) unsafe fn erf_slice(x: &[f32], out: &mut [f32]) {
-    map16(x, out, |v| erf16(v))
+    map16(x.as_ptr(), out.as_mut_ptr(), x.len().min(out.len()), |v| erf16(v))
 }
 
 #[cfg(all(test, target_arch = "x86_64"))]

@@ -98,20 +98,8 @@ impl Gelu {
 #[cfg(target_arch = "x86_64")]
 mod lanes {
     use super::{FRAC_1_SQRT_2, FRAC_2_SQRT_PI};
-    use crate::kernels::numeric_avx512::{erf16, exp16};
+    use crate::kernels::numeric_avx512::{each16, erf16, exp16};
     use std::arch::x86_64::*;
-
-    /// `f(i, mask)` for each group of 16 lanes of `len` (the mask selects
-    /// the lanes inside `len`).
-    #[inline(always)]
-    unsafe fn each16(len: usize, mut f: impl FnMut(usize, __mmask16)) {
-        let mut i = 0;
-        while i < len {
-            let n = (len - i).min(16);
-            f(i, if n == 16 { u16::MAX } else { (1u16 << n) - 1 });
-            i += 16;
-        }
-    }
 
     /// `h = x + b` and the CDF `(erf(h / √2) + 1) / 2`.
     #[inline(always)]
