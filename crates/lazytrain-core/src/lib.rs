@@ -56,7 +56,7 @@ pub use autodiff::grad;
 pub use device::{available_memory_bytes, Device, DeviceOptions, PrecisionGuard, SAVED_ACTIVATION_MIN_ELEMENTS};
 pub use dtype::{DType, Literal};
 pub use error::{panic_message, Error, Result, RuleError, RuleKind};
-pub use kernels::{bf16_matmul_method, MatmulKernel};
+pub use kernels::{bf16_matmul_method, fma_peak_gflops, MatmulKernel};
 pub use line_aligned::LineAligned;
 pub use shape::Shape;
 pub use storage::{live_buffer_bytes, peak_buffer_bytes, BackendMemory, Buffer, DeviceMemory, Element, HostData};

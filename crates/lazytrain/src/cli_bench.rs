@@ -362,6 +362,8 @@ pub fn run(args: &BenchArgs) -> lazytrain::Result<()> {
     // group's peak is this process's times the processes.
     let processes = lazytrain_dist::mpi_job_position().map_or(1, |(_, n)| n);
     let peak = gemm_peak_gflops(&Device::on_backend(master.backend)?, precision)? * processes as f64;
+    let threads = std::thread::available_parallelism().map_or(1, |n| n.get());
+    let fma_peak = lazytrain_core::fma_peak_gflops(threads) * processes as f64;
     let mut report = serde_json::json!({
         "framework": "lazytrain", "config": args.model, "arch": config.model_type.name(), "precision": if args.bf16 { "bf16" } else { "fp32" },
         "bf16_saved_activations": args.bf16_saved_activations,
@@ -378,11 +380,16 @@ pub fn run(args: &BenchArgs) -> lazytrain::Result<()> {
         "mlm_head": if head_rows == batch * SEQ { "dense" } else { "masked-positions" }, "mlm_head_rows": head_rows,
         "executed_gflops": (executed * 100.0).round() / 100.0,
         "mfu_executed": (executed / peak * 1000.0).round() / 1000.0,
+        "fma_peak_gflops": (fma_peak * 100.0).round() / 100.0,
         "peak_rss_mb": peak_rss_mb().round(),
         "page_faults_per_step": master.timed_faults.map(|f| f / timed.len() as u64),
     });
     if args.bf16 {
         report["bf16_matmul"] = serde_json::json!(lazytrain_core::bf16_matmul_method());
+    } else {
+        // The share of the f32 FMA units' rate the step's matmul work used:
+        // 1 would be a step of nothing but matmuls at the hardware's peak.
+        report["executed_of_fma_peak"] = serde_json::json!((executed / fma_peak * 1000.0).round() / 1000.0);
     }
     if let Some(profile) = profile {
         eprint!("{profile}");

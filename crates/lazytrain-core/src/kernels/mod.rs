@@ -13,12 +13,14 @@ mod index;
 mod movement;
 pub(crate) mod numeric;
 mod numeric_avx512;
+mod peak;
 mod reduce;
 pub(crate) mod simd;
 mod split;
 pub(crate) mod strided;
 
 pub use dot::MatmulKernel;
+pub use peak::fma_peak_gflops;
 
 use crate::ir::{Node, Op};
 use crate::shape::contiguous_strides;
