@@ -10,7 +10,7 @@ use lazytrain_core::backend::{Backend, CpuBackend, Executable, ExecutableStats, 
 use lazytrain_core::cache::CompileCache;
 use lazytrain_core::collective::RunContext;
 use lazytrain_core::schedule::{Capabilities, Schedule};
-use lazytrain_core::{grad, Buffer, Device, Result, Tensor};
+use lazytrain_core::{grad, Buffer, DType, Device, Result, Tensor};
 use std::sync::{Arc, Mutex};
 
 /// Rows: three product panels (1024, 1024, 452), the middle row inside one
@@ -55,8 +55,10 @@ fn values(len: usize, salt: usize, spread: f32) -> Vec<f32> {
 }
 
 /// The loss and the gradients of every parameter of
-/// `sum(gelu(x W1ᵀ + b1) W2ᵀ · r)` on `backend`.
-fn mlp_gradients(backend: Arc<dyn Backend>) -> Vec<Vec<f32>> {
+/// `sum(gelu(x W1ᵀ + b1) W2ᵀ · r)` on `backend`; with `bf16`, as under
+/// autocast: the expansion stored in bf16, GELU computed in f32 from it and
+/// rounded to bf16 for a bf16 second matmul (its gradient rounded likewise).
+fn mlp_gradients(backend: Arc<dyn Backend>, bf16: bool) -> Vec<Vec<f32>> {
     let dev = Device::with_backend(backend, Arc::new(CompileCache::new()), 0);
     let tensor = |len, salt, spread, dims: &[usize]| Tensor::from_vec(values(len, salt, spread), dims, &dev).unwrap();
     let x = tensor(ROWS * HIDDEN, 1, 2.0, &[ROWS, HIDDEN]);
@@ -64,8 +66,19 @@ fn mlp_gradients(backend: Arc<dyn Backend>) -> Vec<Vec<f32>> {
     let b1 = tensor(INNER, 3, 1.0, &[INNER]);
     let w2 = tensor(HIDDEN * INNER, 4, 0.5, &[HIDDEN, INNER]);
     let r = tensor(ROWS * HIDDEN, 5, 1.0, &[ROWS, HIDDEN]);
-    let h = x.matmul_transposed(&w1, false, true).unwrap().add(&b1).unwrap().gelu().unwrap();
-    let y = h.matmul_transposed(&w2, false, true).unwrap();
+    // Only the handles the test reads stay alive: a live intermediate would
+    // be materialised as an output of the graph, changing its kernels.
+    let y = {
+        let pre = x.matmul_transposed(&w1, false, true).unwrap().add(&b1).unwrap();
+        if bf16 {
+            let stored = pre.cast(DType::BF16).unwrap().cast(DType::F32).unwrap();
+            let h = stored.gelu().unwrap().cast(DType::BF16).unwrap();
+            let w2 = w2.cast(DType::BF16).unwrap();
+            h.matmul_transposed(&w2, false, true).unwrap().cast(DType::F32).unwrap()
+        } else {
+            pre.gelu().unwrap().matmul_transposed(&w2, false, true).unwrap()
+        }
+    };
     let loss = y.mul(&r).unwrap().sum(&[0, 1], false).unwrap();
     let grads = grad(&loss, &[&x, &w1, &b1, &w2]).unwrap();
     let mut out = vec![loss.to_vec::<f32>().unwrap()];
@@ -74,9 +87,9 @@ fn mlp_gradients(backend: Arc<dyn Backend>) -> Vec<Vec<f32>> {
 }
 
 /// The stats of the graphs the step compiled, and its values.
-fn run(backend: CpuBackend) -> (ExecutableStats, Vec<Vec<f32>>) {
+fn run(backend: CpuBackend, bf16: bool) -> (ExecutableStats, Vec<Vec<f32>>) {
     let recording = Arc::new(Recording { inner: backend, stats: Mutex::new(Vec::new()) });
-    let values = mlp_gradients(recording.clone());
+    let values = mlp_gradients(recording.clone(), bf16);
     let stats = recording.stats.lock().unwrap();
     let total = stats.iter().fold(ExecutableStats::default(), |sum, s| ExecutableStats {
         epilogues: sum.epilogues + s.epilogues,
@@ -88,18 +101,17 @@ fn run(backend: CpuBackend) -> (ExecutableStats, Vec<Vec<f32>>) {
 
 #[test]
 fn gelu_gradients_keep_their_bits_through_epilogues_and_fast_paths() {
-    let (fast, with_fast_paths) = run(CpuBackend::default().with_fast_paths(true));
-    let (interpreted, without) = run(CpuBackend::default().with_fast_paths(false));
-    let (_, separate) = run(CpuBackend::default().with_epilogues(false).with_fast_paths(false));
-    let reference = mlp_gradients(Arc::new(ReferenceBackend));
+    let (fast, with_fast_paths) = run(CpuBackend::default().with_fast_paths(true), false);
+    let (interpreted, without) = run(CpuBackend::default().with_fast_paths(false), false);
+    let (_, separate) = run(CpuBackend::default().with_epilogues(false).with_fast_paths(false), false);
+    let reference = mlp_gradients(Arc::new(ReferenceBackend), false);
     // Forward GELU after its matmul, the loss's row sums after the second
     // one, and GELU's gradient (CDF recomputed, bias column sums) after the
     // input gradient's matmul, moved ahead of the weight gradient traced
     // between them.
     assert_eq!(interpreted.epilogues, 3, "{interpreted:?}");
     assert_eq!(interpreted.fast_paths, 0);
-    let avx512 = std::is_x86_feature_detected!("avx512f") && std::is_x86_feature_detected!("avx512dq");
-    assert_eq!(fast.fast_paths, if avx512 { 2 } else { 0 }, "both GELU programs are recognised");
+    assert_eq!(fast.fast_paths, if avx512() { 2 } else { 0 }, "both GELU programs are recognised");
     for (k, (((a, b), c), r)) in with_fast_paths.iter().zip(&without).zip(&separate).zip(&reference).enumerate() {
         let same = |u: &[f32], v: &[f32]| u.iter().zip(v).all(|(x, y)| x.to_bits() == y.to_bits());
         assert!(same(a, b), "output {k}: the fast paths changed the values");
@@ -107,6 +119,34 @@ fn gelu_gradients_keep_their_bits_through_epilogues_and_fast_paths() {
         let scale = r.iter().fold(1f32, |m, v| m.max(v.abs()));
         for (i, (x, y)) in a.iter().zip(r).enumerate() {
             assert!((x - y).abs() <= 1e-4 * scale, "output {k}[{i}]: {x} vs {y}");
+        }
+    }
+}
+
+fn avx512() -> bool {
+    #[cfg(target_arch = "x86_64")]
+    return std::is_x86_feature_detected!("avx512f") && std::is_x86_feature_detected!("avx512dq");
+    #[cfg(not(target_arch = "x86_64"))]
+    false
+}
+
+/// The autocast form: GELU of a bf16-stored expansion, rounded to bf16, and
+/// its gradient rounded likewise run by their own loops with the
+/// interpreter's bits, and agree with the reference backend within bf16
+/// rounding.
+#[test]
+fn bf16_gelu_programs_keep_their_bits_through_fast_paths() {
+    let (fast, with_fast_paths) = run(CpuBackend::default().with_fast_paths(true), true);
+    let (interpreted, without) = run(CpuBackend::default().with_fast_paths(false), true);
+    let reference = mlp_gradients(Arc::new(ReferenceBackend), true);
+    assert_eq!(interpreted.fast_paths, 0);
+    assert_eq!(fast.fast_paths, if avx512() { 2 } else { 0 }, "both bf16 GELU programs are recognised: {fast:?}");
+    for (k, ((a, b), r)) in with_fast_paths.iter().zip(&without).zip(&reference).enumerate() {
+        let differ = a.iter().zip(b).filter(|(x, y)| x.to_bits() != y.to_bits()).count();
+        assert_eq!(differ, 0, "output {k}: the fast paths changed {differ} values");
+        let scale = r.iter().fold(1f32, |m, v| m.max(v.abs()));
+        for (i, (x, y)) in a.iter().zip(r).enumerate() {
+            assert!((x - y).abs() <= 2e-2 * scale, "output {k}[{i}]: {x} vs {y}");
         }
     }
 }

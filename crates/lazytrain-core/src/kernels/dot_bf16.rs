@@ -773,17 +773,11 @@ pub(super) unsafe fn store(
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx512f")]
 unsafe fn round_tile(tile: &[f32; MR * NR], out: *mut bf16, n: usize) {
+    use super::numeric_avx512::bf16_words16;
     use std::arch::x86_64::*;
-    let (magnitude, infinity) = (_mm512_set1_epi32(0x7FFF_FFFF), _mm512_set1_epi32(0x7F80_0000));
-    let (half, one, quiet) = (_mm512_set1_epi32(0x7FFF), _mm512_set1_epi32(1), _mm512_set1_epi32(0x0040));
     for r in 0..MR {
         for h in 0..NR / 16 {
-            let bits = _mm512_loadu_si512(tile.as_ptr().add(r * NR + 16 * h) as *const _);
-            let high = _mm512_srli_epi32::<16>(bits);
-            let bias = _mm512_add_epi32(half, _mm512_and_si512(high, one));
-            let rounded = _mm512_srli_epi32::<16>(_mm512_add_epi32(bits, bias));
-            let nan = _mm512_cmpgt_epu32_mask(_mm512_and_si512(bits, magnitude), infinity);
-            let words = _mm512_mask_blend_epi32(nan, rounded, _mm512_or_si512(high, quiet));
+            let words = bf16_words16(_mm512_loadu_ps(tile.as_ptr().add(r * NR + 16 * h)));
             _mm256_storeu_si256(out.add(r * n + 16 * h) as *mut __m256i, _mm512_cvtepi32_epi16(words));
         }
     }

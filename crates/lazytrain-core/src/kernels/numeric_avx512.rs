@@ -77,6 +77,36 @@ pub(crate) unsafe fn erf16(x: __m512) -> __m512 {
     _mm512_mask_blend_ps(pick_small, large, small)
 }
 
+/// The bf16 words of the lanes of `x`, each in the low half of its 32-bit
+/// lane: [`super::numeric::bf16_from_f32`]'s integer arithmetic (round to
+/// nearest even, NaNs quieted), so the same bits.
+///
+/// # Safety
+/// The CPU has AVX-512 F (see [`super::simd::avx512`]).
+#[cfg(target_arch = "x86_64")]
+#[inline(always)]
+pub(crate) unsafe fn bf16_words16(x: __m512) -> __m512i {
+    let bits = _mm512_castps_si512(x);
+    let high = _mm512_srli_epi32::<16>(bits);
+    let bias = _mm512_add_epi32(_mm512_set1_epi32(0x7FFF), _mm512_and_si512(high, _mm512_set1_epi32(1)));
+    let rounded = _mm512_srli_epi32::<16>(_mm512_add_epi32(bits, bias));
+    let magnitude = _mm512_and_si512(bits, _mm512_set1_epi32(0x7FFF_FFFF));
+    let nan = _mm512_cmpgt_epu32_mask(magnitude, _mm512_set1_epi32(0x7F80_0000));
+    _mm512_mask_blend_epi32(nan, rounded, _mm512_or_si512(high, _mm512_set1_epi32(0x0040)))
+}
+
+/// Each lane of `x` rounded to bf16 and widened back, the interpreter's
+/// `RoundBf16` (`bf16_to_f32(bf16_from_f32(x))`, a quieted NaN keeping its
+/// quiet bit).
+///
+/// # Safety
+/// The CPU has AVX-512 F (see [`super::simd::avx512`]).
+#[cfg(target_arch = "x86_64")]
+#[inline(always)]
+pub(crate) unsafe fn round_bf16_16(x: __m512) -> __m512 {
+    _mm512_castsi512_ps(_mm512_slli_epi32::<16>(bf16_words16(x)))
+}
+
 /// `f(i, mask)` for each group of 16 lanes of `0..len`, `i` its first
 /// index and `mask` the lanes below `len` (all of them but in a last part).
 #[cfg(target_arch = "x86_64")]
@@ -138,7 +168,7 @@ pub(crate) unsafe fn erf_slice(x: &[f32], out: &mut [f32]) {
 #[cfg(all(test, target_arch = "x86_64"))]
 mod tests {
     use super::*;
-    use crate::kernels::numeric::{erf_f32, exp_f32};
+    use crate::kernels::numeric::{bf16_from_f32, bf16_to_f32, erf_f32, exp_f32};
 
     /// Every 65 537th float (all signs, exponents and NaN payload kinds)
     /// and the edges of the clamps.
@@ -178,6 +208,11 @@ mod tests {
         erf16(x)
     }
 
+    #[target_feature(enable = "avx512f,avx512dq")]
+    unsafe fn round_lanes(x: __m512) -> __m512 {
+        round_bf16_16(x)
+    }
+
     #[test]
     fn lanes_hold_the_scalar_bits() {
         if !crate::kernels::simd::avx512() {
@@ -186,5 +221,6 @@ mod tests {
         }
         same_bits("exp", exp_lanes, exp_f32);
         same_bits("erf", erf_lanes, erf_f32);
+        same_bits("round to bf16", round_lanes, |x| bf16_to_f32(bf16_from_f32(x)));
     }
 }
