@@ -289,12 +289,20 @@ impl Backend for CpuBackend {
 }
 
 /// Row chains run a block of rows at a time only where a step computes at
-/// least this many elements (64 MB of f32): smaller values stay in this
-/// CPU's last-level cache between kernels anyway, and running them by
-/// blocks measured no faster (bert-mini's attention and LayerNorm chains),
-/// while the `[tokens, vocabulary]` log-softmax reads its second pass from
-/// cache.
-const ROW_CHAINS_FROM: usize = 1 << 24;
+/// least this many elements (8 MB of f32): attention's softmax, dropout and
+/// their gradients over `[batch, heads, 128, 128]` (2 Mi elements in
+/// BERT-mini and -small), the masked-LM head's `[rows, vocabulary]`
+/// log-softmax and the dense head's. Measured on a 2-core AMD Zen 4
+/// (`LAZYTRAIN_PROFILE`, fused and chained kernels per six steps, two
+/// rounds): BERT-tiny 137 / 148 → 114 / 121 ms, mini
+/// 392 / 398 → 347 / 353 ms, small 616 / 641 → 574 / 596 ms, small bf16
+/// 627 / 656 → 618 / 623 ms, GPT-2 mini and BERT-base within the noise.
+/// From 1 Mi elements (LayerNorm's chains too) it was no better; from 16 Mi,
+/// the earlier threshold, only the dense head's log-softmax ran by blocks
+/// (set when attention's chains measured no faster, on a Zen 5 with the
+/// kernels of issue 23's sixth slice). The values are the same bits either
+/// way.
+const ROW_CHAINS_FROM: usize = 1 << 21;
 
 /// Elements group step `k` of `schedule` computes (0 for other steps).
 fn elements(schedule: &Schedule, k: usize) -> usize {
