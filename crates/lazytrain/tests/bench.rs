@@ -38,6 +38,9 @@ fn bench_reports_steady_steps_that_compile_nothing_and_fault_in_no_memory() {
             "dense" => assert_eq!(model, executed),
             _ => assert!(executed < model, "{report}"),
         }
+        // No step runs its matmul work faster than the FMA units can.
+        let share = number("executed_of_fma_peak");
+        assert!(number("fma_peak_gflops") > 0.0 && share > 0.0 && share < 1.0, "{report}");
         if cfg!(target_os = "linux") {
             // A fresh step buffer of the smallest activation ([32, 128, 128]
             // f32) alone would fault in 512 pages.
