@@ -18,6 +18,14 @@ fn bench(args: &[&str]) -> Value {
     serde_json::from_slice(&out.stdout).unwrap()
 }
 
+/// True when the FMA probe runs vector chains here (AVX2 and FMA or wider).
+fn vector_fma() -> bool {
+    #[cfg(target_arch = "x86_64")]
+    return std::is_x86_feature_detected!("avx2") && std::is_x86_feature_detected!("fma");
+    #[cfg(not(target_arch = "x86_64"))]
+    false
+}
+
 #[test]
 fn bench_reports_steady_steps_that_compile_nothing_and_fault_in_no_memory() {
     for (args, head, rows) in [
@@ -38,9 +46,12 @@ fn bench_reports_steady_steps_that_compile_nothing_and_fault_in_no_memory() {
             "dense" => assert_eq!(model, executed),
             _ => assert!(executed < model, "{report}"),
         }
-        // No step runs its matmul work faster than the FMA units can.
+        // No step runs its matmul work faster than the FMA units can (on
+        // CPUs whose vector FMAs the probe uses; elsewhere its scalar chains
+        // are only a lower bound).
         let share = number("executed_of_fma_peak");
-        assert!(number("fma_peak_gflops") > 0.0 && share > 0.0 && share < 1.0, "{report}");
+        assert!(number("fma_peak_gflops") > 0.0 && share > 0.0, "{report}");
+        assert!(share < 1.0 || !vector_fma(), "{report}");
         if cfg!(target_os = "linux") {
             // A fresh step buffer of the smallest activation ([32, 128, 128]
             // f32) alone would fault in 512 pages.

@@ -22,7 +22,8 @@ const ROUNDS: usize = 1 << 18;
 /// start to the last thread's end (as the threads themselves see them: the
 /// spawning thread may not get a core while they run). Threads of their
 /// own, not a rayon pool's: the caller may be running inside a pool
-/// narrower than the machine.
+/// narrower than the machine. On CPUs without AVX2 and FMA the chains are
+/// scalar, and the result only a lower bound of the units' rate.
 pub fn fma_peak_gflops(threads: usize) -> f64 {
     let threads = threads.max(1);
     (0..5)
