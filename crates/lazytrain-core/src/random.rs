@@ -11,16 +11,66 @@ const W1: u32 = 0xBB67_AE85;
 
 /// One Philox-4x32-10 block: four 32-bit outputs for a 128-bit counter and a 64-bit key.
 pub fn philox4x32_10(counter: [u32; 4], key: [u32; 2]) -> [u32; 4] {
-    let mut c = counter;
+    // SAFETY: `u32`'s lane operations are plain integer arithmetic.
+    unsafe { rounds(counter, key) }
+}
+
+/// The lane operations Philox's rounds need, for one block per lane: a
+/// `u32` (one block) or a vector of them (a block per 32-bit lane).
+trait PhiloxLanes: Copy {
+    /// `x` in every lane.
+    ///
+    /// # Safety
+    /// The CPU has the instructions of `Self`'s vectors.
+    unsafe fn splat(x: u32) -> Self;
+    /// Lane-wise exclusive or.
+    ///
+    /// # Safety
+    /// As for [`PhiloxLanes::splat`].
+    unsafe fn xor(self, other: Self) -> Self;
+    /// The 64-bit products of the lanes with those of `m`, split into their
+    /// high and low 32-bit halves, lane for lane.
+    ///
+    /// # Safety
+    /// As for [`PhiloxLanes::splat`].
+    unsafe fn mul_hi_lo(self, m: Self) -> (Self, Self);
+}
+
+impl PhiloxLanes for u32 {
+    #[inline(always)]
+    unsafe fn splat(x: u32) -> u32 {
+        x
+    }
+
+    #[inline(always)]
+    unsafe fn xor(self, other: u32) -> u32 {
+        self ^ other
+    }
+
+    #[inline(always)]
+    unsafe fn mul_hi_lo(self, m: u32) -> (u32, u32) {
+        let p = (m as u64) * (self as u64);
+        ((p >> 32) as u32, p as u32)
+    }
+}
+
+/// Philox-4x32's ten rounds on the counter words `c` (a block per lane)
+/// with `key`: the one definition the scalar and vector versions share.
+///
+/// # Safety
+/// As for [`PhiloxLanes::splat`].
+#[inline(always)]
+unsafe fn rounds<V: PhiloxLanes>(mut c: [V; 4], key: [u32; 2]) -> [V; 4] {
+    let (m0, m1) = (V::splat(M0), V::splat(M1));
     let mut k = key;
     for round in 0..10 {
         if round > 0 {
             k[0] = k[0].wrapping_add(W0);
             k[1] = k[1].wrapping_add(W1);
         }
-        let p0 = (M0 as u64) * (c[0] as u64);
-        let p1 = (M1 as u64) * (c[2] as u64);
-        c = [((p1 >> 32) as u32) ^ c[1] ^ k[0], p1 as u32, ((p0 >> 32) as u32) ^ c[3] ^ k[1], p0 as u32];
+        let (hi0, lo0) = c[0].mul_hi_lo(m0);
+        let (hi1, lo1) = c[2].mul_hi_lo(m1);
+        c = [hi1.xor(c[1]).xor(V::splat(k[0])), lo1, hi0.xor(c[3]).xor(V::splat(k[1])), lo0];
     }
     c
 }
@@ -93,21 +143,31 @@ fn unit_float(w: u32) -> f32 {
 /// as [`philox4x32_10`], about three times faster than the scalar rounds.
 #[cfg(target_arch = "x86_64")]
 mod avx2 {
-    use super::{M0, M1, W0, W1};
+    use super::{rounds, PhiloxLanes};
     use std::arch::x86_64::*;
 
     /// Outputs one iteration makes: eight blocks of four words.
     pub(super) const OUTPUTS: usize = 32;
 
-    /// The 64-bit products of the 32-bit lanes of `a` with `m`, split into
-    /// their high and low halves, lane for lane.
-    #[inline(always)]
-    unsafe fn mul_hi_lo(a: __m256i, m: __m256i) -> (__m256i, __m256i) {
-        let even = _mm256_mul_epu32(a, m);
-        let odd = _mm256_mul_epu32(_mm256_srli_epi64::<32>(a), m);
-        let hi = _mm256_blend_epi32::<0b1010_1010>(_mm256_srli_epi64::<32>(even), odd);
-        let lo = _mm256_blend_epi32::<0b1010_1010>(even, _mm256_slli_epi64::<32>(odd));
-        (hi, lo)
+    impl PhiloxLanes for __m256i {
+        #[inline(always)]
+        unsafe fn splat(x: u32) -> __m256i {
+            _mm256_set1_epi32(x as i32)
+        }
+
+        #[inline(always)]
+        unsafe fn xor(self, other: __m256i) -> __m256i {
+            _mm256_xor_si256(self, other)
+        }
+
+        #[inline(always)]
+        unsafe fn mul_hi_lo(self, m: __m256i) -> (__m256i, __m256i) {
+            let even = _mm256_mul_epu32(self, m);
+            let odd = _mm256_mul_epu32(_mm256_srli_epi64::<32>(self), m);
+            let hi = _mm256_blend_epi32::<0b1010_1010>(_mm256_srli_epi64::<32>(even), odd);
+            let lo = _mm256_blend_epi32::<0b1010_1010>(even, _mm256_slli_epi64::<32>(odd));
+            (hi, lo)
+        }
     }
 
     /// The unit floats of eight words (see `unit_float`).
@@ -124,27 +184,10 @@ mod avx2 {
     #[target_feature(enable = "avx2")]
     pub(super) unsafe fn uniform_blocks(key: [u32; 2], stream: u64, first_block: u32, out: &mut [f32]) {
         let lanes = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
-        let (m0, m1) = (_mm256_set1_epi32(M0 as i32), _mm256_set1_epi32(M1 as i32));
-        let (s0, s1) = (_mm256_set1_epi32(stream as u32 as i32), _mm256_set1_epi32((stream >> 32) as u32 as i32));
+        let (s0, s1) = (__m256i::splat(stream as u32), __m256i::splat((stream >> 32) as u32));
         for (i, chunk) in out.chunks_exact_mut(OUTPUTS).enumerate() {
             let base = first_block.wrapping_add((i * 8) as u32);
-            let mut c = [_mm256_add_epi32(_mm256_set1_epi32(base as i32), lanes), _mm256_setzero_si256(), s0, s1];
-            let mut k = key;
-            for round in 0..10 {
-                if round > 0 {
-                    k[0] = k[0].wrapping_add(W0);
-                    k[1] = k[1].wrapping_add(W1);
-                }
-                let (hi0, lo0) = mul_hi_lo(c[0], m0);
-                let (hi1, lo1) = mul_hi_lo(c[2], m1);
-                let (k0, k1) = (_mm256_set1_epi32(k[0] as i32), _mm256_set1_epi32(k[1] as i32));
-                c = [
-                    _mm256_xor_si256(_mm256_xor_si256(hi1, c[1]), k0),
-                    lo1,
-                    _mm256_xor_si256(_mm256_xor_si256(hi0, c[3]), k1),
-                    lo0,
-                ];
-            }
+            let c = rounds([_mm256_add_epi32(__m256i::splat(base), lanes), _mm256_setzero_si256(), s0, s1], key);
             // Lane j of word w belongs at output 4 j + w: transpose 4 x 8.
             let t0 = _mm256_unpacklo_epi32(c[0], c[1]);
             let t1 = _mm256_unpackhi_epi32(c[0], c[1]);
@@ -170,22 +213,32 @@ mod avx2 {
 /// instruction.
 #[cfg(target_arch = "x86_64")]
 mod avx512 {
-    use super::{M0, M1, W0, W1};
+    use super::{rounds, PhiloxLanes};
     use std::arch::x86_64::*;
 
     /// Outputs one iteration makes: sixteen blocks of four words.
     pub(super) const OUTPUTS: usize = 64;
 
-    /// The 64-bit products of the 32-bit lanes of `a` with `m`, split into
-    /// their high and low halves, lane for lane.
-    #[inline(always)]
-    unsafe fn mul_hi_lo(a: __m512i, m: __m512i) -> (__m512i, __m512i) {
-        let even = _mm512_mul_epu32(a, m);
-        let odd = _mm512_mul_epu32(_mm512_srli_epi64::<32>(a), m);
-        const ODD_LANES: __mmask16 = 0b1010_1010_1010_1010;
-        let hi = _mm512_mask_blend_epi32(ODD_LANES, _mm512_srli_epi64::<32>(even), odd);
-        let lo = _mm512_mask_blend_epi32(ODD_LANES, even, _mm512_slli_epi64::<32>(odd));
-        (hi, lo)
+    impl PhiloxLanes for __m512i {
+        #[inline(always)]
+        unsafe fn splat(x: u32) -> __m512i {
+            _mm512_set1_epi32(x as i32)
+        }
+
+        #[inline(always)]
+        unsafe fn xor(self, other: __m512i) -> __m512i {
+            _mm512_xor_si512(self, other)
+        }
+
+        #[inline(always)]
+        unsafe fn mul_hi_lo(self, m: __m512i) -> (__m512i, __m512i) {
+            let even = _mm512_mul_epu32(self, m);
+            let odd = _mm512_mul_epu32(_mm512_srli_epi64::<32>(self), m);
+            const ODD_LANES: __mmask16 = 0b1010_1010_1010_1010;
+            let hi = _mm512_mask_blend_epi32(ODD_LANES, _mm512_srli_epi64::<32>(even), odd);
+            let lo = _mm512_mask_blend_epi32(ODD_LANES, even, _mm512_slli_epi64::<32>(odd));
+            (hi, lo)
+        }
     }
 
     /// The unit floats of sixteen words (see `unit_float`).
@@ -202,27 +255,10 @@ mod avx512 {
     #[target_feature(enable = "avx512f")]
     pub(super) unsafe fn uniform_blocks(key: [u32; 2], stream: u64, first_block: u32, out: &mut [f32]) {
         let lanes = _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
-        let (m0, m1) = (_mm512_set1_epi32(M0 as i32), _mm512_set1_epi32(M1 as i32));
-        let (s0, s1) = (_mm512_set1_epi32(stream as u32 as i32), _mm512_set1_epi32((stream >> 32) as u32 as i32));
+        let (s0, s1) = (__m512i::splat(stream as u32), __m512i::splat((stream >> 32) as u32));
         for (i, chunk) in out.chunks_exact_mut(OUTPUTS).enumerate() {
             let base = first_block.wrapping_add((i * 16) as u32);
-            let mut c = [_mm512_add_epi32(_mm512_set1_epi32(base as i32), lanes), _mm512_setzero_si512(), s0, s1];
-            let mut k = key;
-            for round in 0..10 {
-                if round > 0 {
-                    k[0] = k[0].wrapping_add(W0);
-                    k[1] = k[1].wrapping_add(W1);
-                }
-                let (hi0, lo0) = mul_hi_lo(c[0], m0);
-                let (hi1, lo1) = mul_hi_lo(c[2], m1);
-                let (k0, k1) = (_mm512_set1_epi32(k[0] as i32), _mm512_set1_epi32(k[1] as i32));
-                c = [
-                    _mm512_xor_si512(_mm512_xor_si512(hi1, c[1]), k0),
-                    lo1,
-                    _mm512_xor_si512(_mm512_xor_si512(hi0, c[3]), k1),
-                    lo0,
-                ];
-            }
+            let c = rounds([_mm512_add_epi32(__m512i::splat(base), lanes), _mm512_setzero_si512(), s0, s1], key);
             // Lane j of word w belongs at output 4 j + w: within each
             // 128-bit lane L, blocks 4L..4L+3 come out of the unpacks in
             // u0..u3; the shuffles then gather the lanes of consecutive blocks.
