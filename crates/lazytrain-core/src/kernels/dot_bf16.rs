@@ -140,8 +140,8 @@ pub(crate) fn matmul_with(
             Shared::A(prepack(&geometry, (m, geometry.mc, MR), parts, &pack))
         }
     };
-    let (shared, geometry) = (&shared, &geometry);
     rayon::scope(|s| {
+        let (shared, geometry) = (&shared, &geometry);
         for start in (0..len).step_by(chunk) {
             let range = start..(start + chunk).min(len);
             s.spawn(move |_| {
@@ -151,6 +151,16 @@ pub(crate) fn matmul_with(
             });
         }
     });
+    if let Shared::A(packed) | Shared::B(packed) = shared {
+        SHARED_PACKING.with_borrow_mut(|buffer| *buffer = packed.words);
+    }
+}
+
+thread_local! {
+    /// The words of the operand this thread last packed for all the
+    /// threads of a product, kept for its next product: no allocation and
+    /// no zeroing (the packing writes every word it hands out).
+    static SHARED_PACKING: std::cell::RefCell<Vec<u32>> = const { std::cell::RefCell::new(Vec::new()) };
 }
 
 /// How a product is blocked: [`KC_PAIRS`] pairs of `k` per block (half as
@@ -252,9 +262,11 @@ fn prepack(g: &Geometry, (len, side, unit): (usize, usize, usize), parts: usize,
             starts.push(start + strips * kp * unit * g.words);
         }
     }
-    let mut words = vec![0u32; *starts.last().expect("starts with 0")];
+    let mut words = SHARED_PACKING.with_borrow_mut(std::mem::take);
+    let len = *starts.last().expect("starts with 0");
+    sized(&mut words, len);
     // The jobs' words follow each other: hand out consecutive slices.
-    let mut rest: &mut [u32] = &mut words;
+    let mut rest: &mut [u32] = &mut words[..len];
     let mut slices = Vec::with_capacity(jobs.len());
     for (size, range, p0, kp) in jobs {
         let (slice, tail) = std::mem::take(&mut rest).split_at_mut(size);
@@ -296,12 +308,29 @@ unsafe fn block(
         (OutPtr::BF16(_), true) => rows.len() * width,
         _ => 0,
     };
-    SCRATCH.with_borrow_mut(|buffer| block_with(n, (a, b), out, (rows, cols), shared, g, sized(buffer, scratch_len)));
+    BUFFERS.with_borrow_mut(|buffers| {
+        let Buffers { partial_sums, left, right } = buffers;
+        block_with(n, (a, b), out, (rows, cols), shared, g, (sized(partial_sums, scratch_len), left, right))
+    });
+}
+
+/// A thread's working memory for its blocks of products, kept between
+/// products: no allocation, and no zeroing (every word is written before
+/// it is read: the packing loops fill what they hand out, the first `k`
+/// block every partial sum).
+struct Buffers {
+    /// Partial sums of a bf16 product between `k` blocks.
+    partial_sums: Vec<f32>,
+    /// The left operand's block, packed by this thread.
+    left: Vec<u32>,
+    /// The right operand's block, packed by this thread.
+    right: Vec<u32>,
 }
 
 thread_local! {
-    /// The partial sums of this thread's bf16 products.
-    static SCRATCH: std::cell::RefCell<Vec<f32>> = const { std::cell::RefCell::new(Vec::new()) };
+    /// This thread's [`Buffers`].
+    static BUFFERS: std::cell::RefCell<Buffers> =
+        const { std::cell::RefCell::new(Buffers { partial_sums: Vec::new(), left: Vec::new(), right: Vec::new() }) };
 }
 
 /// [`block`] with its geometry and partial-sum scratch. A left operand
@@ -321,17 +350,15 @@ unsafe fn block_with(
     (rows, cols): (std::ops::Range<usize>, std::ops::Range<usize>),
     shared: &Shared,
     g: &Geometry,
-    scratch: &mut [f32],
+    (scratch, own_a, own_b): (&mut [f32], &mut Vec<u32>, &mut Vec<u32>),
 ) {
-    let mut own_b: Vec<u32> = Vec::new();
-    let mut own_a: Vec<u32> = Vec::new();
     let (k, words, direct_a) = (g.k, g.words, g.reads_in_place(&a));
     let mut tile = [0f32; MR * NR];
     let ctx = Tiles { n, a, out, rows: rows.clone(), cols: cols.clone(), g, direct_a };
     let row_blocks = || rows.clone().step_by(g.mc).map(|ic| (ic, g.mc.min(rows.end - ic)));
     let col_blocks = || cols.clone().step_by(g.nc).map(|jc| (jc, g.nc.min(cols.end - jc)));
     let mut pack_own_a = |ic: usize, mb: usize, p0: usize, kp: usize| -> *const u32 {
-        let own = sized(&mut own_a, mb.div_ceil(MR) * kp * MR * words);
+        let own = sized(own_a, mb.div_ceil(MR) * kp * MR * words);
         pack_a(&a, (k, words), ic..ic + mb, p0, kp, own);
         own.as_ptr()
     };
@@ -356,7 +383,7 @@ unsafe fn block_with(
                     let packed_b: *const u32 = match shared {
                         Shared::B(packed) => packed.block(jc / g.nc, kb).as_ptr(),
                         Shared::None | Shared::A(_) => {
-                            let own = sized(&mut own_b, nb.div_ceil(NR) * kp * NR * words);
+                            let own = sized(own_b, nb.div_ceil(NR) * kp * NR * words);
                             pack_b(&b, (k, words), jc..jc + nb, p0, kp, own);
                             own.as_ptr()
                         }
@@ -478,6 +505,14 @@ impl Partial {
     /// The rectangle lies in this thread's part of the buffer.
     unsafe fn load(self, tile: &mut [f32; MR * NR], rows: usize, cols: usize) {
         let (p, stride) = self.base();
+        if cols == NR {
+            // Whole rows: fixed-size copies the compiler keeps in registers.
+            for r in 0..rows {
+                tile[r * NR..(r + 1) * NR].copy_from_slice(&*(p.add(r * stride) as *const [f32; NR]));
+            }
+            tile[rows * NR..].fill(0.0);
+            return;
+        }
         tile.fill(0.0);
         for r in 0..rows {
             tile[r * NR..r * NR + cols].copy_from_slice(std::slice::from_raw_parts(p.add(r * stride), cols));
@@ -488,6 +523,12 @@ impl Partial {
     /// As for [`Partial::load`].
     unsafe fn save(self, tile: &[f32; MR * NR], rows: usize, cols: usize) {
         let (p, stride) = self.base();
+        if cols == NR {
+            for r in 0..rows {
+                (*(p.add(r * stride) as *mut [f32; NR])).copy_from_slice(&tile[r * NR..(r + 1) * NR]);
+            }
+            return;
+        }
         for r in 0..rows {
             std::slice::from_raw_parts_mut(p.add(r * stride), cols).copy_from_slice(&tile[r * NR..r * NR + cols]);
         }
@@ -542,6 +583,9 @@ fn pack_b(
     let nb = cols.len();
     let d = raw(b.data);
     let strip_len = pairs * NR * words;
+    if b.cs == 1 {
+        crate::kernels::simd::widest!(pack_b_rows(b, (k, words), cols.clone(), p0, pairs, packed));
+    }
     for s in 0..nb.div_ceil(NR) {
         let (width, j) = (NR.min(nb - s * NR), cols.start + s * NR);
         let strip = &mut packed[s * strip_len..(s + 1) * strip_len];
@@ -549,22 +593,7 @@ fn pack_b(
             strip.chunks_mut(NR).for_each(|words| words[width..].fill(0));
         }
         if b.cs == 1 {
-            for p in 0..pairs {
-                let q = p0 + p;
-                let row = |r: usize| &d[b.offset + r * b.rs + j..][..width];
-                let hi = (2 * q + 1 < k).then(|| row(2 * q + 1));
-                let at = p * NR * words;
-                match words {
-                    1 => interleave(row(2 * q), hi, &mut strip[at..at + width]),
-                    _ => {
-                        widen(row(2 * q), &mut strip[at..at + width]);
-                        match hi {
-                            Some(hi) => widen(hi, &mut strip[at + NR..at + NR + width]),
-                            None => strip[at + NR..at + NR + width].fill(0),
-                        }
-                    }
-                }
-            }
+            // Row-major storage: packed below, a pair of rows at a time.
         } else if b.rs == 1 {
             // Transposed storage: each column is contiguous in `k`, so the
             // pair (2q, 2q + 1) of a column is one unaligned 32-bit word.
@@ -572,6 +601,23 @@ fn pack_b(
             // the strip written a row of words at a time.
             let full = (k / 2).saturating_sub(p0).min(pairs);
             let base = &d[b.offset + j * b.cs + 2 * p0..];
+            #[cfg(target_arch = "x86_64")]
+            if words == 1 && width == NR && full > 0 && crate::kernels::simd::avx512() {
+                let last = (NR - 1) * b.cs + 2 * full - 1;
+                if let (Ok(cs), true) = (i32::try_from(b.cs), last < base.len()) {
+                    // SAFETY: AVX-512 F is present; every pair word read
+                    // (columns below `NR`, pairs below `full`) ends at or
+                    // before `base[last]`, and `(NR - 1) * cs` fits an i32
+                    // offset (the last column's start is below `last`).
+                    unsafe { gather_columns(base.as_ptr(), cs, full, strip.as_mut_ptr()) };
+                    if full < pairs {
+                        for c in 0..width {
+                            put(strip, (NR, words), full, c, u32::from(d[b.offset + (j + c) * b.cs + 2 * (p0 + full)]));
+                        }
+                    }
+                    continue;
+                }
+            }
             for p1 in (0..full).step_by(16) {
                 let rows = 16.min(full - p1);
                 for c in 0..width {
@@ -599,6 +645,69 @@ fn pack_b(
     }
 }
 
+/// [`pack_b`] for row-major `b`: each pair of rows is read once, in order,
+/// and its words handed to every strip (reading a strip's columns row
+/// after row instead strides through memory a row apart, and the loads
+/// wait on the caches). Strips are zeroed past the edge by the caller.
+#[inline(always)]
+fn pack_b_rows(
+    b: &View,
+    (k, words): (usize, usize),
+    cols: std::ops::Range<usize>,
+    p0: usize,
+    pairs: usize,
+    packed: &mut [u32],
+) {
+    let nb = cols.len();
+    let d = raw(b.data);
+    let strip_len = pairs * NR * words;
+    for p in 0..pairs {
+        let q = p0 + p;
+        let row = |r: usize| &d[b.offset + r * b.rs + cols.start..][..nb];
+        let (lo, hi) = (row(2 * q), (2 * q + 1 < k).then(|| row(2 * q + 1)));
+        for (s, c0) in (0..nb).step_by(NR).enumerate() {
+            let width = NR.min(nb - c0);
+            let at = s * strip_len + p * NR * words;
+            let lo = &lo[c0..c0 + width];
+            let hi = hi.map(|hi| &hi[c0..c0 + width]);
+            match words {
+                1 => interleave(lo, hi, &mut packed[at..at + width]),
+                _ => {
+                    widen(lo, &mut packed[at..at + width]);
+                    match hi {
+                        Some(hi) => widen(hi, &mut packed[at + NR..at + NR + width]),
+                        None => packed[at + NR..at + NR + width].fill(0),
+                    }
+                }
+            }
+        }
+    }
+}
+
+/// Pair words `0..pairs` of [`NR`] columns stored `cs` apart from `base`
+/// (each column contiguous in `k`), gathered into a packed strip: word `p`
+/// of column `c` to `strip[p * NR + c]`.
+///
+/// # Safety
+/// AVX-512 F is present; the words read lie in the buffer and every
+/// column offset fits an i32; `strip` holds `pairs * NR` words.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f")]
+unsafe fn gather_columns(base: *const u16, cs: i32, pairs: usize, strip: *mut u32) {
+    use std::arch::x86_64::*;
+    let columns = _mm512_mullo_epi32(
+        _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15),
+        _mm512_set1_epi32(cs),
+    );
+    let (low, high) = (base as *const i32, base.add(16 * cs as usize) as *const i32);
+    for p in 0..pairs {
+        // Offsets in 16-bit elements: column start plus the pair's two values.
+        let at = _mm512_add_epi32(columns, _mm512_set1_epi32(2 * p as i32));
+        _mm512_storeu_si512(strip.add(p * NR) as *mut _, _mm512_i32gather_epi32::<2>(at, low));
+        _mm512_storeu_si512(strip.add(p * NR + 16) as *mut _, _mm512_i32gather_epi32::<2>(at, high));
+    }
+}
+
 /// `out[c]` = `values[c]` widened to f32 bits.
 #[inline(always)]
 fn widen(values: &[u16], out: &mut [u32]) {
@@ -623,30 +732,37 @@ fn pack_a(
         pack_a_widened(a, k, rows, p0, pairs, packed);
         return;
     }
-    let (i0, mb) = (rows.start, rows.len());
+    let mb = rows.len();
     let strips = mb.div_ceil(MR);
     if !mb.is_multiple_of(MR) {
         // The last strip's rows past the edge.
         packed[(strips - 1) * pairs * MR..].chunks_mut(MR).for_each(|words| words[mb % MR..].fill(0));
     }
+    crate::kernels::simd::widest!(pack_a_pairs(a, k, rows, p0, pairs, packed));
+}
+
+/// [`pack_a`]'s pair words: each strip's [`MR`] words of a pair of
+/// columns written straight into it (transposed storage reads the two
+/// columns as contiguous runs).
+#[inline(always)]
+fn pack_a_pairs(a: &View, k: usize, rows: std::ops::Range<usize>, p0: usize, pairs: usize, packed: &mut [u32]) {
+    let (i0, mb) = (rows.start, rows.len());
     let d = raw(a.data);
-    let mut column_pair = vec![0u32; mb];
     for p in 0..pairs {
         let q = p0 + p;
         if a.rs == 1 {
-            // Transposed storage: two contiguous runs of `mb` rows.
             let column = |c: usize| &d[a.offset + c * a.cs + i0..][..mb];
-            let hi = (2 * q + 1 < k).then(|| column(2 * q + 1));
-            interleave(column(2 * q), hi, &mut column_pair);
-        } else {
-            for (i, w) in column_pair.iter_mut().enumerate() {
-                let hi = if 2 * q + 1 < k { a.bits(i0 + i, 2 * q + 1) } else { 0 };
-                *w = a.bits(i0 + i, 2 * q) | hi << 16;
+            let (lo, hi) = (column(2 * q), (2 * q + 1 < k).then(|| column(2 * q + 1)));
+            for (s, lo) in lo.chunks(MR).enumerate() {
+                let at = (s * pairs + p) * MR;
+                let hi = hi.map(|hi| &hi[s * MR..s * MR + lo.len()]);
+                interleave(lo, hi, &mut packed[at..at + lo.len()]);
             }
-        }
-        for (s, strip_words) in column_pair.chunks(MR).enumerate() {
-            let at = (s * pairs + p) * MR;
-            packed[at..at + strip_words.len()].copy_from_slice(strip_words);
+        } else {
+            for i in 0..mb {
+                let hi = if 2 * q + 1 < k { a.bits(i0 + i, 2 * q + 1) } else { 0 };
+                packed[((i / MR) * pairs + p) * MR + i % MR] = a.bits(i0 + i, 2 * q) | hi << 16;
+            }
         }
     }
 }
