@@ -79,7 +79,7 @@ impl CpuExecutable {
         let handed_over = last_run.map(|last_run| release_one_off_pool(&self.pool, last_run)).unwrap_or_default();
         let mut run = self.begin(inputs, handed_over);
         for step in &self.steps {
-            let started = profile::enabled().then(std::time::Instant::now);
+            let started = profile::enabled().then(|| (std::time::Instant::now(), profile::idle_nanos()));
             let (result, kind) = match &step.kernel {
                 Kernel::Primitive { node, .. } => {
                     let result = self.run_primitive(step, &mut run, context);
@@ -97,8 +97,9 @@ impl CpuExecutable {
                 }
             };
             result.map_err(|(op, detail)| Error::Execution { node: step.node_index, op, detail })?;
-            if let Some(t) = started {
-                profile::record(kind, &step.label, t.elapsed().as_nanos() as u64);
+            if let Some((t, idle)) = started {
+                let idle = profile::idle_nanos().saturating_sub(idle);
+                profile::record(kind, &step.label, t.elapsed().as_nanos() as u64, idle);
             }
         }
         let outputs = self.hand_out_outputs(&mut run);

@@ -56,9 +56,12 @@ impl Drop for RunEnds<'_> {
 
 /// Run the pool's pending jobs until `running` turns false, yielding the
 /// core between them (never sleeping on a futex).
+/// While profiling, the idle rounds are timed for the report.
 fn stay_busy(running: &AtomicBool) {
+    let profiling = crate::backend::profile::enabled();
     let mut idle = 0u32;
     while running.load(Ordering::Acquire) {
+        let look = profiling.then(std::time::Instant::now);
         match rayon::yield_now() {
             Some(rayon::Yield::Executed) => idle = 0,
             Some(rayon::Yield::Idle) | None => {
@@ -67,6 +70,9 @@ fn stay_busy(running: &AtomicBool) {
                     std::thread::yield_now();
                 } else {
                     (0..PAUSES_PER_LOOK).for_each(|_| std::hint::spin_loop());
+                }
+                if let Some(look) = look {
+                    crate::backend::profile::add_idle(look.elapsed().as_nanos() as u64);
                 }
             }
         }
