@@ -13,11 +13,16 @@ use std::time::Instant;
 /// Independent accumulator chains per thread: more than FMA latency times
 /// FMA units on current x86 cores (4 × 2).
 const CHAINS: usize = 12;
-/// Multiply-adds per chain in one measurement (a few milliseconds).
+/// Multiply-adds per chain in one measurement (about a millisecond).
 const ROUNDS: usize = 1 << 18;
+/// Measurements taken, a millisecond's pause apart, of which the best is
+/// kept: spread over some 40 ms, so that a host that takes a core away for
+/// a few milliseconds (seen on a 2-core virtual machine: five back-to-back
+/// measurements all read one core's rate) does not halve the ceiling.
+const TRIALS: usize = 20;
 
 /// The f32 FMA throughput of `threads` threads together, in GFLOP/s (a
-/// multiply-add counts as two FLOPs): the best of several short
+/// multiply-add counts as two FLOPs): the best of [`TRIALS`] short
 /// measurements, each timing the threads' chains from the first thread's
 /// start to the last thread's end (as the threads themselves see them: the
 /// spawning thread may not get a core while they run). Threads of their
@@ -26,8 +31,11 @@ const ROUNDS: usize = 1 << 18;
 /// scalar, and the result only a lower bound of the units' rate.
 pub fn fma_peak_gflops(threads: usize) -> f64 {
     let threads = threads.max(1);
-    (0..5)
-        .map(|_| {
+    (0..TRIALS)
+        .map(|trial| {
+            if trial > 0 {
+                std::thread::sleep(std::time::Duration::from_millis(1));
+            }
             let start = std::sync::Barrier::new(threads);
             let runs: Vec<(Instant, Instant, f64)> = std::thread::scope(|scope| {
                 let workers: Vec<_> = (0..threads)
