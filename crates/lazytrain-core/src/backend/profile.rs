@@ -108,7 +108,8 @@ pub fn report() -> String {
     let mut kinds: Vec<_> = tables.kinds.iter().collect();
     kinds.sort_by_key(|row| std::cmp::Reverse(row.1.nanos));
     let idle: u64 = tables.kinds.values().map(|v| v.idle).sum();
-    let mut out = format!("kernel time by kind (idle: time other pool threads found no work, {:.1} ms in all):\n", ms(idle));
+    let mut out =
+        format!("kernel time by kind (idle: time other pool threads found no work, {:.1} ms in all):\n", ms(idle));
     for (kind, totals) in kinds {
         let Totals { nanos, calls, idle } = *totals;
         out.push_str(&format!(
@@ -130,6 +131,11 @@ pub fn report() -> String {
             share(nanos),
             ms(idle)
         ));
+    }
+    let routes = crate::kernels::gemm_tuning::describe();
+    if !routes.is_empty() {
+        out.push_str("gemm routes kept after trials (the planned route's best time, the direct call's):\n");
+        out.push_str(&routes);
     }
     out
 }

@@ -2,6 +2,7 @@
 //! batched products and the widened bf16/f16 ones), and how many threads a
 //! product of a given size gets.
 
+use super::gemm_tuning;
 use super::numeric::Real;
 
 /// A matrix operand for [`gemm_into`]: its first element and its
@@ -197,7 +198,8 @@ fn with_scratch<T: Real, R>(
 /// `out = a x b` for an `m x k` and a `k x n` matrix through `gemm`, `out`
 /// row-major `m x n` (overwritten, not read). Layouts that `gemm` handles
 /// slowly go through a copy on the way, and a long shared dimension is
-/// split ([`GemmRoute::of`]).
+/// split ([`GemmRoute::of`]); a copy planned for a large product is first
+/// tried against the direct call on this machine ([`gemm_tuning`]).
 ///
 /// # Safety
 /// `a` and `b` address every element of their matrices inside live
@@ -209,7 +211,27 @@ pub(crate) unsafe fn gemm_into<T: Real + Send + Sync + 'static>(
     out: &mut [T],
     parallelism: gemm::Parallelism,
 ) {
-    gemm_routed(GemmRoute::of(dims, (a.rs, a.cs), (b.rs, b.cs)), dims, a, b, out, parallelism)
+    let planned = GemmRoute::of(dims, (a.rs, a.cs), (b.rs, b.cs));
+    let tried = match planned {
+        GemmRoute::CopyRhs | GemmRoute::TransposeOutput => dims.0 * dims.1 * dims.2 >= gemm_tuning::TRIED_FROM_MACS,
+        GemmRoute::Direct | GemmRoute::SplitK => false,
+    };
+    if !tried {
+        return gemm_routed(planned, dims, a, b, out, parallelism);
+    }
+    let threads = match parallelism {
+        gemm::Parallelism::Rayon(threads) => threads,
+        gemm::Parallelism::None => 1,
+    };
+    let key = (dims, (a.rs, a.cs), (b.rs, b.cs), threads);
+    match gemm_tuning::pick(key, planned) {
+        gemm_tuning::Pick::Untimed(route) => gemm_routed(route, dims, a, b, out, parallelism),
+        gemm_tuning::Pick::Timed(route, index) => {
+            let started = std::time::Instant::now();
+            gemm_routed(route, dims, a, b, out, parallelism);
+            gemm_tuning::record(key, index, started.elapsed().as_secs_f64());
+        }
+    }
 }
 
 /// [`gemm_into`] along `route`.
@@ -504,6 +526,42 @@ mod tests {
             assert!(transposed.iter().zip(&in_place).all(|(t, p)| t.to_bits() == p.to_bits()), "{parallelism:?}");
             let reference: f64 = (0..k).map(|p| f64::from(a[p * a_cs + m - 2]) * f64::from(b[p * n + 7])).sum();
             assert!((f64::from(transposed[(m - 2) * n + 7]) - reference).abs() < 1e-4, "the product itself");
+        }
+    }
+
+    /// The routes a product's trials choose between give the same bits
+    /// over several of `gemm`'s `k` blocks, on one thread and on two: a
+    /// tall product with a column-major left operand computed column-major,
+    /// and a product with a transposed right operand copied row-major,
+    /// against the direct call.
+    #[test]
+    fn tried_routes_give_the_direct_bits_over_long_shared_dimensions() {
+        let k = 2 * PACKED_DEPTH + 77;
+        let values = |len: usize, seed: usize| -> Vec<f32> {
+            (0..len).map(|i| (((i + seed) * 7919) % 1000) as f32 / 997.0 - 0.5).collect()
+        };
+        let (m, n) = (2 * TRANSPOSED_OUTPUT_MIN_ASPECT * TRANSPOSED_OUTPUT_MIN_N + 3, TRANSPOSED_OUTPUT_MIN_N + 1);
+        let (a, b) = (values(m * k, 1), values(k * n, 2));
+        let tall = (GemmOperand { ptr: a.as_ptr(), rs: 1, cs: m }, GemmOperand { ptr: b.as_ptr(), rs: n, cs: 1 });
+        let (m2, n2) = (70, 90);
+        let (c, d) = (values(m2 * k, 3), values(k * n2, 4));
+        let transposed_rhs =
+            (GemmOperand { ptr: c.as_ptr(), rs: k, cs: 1 }, GemmOperand { ptr: d.as_ptr(), rs: 1, cs: k });
+        for ((mm, nn), (x, y), route) in
+            [((m, n), tall, GemmRoute::TransposeOutput), ((m2, n2), transposed_rhs, GemmRoute::CopyRhs)]
+        {
+            for parallelism in [gemm::Parallelism::None, gemm::Parallelism::Rayon(2)] {
+                let (mut direct, mut routed) = (vec![0f32; mm * nn], vec![0f32; mm * nn]);
+                // SAFETY: both operands address their buffers, the outputs hold mm x nn.
+                unsafe {
+                    gemm_routed(GemmRoute::Direct, (mm, k, nn), x, y, &mut direct, parallelism);
+                    gemm_routed(route, (mm, k, nn), x, y, &mut routed, parallelism);
+                }
+                assert!(
+                    direct.iter().zip(&routed).all(|(p, q)| p.to_bits() == q.to_bits()),
+                    "{route:?} {parallelism:?}"
+                );
+            }
         }
     }
 

@@ -9,6 +9,7 @@ mod dot_widened;
 mod elementwise;
 pub(crate) mod fused;
 mod gemm;
+pub(crate) mod gemm_tuning;
 mod index;
 mod movement;
 pub(crate) mod numeric;
