@@ -604,12 +604,11 @@ fn pack_b(
             #[cfg(target_arch = "x86_64")]
             if words == 1 && width == NR && full > 0 && crate::kernels::simd::avx512() {
                 let last = (NR - 1) * b.cs + 2 * full - 1;
-                if let (Ok(cs), true) = (i32::try_from(b.cs), last < base.len()) {
+                if last < base.len() {
                     // SAFETY: AVX-512 F is present; every pair word read
                     // (columns below `NR`, pairs below `full`) ends at or
-                    // before `base[last]`, and `(NR - 1) * cs` fits an i32
-                    // offset (the last column's start is below `last`).
-                    unsafe { gather_columns(base.as_ptr(), cs, full, strip.as_mut_ptr()) };
+                    // before `base[last]`.
+                    unsafe { gather_columns(base.as_ptr(), b.cs, full, strip.as_mut_ptr()) };
                     if full < pairs {
                         for c in 0..width {
                             put(strip, (NR, words), full, c, u32::from(d[b.offset + (j + c) * b.cs + 2 * (p0 + full)]));
@@ -684,28 +683,75 @@ fn pack_b_rows(
     }
 }
 
-/// Pair words `0..pairs` of [`NR`] columns stored `cs` apart from `base`
-/// (each column contiguous in `k`), gathered into a packed strip: word `p`
-/// of column `c` to `strip[p * NR + c]`.
+/// Pair words `0..pairs` of [`NR`] columns stored `cs` elements apart from
+/// `base` (each column contiguous in `k`) into a packed strip: word `p` of
+/// column `c` to `strip[p * NR + c]`. Sixteen pairs at a time, each
+/// column's sixteen words are loaded as one vector (a cache line, in order
+/// down the column) and each half strip's 16 x 16 block of words is
+/// transposed in registers.
 ///
 /// # Safety
-/// AVX-512 F is present; the words read lie in the buffer and every
-/// column offset fits an i32; `strip` holds `pairs * NR` words.
+/// AVX-512 F is present; the `pairs` words of every column lie in the
+/// buffer; `strip` holds `pairs * NR` words.
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx512f")]
-unsafe fn gather_columns(base: *const u16, cs: i32, pairs: usize, strip: *mut u32) {
+unsafe fn gather_columns(base: *const u16, cs: usize, pairs: usize, strip: *mut u32) {
     use std::arch::x86_64::*;
-    let columns = _mm512_mullo_epi32(
-        _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15),
-        _mm512_set1_epi32(cs),
-    );
-    let (low, high) = (base as *const i32, base.add(16 * cs as usize) as *const i32);
-    for p in 0..pairs {
-        // Offsets in 16-bit elements: column start plus the pair's two values.
-        let at = _mm512_add_epi32(columns, _mm512_set1_epi32(2 * p as i32));
-        _mm512_storeu_si512(strip.add(p * NR) as *mut _, _mm512_i32gather_epi32::<2>(at, low));
-        _mm512_storeu_si512(strip.add(p * NR + 16) as *mut _, _mm512_i32gather_epi32::<2>(at, high));
+    for p1 in (0..pairs).step_by(16) {
+        let rows = 16.min(pairs - p1);
+        let mask: __mmask16 = if rows == 16 { 0xFFFF } else { (1 << rows) - 1 };
+        for half in 0..NR / 16 {
+            let columns: [__m512i; 16] = std::array::from_fn(|c| {
+                let column = base.add((16 * half + c) * cs + 2 * p1) as *const i32;
+                _mm512_maskz_loadu_epi32(mask, column)
+            });
+            let pairs_of_columns = transpose16(columns);
+            for (p, words) in pairs_of_columns.iter().take(rows).enumerate() {
+                _mm512_storeu_si512(strip.add((p1 + p) * NR + 16 * half) as *mut _, *words);
+            }
+        }
     }
+}
+
+/// The 16 x 16 block of 32-bit words in `rows`, transposed: word `i` of
+/// output `j` is word `j` of row `i` (pairs of rows interleaved, then pairs
+/// of pairs, then 128-bit lanes gathered in two rounds).
+#[cfg(target_arch = "x86_64")]
+#[inline(always)]
+unsafe fn transpose16(rows: [std::arch::x86_64::__m512i; 16]) -> [std::arch::x86_64::__m512i; 16] {
+    use std::arch::x86_64::*;
+    // Lane L of `pairs[2i]` holds words 4L, 4L + 1 of rows 2i, 2i + 1
+    // interleaved; of `pairs[2i + 1]`, words 4L + 2, 4L + 3.
+    let pairs: [__m512i; 16] = std::array::from_fn(|t| {
+        let (a, b) = (rows[t & !1], rows[t | 1]);
+        match t % 2 {
+            0 => _mm512_unpacklo_epi32(a, b),
+            _ => _mm512_unpackhi_epi32(a, b),
+        }
+    });
+    // Lane L of `quads[4g + e]` holds word 4L + e of rows 4g..4g + 4.
+    let quads: [__m512i; 16] = std::array::from_fn(|u| {
+        let (g, e) = (u / 4, u % 4);
+        let (a, b) = (pairs[4 * g + e / 2], pairs[4 * g + 2 + e / 2]);
+        match e % 2 {
+            0 => _mm512_unpacklo_epi64(a, b),
+            _ => _mm512_unpackhi_epi64(a, b),
+        }
+    });
+    // Output `4L + e` gathers lane L of `quads[e]`, `quads[4 + e]`,
+    // `quads[8 + e]` and `quads[12 + e]`.
+    let mut out = [_mm512_setzero_si512(); 16];
+    for e in 0..4 {
+        let even_lanes_low = _mm512_shuffle_i32x4::<0x88>(quads[e], quads[4 + e]);
+        let odd_lanes_low = _mm512_shuffle_i32x4::<0xDD>(quads[e], quads[4 + e]);
+        let even_lanes_high = _mm512_shuffle_i32x4::<0x88>(quads[8 + e], quads[12 + e]);
+        let odd_lanes_high = _mm512_shuffle_i32x4::<0xDD>(quads[8 + e], quads[12 + e]);
+        out[e] = _mm512_shuffle_i32x4::<0x88>(even_lanes_low, even_lanes_high);
+        out[8 + e] = _mm512_shuffle_i32x4::<0xDD>(even_lanes_low, even_lanes_high);
+        out[4 + e] = _mm512_shuffle_i32x4::<0x88>(odd_lanes_low, odd_lanes_high);
+        out[12 + e] = _mm512_shuffle_i32x4::<0xDD>(odd_lanes_low, odd_lanes_high);
+    }
+    out
 }
 
 /// `out[c]` = `values[c]` widened to f32 bits.
