@@ -608,7 +608,7 @@ fn pack_b(
                     // SAFETY: AVX-512 F is present; every pair word read
                     // (columns below `NR`, pairs below `full`) ends at or
                     // before `base[last]`.
-                    unsafe { gather_columns(base.as_ptr(), b.cs, full, strip.as_mut_ptr()) };
+                    unsafe { pack_transposed_columns(base.as_ptr(), b.cs, full, strip.as_mut_ptr()) };
                     if full < pairs {
                         for c in 0..width {
                             put(strip, (NR, words), full, c, u32::from(d[b.offset + (j + c) * b.cs + 2 * (p0 + full)]));
@@ -695,7 +695,7 @@ fn pack_b_rows(
 /// buffer; `strip` holds `pairs * NR` words.
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx512f")]
-unsafe fn gather_columns(base: *const u16, cs: usize, pairs: usize, strip: *mut u32) {
+unsafe fn pack_transposed_columns(base: *const u16, cs: usize, pairs: usize, strip: *mut u32) {
     use std::arch::x86_64::*;
     for p1 in (0..pairs).step_by(16) {
         let rows = 16.min(pairs - p1);
