@@ -593,7 +593,8 @@ fn pack_b(
             strip.chunks_mut(NR).for_each(|words| words[width..].fill(0));
         }
         if b.cs == 1 {
-            // Row-major storage: packed below, a pair of rows at a time.
+            // Row-major storage: `pack_b_rows` packed it above, a pair of
+            // rows at a time.
         } else if b.rs == 1 {
             // Transposed storage: each column is contiguous in `k`, so the
             // pair (2q, 2q + 1) of a column is one unaligned 32-bit word.
