@@ -133,4 +133,20 @@ mod tests {
         });
         assert!(outcome, "the panic reaches the caller");
     }
+
+    /// While profiling, a kept-warm thread with nothing to do counts the
+    /// time it looked for work: a run that keeps its leader busy for 30 ms
+    /// alone leaves at least 10 ms of idle time on the other thread's count
+    /// (whether it spun or the host parked it meanwhile).
+    #[test]
+    fn kept_warm_threads_count_their_idle_time_while_profiling() {
+        let pool = rayon::ThreadPoolBuilder::new().num_threads(2).build().unwrap();
+        let was = crate::backend::profile::enabled();
+        crate::backend::profile::set_enabled(true);
+        let before = crate::backend::profile::idle_nanos();
+        run_on_first_thread(&pool, || std::thread::sleep(Duration::from_millis(30)));
+        let idle = crate::backend::profile::idle_nanos() - before;
+        crate::backend::profile::set_enabled(was);
+        assert!(idle >= 10_000_000, "{idle} ns idle");
+    }
 }
