@@ -264,9 +264,8 @@ fn prepack(g: &Geometry, (len, side, unit): (usize, usize, usize), parts: usize,
     }
     let mut words = SHARED_PACKING.with_borrow_mut(std::mem::take);
     let len = *starts.last().expect("starts with 0");
-    sized(&mut words, len);
     // The jobs' words follow each other: hand out consecutive slices.
-    let mut rest: &mut [u32] = &mut words[..len];
+    let mut rest: &mut [u32] = sized(&mut words, len);
     let mut slices = Vec::with_capacity(jobs.len());
     for (size, range, p0, kp) in jobs {
         let (slice, tail) = std::mem::take(&mut rest).split_at_mut(size);
@@ -593,37 +592,24 @@ fn pack_b(
             strip.chunks_mut(NR).for_each(|words| words[width..].fill(0));
         }
         if b.cs == 1 {
-            // Row-major storage: `pack_b_rows` packed it above, a pair of
-            // rows at a time.
-        } else if b.rs == 1 {
+            // Row-major storage: packed above, a pair of rows at a time.
+            continue;
+        }
+        if b.rs == 1 {
             // Transposed storage: each column is contiguous in `k`, so the
             // pair (2q, 2q + 1) of a column is one unaligned 32-bit word.
             // Blocks of 16 pairs: the columns' words are read in runs and
             // the strip written a row of words at a time.
             let full = (k / 2).saturating_sub(p0).min(pairs);
             let base = &d[b.offset + j * b.cs + 2 * p0..];
-            #[cfg(target_arch = "x86_64")]
-            if words == 1 && width == NR && full > 0 && crate::kernels::simd::avx512() {
-                let last = (NR - 1) * b.cs + 2 * full - 1;
-                if last < base.len() {
-                    // SAFETY: AVX-512 F is present; every pair word read
-                    // (columns below `NR`, pairs below `full`) ends at or
-                    // before `base[last]`.
-                    unsafe { pack_transposed_columns(base.as_ptr(), b.cs, full, strip.as_mut_ptr()) };
-                    if full < pairs {
-                        for c in 0..width {
-                            put(strip, (NR, words), full, c, u32::from(d[b.offset + (j + c) * b.cs + 2 * (p0 + full)]));
+            if !(words == 1 && width == NR && pack_transposed_in_registers(base, b.cs, full, strip)) {
+                for p1 in (0..full).step_by(16) {
+                    let rows = 16.min(full - p1);
+                    for c in 0..width {
+                        let column = &base[c * b.cs + 2 * p1..][..2 * rows];
+                        for (r, pair) in column.chunks_exact(2).enumerate() {
+                            put(strip, (NR, words), p1 + r, c, u32::from(pair[0]) | u32::from(pair[1]) << 16);
                         }
-                    }
-                    continue;
-                }
-            }
-            for p1 in (0..full).step_by(16) {
-                let rows = 16.min(full - p1);
-                for c in 0..width {
-                    let column = &base[c * b.cs + 2 * p1..][..2 * rows];
-                    for (r, pair) in column.chunks_exact(2).enumerate() {
-                        put(strip, (NR, words), p1 + r, c, u32::from(pair[0]) | u32::from(pair[1]) << 16);
                     }
                 }
             }
@@ -682,6 +668,24 @@ fn pack_b_rows(
             }
         }
     }
+}
+
+/// Pack pair words `0..pairs` of [`NR`] columns stored `cs` elements apart
+/// from `base[0]` into `strip` with [`pack_transposed_columns`] when this
+/// CPU has AVX-512 and every word read lies in `base`; false (nothing
+/// written) otherwise.
+fn pack_transposed_in_registers(base: &[u16], cs: usize, pairs: usize, strip: &mut [u32]) -> bool {
+    #[cfg(target_arch = "x86_64")]
+    if pairs > 0 && strip.len() >= pairs * NR && (NR - 1) * cs + 2 * pairs <= base.len() && super::simd::avx512() {
+        // SAFETY: AVX-512 F is present; the last word read, pair `pairs - 1`
+        // of column `NR - 1`, ends at `base[(NR - 1) * cs + 2 * pairs - 1]`;
+        // the strip holds the words written.
+        unsafe { pack_transposed_columns(base.as_ptr(), cs, pairs, strip.as_mut_ptr()) };
+        return true;
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    let _ = (base, cs, pairs, strip);
+    false
 }
 
 /// Pair words `0..pairs` of [`NR`] columns stored `cs` elements apart from
