@@ -6,49 +6,16 @@
 //! programs by their own loops on AVX-512 CPUs. Each of these gives the
 //! bits of the plain schedule; all agree with the reference backend.
 
-use lazytrain_core::backend::{Backend, CpuBackend, Executable, ExecutableStats, ReferenceBackend};
+use lazytrain_core::backend::{Backend, CpuBackend, ExecutableStats, RecordingBackend, ReferenceBackend};
 use lazytrain_core::cache::CompileCache;
-use lazytrain_core::collective::RunContext;
-use lazytrain_core::schedule::{Capabilities, Schedule};
-use lazytrain_core::{grad, Buffer, DType, Device, Result, Tensor};
-use std::sync::{Arc, Mutex};
+use lazytrain_core::{grad, DType, Device, Tensor};
+use std::sync::Arc;
 
 /// Rows: three product panels (1024, 1024, 452), the middle row inside one
 /// (and inside a tile: 125 000 elements in, a part of a vector).
 const ROWS: usize = 2500;
 const HIDDEN: usize = 40;
 const INNER: usize = 100;
-
-/// A backend that records the stats of what it lowers.
-struct Recording {
-    inner: CpuBackend,
-    stats: Mutex<Vec<ExecutableStats>>,
-}
-
-impl Backend for Recording {
-    fn name(&self) -> &'static str {
-        self.inner.name()
-    }
-
-    fn capabilities(&self) -> Capabilities {
-        self.inner.capabilities()
-    }
-
-    fn lower(&self, schedule: &Schedule) -> Result<Arc<dyn Executable>> {
-        let executable = self.inner.lower(schedule)?;
-        self.stats.lock().unwrap().push(executable.stats());
-        Ok(executable)
-    }
-
-    fn execute(
-        &self,
-        executable: &dyn Executable,
-        inputs: Vec<Arc<Buffer>>,
-        context: &RunContext,
-    ) -> Result<Vec<Arc<Buffer>>> {
-        self.inner.execute(executable, inputs, context)
-    }
-}
 
 fn values(len: usize, salt: usize, spread: f32) -> Vec<f32> {
     (0..len).map(|i| (((i * 7919 + salt * 104_729) % 2003) as f32 / 1001.0 - 1.0) * spread).collect()
@@ -88,10 +55,9 @@ fn mlp_gradients(backend: Arc<dyn Backend>, bf16: bool) -> Vec<Vec<f32>> {
 
 /// The stats of the graphs the step compiled, and its values.
 fn run(backend: CpuBackend, bf16: bool) -> (ExecutableStats, Vec<Vec<f32>>) {
-    let recording = Arc::new(Recording { inner: backend, stats: Mutex::new(Vec::new()) });
+    let recording = Arc::new(RecordingBackend::new(backend));
     let values = mlp_gradients(recording.clone(), bf16);
-    let stats = recording.stats.lock().unwrap();
-    let total = stats.iter().fold(ExecutableStats::default(), |sum, s| ExecutableStats {
+    let total = recording.lowered().iter().fold(ExecutableStats::default(), |sum, s| ExecutableStats {
         epilogues: sum.epilogues + s.epilogues,
         fast_paths: sum.fast_paths + s.fast_paths,
         ..sum

@@ -2,9 +2,12 @@
 //! fixtures/gen_optim.py): 10 steps, weight decay on one group only, a new
 //! learning rate every step; 1e-6 relative agreement.
 
+use lazytrain_core::backend::{Backend, CpuBackend, RecordingBackend};
+use lazytrain_core::cache::CompileCache;
 use lazytrain_core::{Device, Tensor};
 use lazytrain_nn::optim::{AdamW, AdamWConfig, Optimizer, ParamGroup, Sgd, SgdConfig};
 use serde_json::Value;
+use std::sync::Arc;
 
 fn floats(v: &Value) -> Vec<f32> {
     v.as_array().unwrap().iter().map(|x| x.as_f64().unwrap() as f32).collect()
@@ -80,4 +83,50 @@ fn clipping_scales_by_the_global_norm_in_graph() {
     let ga = a.grad().unwrap().to_vec::<f32>().unwrap();
     assert!((ga[0] - 3.0 * scale as f32).abs() < 1e-6 && ga[1] == 0.0);
     assert!((b.grad().unwrap().item::<f32>().unwrap() - 4.0 * scale as f32).abs() < 1e-6);
+}
+
+/// Parameters and their optimizer after three AdamW steps on `backend`:
+/// a decaying `[271, 259]` weight (two threads' halves, each ending in a
+/// part of a vector) and a 37-element bias without decay, the gradients
+/// clipped by their global norm when `clip`.
+fn adamw_steps(backend: Arc<dyn Backend>, clip: bool) -> Vec<Vec<u32>> {
+    let dev = Device::with_backend(backend, Arc::new(CompileCache::new()), 0);
+    let values = |len: usize, salt: usize| -> Vec<f32> {
+        (0..len).map(|i| ((i * 7919 + salt * 104_729) % 2003) as f32 / 1001.0 - 1.0).collect()
+    };
+    let (rows, cols) = (271, 259);
+    let w =
+        lazytrain_nn::init::parameter(Tensor::from_vec(values(rows * cols, 1), [rows, cols], &dev).unwrap()).unwrap();
+    let b = lazytrain_nn::init::parameter(Tensor::from_vec(values(37, 2), [37], &dev).unwrap()).unwrap();
+    let groups = vec![
+        ParamGroup { params: vec![("w".into(), w.clone())], weight_decay: 0.01 },
+        ParamGroup { params: vec![("b".into(), b.clone())], weight_decay: 0.0 },
+    ];
+    let mut opt = AdamW::new(groups, AdamWConfig { lr: 1e-2, ..AdamWConfig::default() }).unwrap();
+    for t in 0..3 {
+        w.set_grad(Some(Tensor::from_vec(values(rows * cols, 3 + t), [rows, cols], &dev).unwrap()));
+        b.set_grad(Some(Tensor::from_vec(values(37, 7 + t), [37], &dev).unwrap()));
+        if clip {
+            lazytrain_nn::optim::clip_grad_norm(&[w.clone(), b.clone()], 0.5).unwrap();
+        }
+        opt.step().unwrap();
+        opt.zero_grad();
+        dev.mark_step().unwrap();
+    }
+    [&w, &b].iter().map(|p| p.to_vec::<f32>().unwrap().iter().map(|v| v.to_bits()).collect()).collect()
+}
+
+/// AdamW's update (with and without weight decay, with and without
+/// clipping) runs by a loop of its own, one kernel per parameter, with the
+/// bits of the kernels that run it instruction by instruction.
+#[test]
+fn adamw_updates_run_by_their_own_loop_with_the_interpreters_bits() {
+    for clip in [false, true] {
+        let fast = Arc::new(RecordingBackend::new(CpuBackend::default().with_fast_paths(true)));
+        let interpreted = Arc::new(RecordingBackend::new(CpuBackend::default().with_fast_paths(false)));
+        assert_eq!(adamw_steps(fast.clone(), clip), adamw_steps(interpreted.clone(), clip), "clip {clip}");
+        let update = fast.lowered().last().copied().unwrap();
+        assert_eq!(update.fast_paths, 2, "one loop per parameter (clip {clip}): {update:?}");
+        assert_eq!(interpreted.lowered().last().unwrap().fast_paths, 0);
+    }
 }

@@ -12,9 +12,11 @@
 
 mod cpu;
 pub mod profile;
+mod recording;
 mod reference;
 
 pub use cpu::CpuBackend;
+pub use recording::RecordingBackend;
 pub use reference::ReferenceBackend;
 
 use crate::collective::RunContext;
@@ -129,8 +131,13 @@ pub struct ExecutableStats {
     /// Row chains run a block of rows at a time (see [`crate::schedule::chain`]).
     pub row_chains: usize,
     /// Fused kernels run by a loop of their own instead of instruction by
-    /// instruction (GELU's forward and backward on AVX-512 CPUs).
+    /// instruction (GELU's forward and backward on AVX-512 CPUs, AdamW's
+    /// update).
     pub fast_paths: usize,
+    /// Other fused kernels run as lane programs: all their instructions on
+    /// a few vectors of elements at a time (straight-line programs, see
+    /// `kernels::fused::lanes`).
+    pub lane_programs: usize,
     /// Intermediate buffers after liveness-based reuse.
     pub buffers: usize,
     /// Bytes of all intermediate buffers (the planned peak).

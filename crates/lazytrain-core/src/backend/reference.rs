@@ -142,6 +142,7 @@ impl Executable for ReferenceExecutable {
             epilogues: 0,
             row_chains: 0,
             fast_paths: 0,
+            lane_programs: 0,
             buffers: self.memory.slots.len(),
             planned_bytes: self.memory.planned_bytes(),
             unplanned_bytes: self.memory.unplanned_bytes,

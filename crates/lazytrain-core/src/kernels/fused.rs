@@ -22,11 +22,14 @@ use crate::schedule::{Access, Load};
 use crate::storage::HostData;
 use half::bf16;
 
+mod adamw;
 mod chain;
 mod gelu;
+mod lanes;
 mod softmax_rows;
 pub(crate) use chain::{run_chain, ChainLink};
 pub(crate) use gelu::Gelu;
+pub(crate) use lanes::LaneProgram;
 
 /// Elements per tile: small enough that a program's live registers stay in
 /// the L1/L2 caches, large enough to amortise the per-op dispatch.
@@ -96,6 +99,10 @@ pub(crate) struct FusedProgram {
     /// one loop per tile (see [`Gelu`]); `None` runs every program by its
     /// instructions.
     pub gelu: Option<Gelu>,
+    /// When the program is a straight-line one, its form that runs a
+    /// vector of elements through all its instructions at a time (see
+    /// [`LaneProgram`]); `None` runs it by tiles.
+    pub lanes: Option<LaneProgram>,
 }
 
 /// Where a kernel input's data is: its own buffer, or an output buffer the
@@ -119,6 +126,12 @@ pub(crate) enum Source<'a> {
 impl FusedProgram {
     fn numel(&self) -> usize {
         self.shape.iter().product()
+    }
+
+    /// True when a loop of the kernels' own runs the program (GELU's,
+    /// AdamW's) rather than its instructions.
+    pub(crate) fn runs_own_loop(&self) -> bool {
+        self.gelu.is_some() || self.lanes.as_ref().is_some_and(LaneProgram::is_adamw)
     }
 
     /// True when output `k` is a reduction (one element per row).
@@ -341,12 +354,21 @@ impl FusedProgram {
         let mut regs: Vec<Vec<f32>> = vec![vec![0f32; TILE]; self.registers];
         let mut scratch = vec![0usize; self.shape.len()];
         let mut rows = vec![RowLanes::<f32>::default(); outs.0.len()];
+        let mut lanes = self.lanes.as_ref().and_then(|l| l.bind(&self.loads, inputs, &outs.0));
         let mut at = start;
         let mut panel_end = if panels.is_some() { start } else { end };
         while at < end {
             if let Some(p) = panels.filter(|_| at == panel_end) {
                 panel_end = (at + p.size).min(end);
                 (p.compute)(at, panel_end);
+            }
+            if let Some(lanes) = lanes.as_mut() {
+                // SAFETY: this thread owns elements at..panel_end of every
+                // output, and every input holds them.
+                at = unsafe { lanes.run(at, panel_end) };
+                if at == panel_end {
+                    continue;
+                }
             }
             let len = TILE.min(panel_end - at);
             let (before, after) = match self.gelu {

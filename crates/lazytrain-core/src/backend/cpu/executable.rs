@@ -402,7 +402,16 @@ impl CpuExecutable {
                 .steps
                 .iter()
                 .flat_map(Step::parts)
-                .filter(|s| matches!(&s.kernel, Kernel::Fused { program, .. } if program.gelu.is_some()))
+                .filter(|s| matches!(&s.kernel, Kernel::Fused { program, .. } if program.runs_own_loop()))
+                .count(),
+            lane_programs: self
+                .steps
+                .iter()
+                .flat_map(Step::parts)
+                .filter(|s| {
+                    matches!(&s.kernel, Kernel::Fused { program, .. }
+                        if !program.runs_own_loop() && program.lanes.is_some())
+                })
                 .count(),
             buffers: self.plan.slots.len(),
             planned_bytes: self.plan.planned_bytes(),

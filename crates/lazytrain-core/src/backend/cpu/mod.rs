@@ -128,8 +128,9 @@ impl CpuBackend {
     }
 
     /// The same backend running the fused programs the kernels recognise
-    /// (GELU's) by their own loops, or every program instruction by
-    /// instruction (the same bits either way).
+    /// (GELU's, AdamW's) by their own loops and straight-line programs as
+    /// lane programs, or every program instruction by instruction over
+    /// tiles (the same bits either way).
     pub fn with_fast_paths(self, fast_paths: bool) -> CpuBackend {
         CpuBackend { fast_paths: fast_paths && self.fuse, ..self }
     }

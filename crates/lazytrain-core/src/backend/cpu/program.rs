@@ -5,7 +5,7 @@
 
 use crate::dtype::DType;
 use crate::ir::{BinaryOp, Graph, Op};
-use crate::kernels::fused::{FusedProgram, Gelu, Instr, Src};
+use crate::kernels::fused::{FusedProgram, Gelu, Instr, LaneProgram, Src};
 use crate::schedule::fusion::never_fused;
 use crate::schedule::{Group, MemberRead};
 
@@ -43,7 +43,8 @@ impl ProgramBuilder {
 }
 
 /// Assemble the kernel of `group`; with `fast_paths`, a program the
-/// kernels recognise (GELU's) runs by their loop for it.
+/// kernels recognise (GELU's) runs by their loop for it, and a
+/// straight-line one as a lane program (AdamW's by a loop of its own).
 pub(super) fn build_program(graph: &Graph, group: &Group, fast_paths: bool) -> FusedProgram {
     let mut program = ProgramBuilder::default();
     let mut value_of: Vec<Option<Value>> = vec![None; graph.nodes.len()];
@@ -119,6 +120,10 @@ pub(super) fn build_program(graph: &Graph, group: &Group, fast_paths: bool) -> F
     }
     let (instrs, registers) = allocate_registers(program.instrs, program.registers);
     let gelu = if fast_paths { Gelu::recognise(&instrs) } else { None };
+    let lanes = match (fast_paths, gelu) {
+        (true, None) => LaneProgram::compile(&instrs, &group.loads, registers),
+        (false, _) | (true, Some(_)) => None,
+    };
     FusedProgram {
         shape: group.shape.clone(),
         loads: group.loads.clone(),
@@ -128,6 +133,7 @@ pub(super) fn build_program(graph: &Graph, group: &Group, fast_paths: bool) -> F
         reduce_inner: group.reduce_inner,
         column_len: group.column_len,
         gelu,
+        lanes,
     }
 }
 

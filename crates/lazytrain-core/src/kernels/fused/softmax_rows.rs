@@ -371,6 +371,7 @@ mod tests {
             reduce_inner: if k < 2 { width } else { 0 },
             column_len: if k == 3 { width } else { 0 },
             gelu: None,
+            lanes: None,
         }
     }
 
