@@ -155,8 +155,9 @@ impl FusedProgram {
         }
     }
 
-    /// A one-line summary for the profile report: shape, loads, outputs and
-    /// the ops the program computes (in order, repeats collapsed).
+    /// A one-line summary for the profile report: shape, loads, outputs,
+    /// the ops the program computes (in order, repeats collapsed) and the
+    /// loop that runs it, where not the tile interpreter.
     pub(crate) fn describe(&self) -> String {
         let mut ops: Vec<&str> = Vec::new();
         for instr in &self.instrs {
@@ -187,7 +188,14 @@ impl FusedProgram {
             })
             .collect();
         let outputs: Vec<String> = self.output_dtypes.iter().map(ToString::to_string).collect();
-        format!("fused {:?} ({}) -> ({}): {}", self.shape, loads.join(", "), outputs.join(", "), ops.join(" "))
+        let how = match (self.gelu, &self.lanes) {
+            (Some(_), _) => " (GELU loop)",
+            (None, Some(lanes)) if lanes.is_adamw() => " (AdamW loop)",
+            (None, Some(_)) => " (lanes)",
+            (None, None) => "",
+        };
+        let (loads, outputs) = (loads.join(", "), outputs.join(", "));
+        format!("fused {:?} ({loads}) -> ({outputs}): {}{how}", self.shape, ops.join(" "))
     }
 
     /// Run over all tiles. `outputs` are sized for the shape (in-place
