@@ -15,7 +15,8 @@
 //! instructions writes its result to a register file in memory; this loop
 //! keeps them in vector registers, as a hand-written fused optimizer does
 //! (measured on a 2-core AMD Zen 4, BERT-base's `[30522, 768]` embeddings:
-//! 36 ms by tiles, 42 ms as a lane program, 11 ms here).
+//! 36 ms by tiles, 28.5 ms as a lane program, 11 ms here; a C loop of the
+//! same arithmetic, 8.3 ms).
 //!
 //! The update is recognised by the expressions the program stores, not by
 //! its instruction list: register allocation and instruction order may
