@@ -141,7 +141,7 @@ fn unary_inplace_lanes(op: UnaryOp, out: &mut HostData) -> Result<(), String> {
     Ok(())
 }
 
-pub(super) fn nan_max<R: Real>(a: R, b: R) -> R {
+fn nan_max<R: Real>(a: R, b: R) -> R {
     if a.is_nan() || b.is_nan() {
         R::NAN
     } else if a >= b {
@@ -151,7 +151,7 @@ pub(super) fn nan_max<R: Real>(a: R, b: R) -> R {
     }
 }
 
-pub(super) fn nan_min<R: Real>(a: R, b: R) -> R {
+fn nan_min<R: Real>(a: R, b: R) -> R {
     if a.is_nan() || b.is_nan() {
         R::NAN
     } else if a <= b {

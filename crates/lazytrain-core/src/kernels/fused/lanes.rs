@@ -26,7 +26,7 @@
 use super::adamw::AdamWUpdate;
 use super::{Instr, OutView, Source, Src};
 use crate::ir::{BinaryOp, CmpOp, UnaryOp};
-use crate::kernels::elementwise::{nan_max, nan_min};
+use crate::kernels::elementwise::{compare_lanes, float_binary, float_unary, select_lanes};
 use crate::kernels::numeric::{bf16_from_f32, bf16_to_f32};
 use crate::schedule::{Access, Load};
 use crate::storage::HostData;
@@ -328,42 +328,36 @@ pub(super) fn zip(a: &Vector, b: &Vector, f: impl Fn(f32, f32) -> f32) -> Vector
     out
 }
 
+/// `op(x)` by the interpreter's own lanes (`float_unary`).
 #[inline(always)]
 fn unary(op: UnaryOp, x: &Vector) -> Vector {
-    match op {
-        UnaryOp::Neg => map(x, |v| -v),
-        UnaryOp::Sqrt => map(x, f32::sqrt),
-        UnaryOp::Rsqrt => map(x, |v| 1.0 / v.sqrt()),
-        UnaryOp::Abs => map(x, f32::abs),
-        UnaryOp::Recip => map(x, |v| 1.0 / v),
-        UnaryOp::Exp | UnaryOp::Log | UnaryOp::Tanh | UnaryOp::Erf => unreachable!("not compiled to lanes"),
-    }
+    let mut out = Vector([0f32; LANES]);
+    float_unary(op, (&x.0[..], &mut out.0[..]));
+    out
 }
 
+/// `a op b` by the interpreter's own lanes (`float_binary`).
 #[inline(always)]
 fn binary(op: BinaryOp, a: &Vector, b: &Vector) -> Vector {
-    match op {
-        BinaryOp::Add => zip(a, b, |x, y| x + y),
-        BinaryOp::Sub => zip(a, b, |x, y| x - y),
-        BinaryOp::Mul => zip(a, b, |x, y| x * y),
-        BinaryOp::Div => zip(a, b, |x, y| x / y),
-        BinaryOp::Max => zip(a, b, nan_max),
-        BinaryOp::Min => zip(a, b, nan_min),
-        BinaryOp::Pow => unreachable!("not compiled to lanes"),
-    }
+    let mut out = Vector([0f32; LANES]);
+    float_binary(op, (&a.0[..], &b.0[..], &mut out.0[..]));
+    out
 }
 
+/// `(a cmp b) as 0/1` by the interpreter's own lanes (`compare_lanes`).
 #[inline(always)]
 fn compare(op: CmpOp, a: &Vector, b: &Vector) -> Vector {
-    let as_value = |t: bool| f32::from(u8::from(t));
-    match op {
-        CmpOp::Eq => zip(a, b, |x, y| as_value(x == y)),
-        CmpOp::Ne => zip(a, b, |x, y| as_value(x != y)),
-        CmpOp::Lt => zip(a, b, |x, y| as_value(x < y)),
-        CmpOp::Le => zip(a, b, |x, y| as_value(x <= y)),
-        CmpOp::Gt => zip(a, b, |x, y| as_value(x > y)),
-        CmpOp::Ge => zip(a, b, |x, y| as_value(x >= y)),
-    }
+    let mut out = Vector([0f32; LANES]);
+    compare_lanes(op, &a.0, &b.0, &mut out.0, |t| f32::from(u8::from(t)));
+    out
+}
+
+/// `c != 0 ? a : b` by the interpreter's own lanes (`select_lanes`).
+#[inline(always)]
+fn select(c: &Vector, a: &Vector, b: &Vector) -> Vector {
+    let mut out = Vector([0f32; LANES]);
+    select_lanes(&c.0, &a.0, &b.0, &mut out.0, |c| c != 0.0);
+    out
 }
 
 impl BoundLanes<'_> {
@@ -387,14 +381,7 @@ impl BoundLanes<'_> {
                     Op::Unary { op, src, dst } => regs[dst] = unary(op, &regs[src]),
                     Op::Binary { op, a, b, dst } => regs[dst] = binary(op, &regs[a], &regs[b]),
                     Op::Compare { op, a, b, dst } => regs[dst] = compare(op, &regs[a], &regs[b]),
-                    Op::Select { c, a, b, dst } => {
-                        let (c, a, b) = (&regs[c], &regs[a], &regs[b]);
-                        let mut out = Vector([0f32; LANES]);
-                        for (k, o) in out.0.iter_mut().enumerate() {
-                            *o = if c.0[k] != 0.0 { a.0[k] } else { b.0[k] };
-                        }
-                        regs[dst] = out;
-                    }
+                    Op::Select { c, a, b, dst } => regs[dst] = select(&regs[c], &regs[a], &regs[b]),
                     Op::ToBool { src, dst } => regs[dst] = map(&regs[src], |v| f32::from(u8::from(v != 0.0))),
                     Op::RoundBf16 { src, dst } => regs[dst] = map(&regs[src], |v| bf16_to_f32(bf16_from_f32(v))),
                     Op::Store { src, out } => write(self.outs[out], at, &regs[src]),
