@@ -359,7 +359,9 @@ impl FusedProgram {
         panels: Option<&Panels>,
         columns: &mut [Vec<f64>],
     ) -> Result<(), String> {
-        let mut regs: Vec<Vec<f32>> = vec![vec![0f32; TILE]; self.registers];
+        // The tile registers, made when a tile first runs (a lane program
+        // whose range is whole vectors never needs them).
+        let mut regs: Vec<Vec<f32>> = Vec::new();
         let mut scratch = vec![0usize; self.shape.len()];
         let mut rows = vec![RowLanes::<f32>::default(); outs.0.len()];
         let mut lanes = self.lanes.as_ref().and_then(|l| l.bind(&self.loads, inputs, &outs.0));
@@ -377,6 +379,9 @@ impl FusedProgram {
                 if at == panel_end {
                     continue;
                 }
+            }
+            if regs.is_empty() {
+                regs = vec![vec![0f32; TILE]; self.registers];
             }
             let len = TILE.min(panel_end - at);
             let (before, after) = match self.gelu {
