@@ -24,6 +24,15 @@ use super::bf16_arithmetic::{arithmetic, micro_kernel_fma, Arithmetic};
 use super::numeric::bf16_from_f32;
 use half::bf16;
 
+/// Pairs of `k` ahead of the one being packed whose values the packing
+/// loops of row-major right operands and transposed left ones ask the CPU
+/// to load ([`crate::kernels::simd::prefetch`]): each pair is two short
+/// runs a row apart, which the hardware prefetchers do not run ahead of
+/// when the operand comes from memory. A weight gradient `X^T dY` with
+/// both operands out of cache (`[2048, 512]^T x [2048, 2048]`, median of
+/// 300 on a 2-core AMD EPYC Genoa): 12.0–13.2 ms without, 11.5–11.6 with.
+const PREFETCH_PAIRS: usize = 4;
+
 /// Rows of the register tile.
 pub(crate) const MR: usize = 8;
 /// Columns of the register tile (two vectors of 16 f32).
@@ -651,6 +660,11 @@ fn pack_b_rows(
         let q = p0 + p;
         let row = |r: usize| &d[b.offset + r * b.rs + cols.start..][..nb];
         let (lo, hi) = (row(2 * q), (2 * q + 1 < k).then(|| row(2 * q + 1)));
+        if p + PREFETCH_PAIRS < pairs {
+            let ahead = b.offset + 2 * (q + PREFETCH_PAIRS) * b.rs + cols.start;
+            crate::kernels::simd::prefetch(d.as_ptr().wrapping_add(ahead), nb);
+            crate::kernels::simd::prefetch(d.as_ptr().wrapping_add(ahead + b.rs), nb);
+        }
         for (s, c0) in (0..nb).step_by(NR).enumerate() {
             let width = NR.min(nb - c0);
             let at = s * strip_len + p * NR * words;
@@ -803,6 +817,11 @@ fn pack_a_pairs(a: &View, k: usize, rows: std::ops::Range<usize>, p0: usize, pai
         let q = p0 + p;
         if a.rs == 1 {
             let column = |c: usize| &d[a.offset + c * a.cs + i0..][..mb];
+            if p + PREFETCH_PAIRS < pairs {
+                let ahead = a.offset + 2 * (q + PREFETCH_PAIRS) * a.cs + i0;
+                crate::kernels::simd::prefetch(d.as_ptr().wrapping_add(ahead), mb);
+                crate::kernels::simd::prefetch(d.as_ptr().wrapping_add(ahead + a.cs), mb);
+            }
             let (lo, hi) = (column(2 * q), (2 * q + 1 < k).then(|| column(2 * q + 1)));
             for (s, lo) in lo.chunks(MR).enumerate() {
                 let at = (s * pairs + p) * MR;

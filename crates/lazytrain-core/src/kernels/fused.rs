@@ -688,20 +688,7 @@ fn load_tile(
 /// its time at BERT-base's shapes).
 #[inline(always)]
 fn prefetch_next_tile<T>(base: *const T, start: usize, len: usize) {
-    #[cfg(target_arch = "x86_64")]
-    {
-        let line = (64 / std::mem::size_of::<T>().max(1)).max(1);
-        let next = base.wrapping_add(start + len);
-        for k in (0..len).step_by(line) {
-            // SAFETY: a prefetch is only a hint and never faults, even past
-            // the end of the buffer.
-            unsafe {
-                std::arch::x86_64::_mm_prefetch::<{ std::arch::x86_64::_MM_HINT_T0 }>(next.wrapping_add(k).cast())
-            };
-        }
-    }
-    #[cfg(not(target_arch = "x86_64"))]
-    let _ = (base, start, len);
+    super::simd::prefetch(base.wrapping_add(start + len), len);
 }
 
 #[inline(always)]

@@ -40,10 +40,16 @@ impl<T> GemmOperand<T> {
 /// long and the product has at least [`TRANSPOSE_RHS_FROM_M`] rows: `gemm`
 /// packs such an operand slowly when `k` is long (BERT-base's feed-forward
 /// output, `[1024, 3072] x [768, 3072]^T`: 15.9 ms against 11.0 ms with the
-/// operand row-major on a 2-core Zen machine; no faster at `k` = 2048 and
-/// the same at 1024), and the copy takes about 1.5 ms. The values are the
+/// operand row-major on a 2-core Zen 5; there no faster at `k` = 2048 and
+/// the same at 1024), and the copy takes about 1.5 ms. On a 2-core Zen 4
+/// (AMD EPYC Genoa) the copy also won at 1024 and 2048: BERT-small's
+/// `[2048, 2048] x [512, 2048]^T` 21.1 against 22.2 ms, BERT-mini's
+/// `[4096, 1024] x [256, 1024]^T` 10.3 against 10.8, `[440, 2048] x [512,
+/// 2048]^T` 5.7 against 7.1 (at 512 it lost: 5.75 against 5.28 ms). Each
+/// large product tries both on the machine it runs on ([`gemm_tuning`]),
+/// so the threshold only says where trying is worth it. The values are the
 /// same bits: `gemm` packs either layout into the same panels.
-const TRANSPOSE_RHS_FROM_K: usize = 3072;
+const TRANSPOSE_RHS_FROM_K: usize = 1024;
 /// See [`TRANSPOSE_RHS_FROM_K`]: the copy is paid once per call, the time
 /// it saves grows with the rows.
 const TRANSPOSE_RHS_FROM_M: usize = 256;
@@ -178,7 +184,7 @@ thread_local! {
 /// contents are unspecified). The buffer is taken out of `cell` meanwhile:
 /// a thread waiting for the other half of a split product may run another
 /// product that needs the same kind of scratch (it then gets a new one).
-fn with_scratch<T: Real, R>(
+pub(super) fn with_scratch<T: Real, R>(
     cell: &'static std::thread::LocalKey<std::cell::RefCell<Vec<u64>>>,
     len: usize,
     f: impl FnOnce(&mut [T]) -> R,

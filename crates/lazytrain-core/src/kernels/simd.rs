@@ -71,3 +71,23 @@ macro_rules! widest {
     }};
 }
 pub(crate) use widest;
+
+/// Ask the CPU to start loading the `len` values from `first` into its
+/// caches (a hint: never faults, even past the end of a buffer). For reads
+/// the hardware prefetchers do not run ahead of: short runs far apart, or
+/// a stream read in bursts between passes of arithmetic.
+#[inline(always)]
+pub(crate) fn prefetch<T>(first: *const T, len: usize) {
+    #[cfg(target_arch = "x86_64")]
+    {
+        let line = (64 / std::mem::size_of::<T>().max(1)).max(1);
+        for k in (0..len).step_by(line) {
+            // SAFETY: a prefetch is only a hint and never faults.
+            unsafe {
+                std::arch::x86_64::_mm_prefetch::<{ std::arch::x86_64::_MM_HINT_T0 }>(first.wrapping_add(k).cast())
+            };
+        }
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    let _ = (first, len);
+}
