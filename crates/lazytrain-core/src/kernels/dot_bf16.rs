@@ -724,53 +724,12 @@ unsafe fn pack_transposed_columns(base: *const u16, cs: usize, pairs: usize, str
                 let column = base.add((16 * half + c) * cs + 2 * p1) as *const i32;
                 _mm512_maskz_loadu_epi32(mask, column)
             });
-            let pairs_of_columns = transpose16(columns);
+            let pairs_of_columns = super::simd::transpose16(columns);
             for (p, words) in pairs_of_columns.iter().take(rows).enumerate() {
                 _mm512_storeu_si512(strip.add((p1 + p) * NR + 16 * half) as *mut _, *words);
             }
         }
     }
-}
-
-/// The 16 x 16 block of 32-bit words in `rows`, transposed: word `i` of
-/// output `j` is word `j` of row `i` (pairs of rows interleaved, then pairs
-/// of pairs, then 128-bit lanes gathered in two rounds).
-#[cfg(target_arch = "x86_64")]
-#[inline(always)]
-unsafe fn transpose16(rows: [std::arch::x86_64::__m512i; 16]) -> [std::arch::x86_64::__m512i; 16] {
-    use std::arch::x86_64::*;
-    // Lane L of `pairs[2i]` holds words 4L, 4L + 1 of rows 2i, 2i + 1
-    // interleaved; of `pairs[2i + 1]`, words 4L + 2, 4L + 3.
-    let pairs: [__m512i; 16] = std::array::from_fn(|t| {
-        let (a, b) = (rows[t & !1], rows[t | 1]);
-        match t % 2 {
-            0 => _mm512_unpacklo_epi32(a, b),
-            _ => _mm512_unpackhi_epi32(a, b),
-        }
-    });
-    // Lane L of `quads[4g + e]` holds word 4L + e of rows 4g..4g + 4.
-    let quads: [__m512i; 16] = std::array::from_fn(|u| {
-        let (g, e) = (u / 4, u % 4);
-        let (a, b) = (pairs[4 * g + e / 2], pairs[4 * g + 2 + e / 2]);
-        match e % 2 {
-            0 => _mm512_unpacklo_epi64(a, b),
-            _ => _mm512_unpackhi_epi64(a, b),
-        }
-    });
-    // Output `4L + e` gathers lane L of `quads[e]`, `quads[4 + e]`,
-    // `quads[8 + e]` and `quads[12 + e]`.
-    let mut out = [_mm512_setzero_si512(); 16];
-    for e in 0..4 {
-        let even_lanes_low = _mm512_shuffle_i32x4::<0x88>(quads[e], quads[4 + e]);
-        let odd_lanes_low = _mm512_shuffle_i32x4::<0xDD>(quads[e], quads[4 + e]);
-        let even_lanes_high = _mm512_shuffle_i32x4::<0x88>(quads[8 + e], quads[12 + e]);
-        let odd_lanes_high = _mm512_shuffle_i32x4::<0xDD>(quads[8 + e], quads[12 + e]);
-        out[e] = _mm512_shuffle_i32x4::<0x88>(even_lanes_low, even_lanes_high);
-        out[8 + e] = _mm512_shuffle_i32x4::<0xDD>(even_lanes_low, even_lanes_high);
-        out[4 + e] = _mm512_shuffle_i32x4::<0x88>(odd_lanes_low, odd_lanes_high);
-        out[12 + e] = _mm512_shuffle_i32x4::<0xDD>(odd_lanes_low, odd_lanes_high);
-    }
-    out
 }
 
 /// `out[c]` = `values[c]` widened to f32 bits.

@@ -319,6 +319,18 @@ unsafe fn transpose_columns<T: Real + Send + Sync>(
     let b = SendPtr(b);
     let rows_of = |(block, rows): (usize, &mut [T])| {
         let k0 = block * ROWS;
+        #[cfg(target_arch = "x86_64")]
+        if std::mem::size_of::<T>() == 4 && super::simd::avx512() {
+            // SAFETY: AVX-512 F is present; `T` is a 4-byte float, moved as
+            // its bits; the columns' words are the caller's, `rows` holds
+            // the block's `rows.len() / n` rows of `n`.
+            unsafe {
+                let src = (b.at(k0) as *const u32, cs);
+                let dst = (rows.as_mut_ptr() as *mut u32, n);
+                super::simd::transpose_words(src, dst, (rows.len() / n, n));
+            }
+            return;
+        }
         for j in 0..n {
             // SAFETY: the caller's; `k0 + rows.len() / n <= k`.
             let column = unsafe { std::slice::from_raw_parts(b.at(j * cs + k0), rows.len() / n) };
