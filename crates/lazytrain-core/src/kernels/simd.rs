@@ -182,7 +182,7 @@ mod tests {
         }
         for (rows, cols, src_stride, dst_stride) in [(32, 48, 40, 50), (37, 21, 37, 21), (5, 3, 9, 4), (16, 16, 16, 16)]
         {
-            let src: Vec<u32> = (0..cols * src_stride).map(|i| i as u32 * 2_654_435_761).collect();
+            let src: Vec<u32> = (0..cols * src_stride).map(|i| (i as u32).wrapping_mul(2_654_435_761)).collect();
             let mut dst = vec![u32::MAX; rows * dst_stride];
             // SAFETY: the test has AVX-512; both buffers hold the words addressed.
             unsafe { super::transpose_words((src.as_ptr(), src_stride), (dst.as_mut_ptr(), dst_stride), (rows, cols)) };
