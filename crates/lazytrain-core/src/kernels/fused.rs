@@ -473,7 +473,7 @@ impl FusedProgram {
             }
             Instr::ToBool { src, dst } => {
                 let mut out = std::mem::take(&mut regs[dst]);
-                (&regs[src][..len], &mut out[..len]).apply(|x| f32::from(u8::from(x != 0.0)));
+                (&regs[src][..len], &mut out[..len]).apply(to_bool);
                 regs[dst] = out;
             }
             Instr::Random { input, stream, dst } => {
@@ -486,7 +486,7 @@ impl FusedProgram {
             }
             Instr::RoundBf16 { src, dst } => {
                 let mut out = std::mem::take(&mut regs[dst]);
-                (&regs[src][..len], &mut out[..len]).apply(|x| bf16_to_f32(bf16_from_f32(x)));
+                (&regs[src][..len], &mut out[..len]).apply(round_bf16);
                 regs[dst] = out;
             }
             Instr::Store { src, out } => {
@@ -677,6 +677,18 @@ fn load_tile(
         other => return Err(format!("a fused kernel cannot load {} values", other.dtype())),
     }
     Ok(())
+}
+
+/// [`Instr::ToBool`] on one value: 1 for any value but zero (NaN too), else 0.
+#[inline(always)]
+fn to_bool(x: f32) -> f32 {
+    f32::from(u8::from(x != 0.0))
+}
+
+/// [`Instr::RoundBf16`] on one value: `x` rounded to the nearest bf16.
+#[inline(always)]
+fn round_bf16(x: f32) -> f32 {
+    bf16_to_f32(bf16_from_f32(x))
 }
 
 /// Ask the CPU to start loading the next tile of a buffer read at

@@ -24,7 +24,7 @@
 //! (unit tests below).
 
 use super::adamw::AdamWUpdate;
-use super::{Instr, OutView, Source, Src};
+use super::{round_bf16, to_bool, Instr, OutView, Source, Src};
 use crate::ir::{BinaryOp, CmpOp, UnaryOp};
 use crate::kernels::elementwise::{compare_lanes, float_binary, float_unary, select_lanes};
 use crate::kernels::numeric::{bf16_from_f32, bf16_to_f32};
@@ -382,8 +382,8 @@ impl BoundLanes<'_> {
                     Op::Binary { op, a, b, dst } => regs[dst] = binary(op, &regs[a], &regs[b]),
                     Op::Compare { op, a, b, dst } => regs[dst] = compare(op, &regs[a], &regs[b]),
                     Op::Select { c, a, b, dst } => regs[dst] = select(&regs[c], &regs[a], &regs[b]),
-                    Op::ToBool { src, dst } => regs[dst] = map(&regs[src], |v| f32::from(u8::from(v != 0.0))),
-                    Op::RoundBf16 { src, dst } => regs[dst] = map(&regs[src], |v| bf16_to_f32(bf16_from_f32(v))),
+                    Op::ToBool { src, dst } => regs[dst] = map(&regs[src], to_bool),
+                    Op::RoundBf16 { src, dst } => regs[dst] = map(&regs[src], round_bf16),
                     Op::Store { src, out } => write(self.outs[out], at, &regs[src]),
                 }
             }
