@@ -9,11 +9,14 @@
 //! aligned ones.
 //!
 //! It also keeps a few large blocks aligned past a line when they are
-//! freed, for the next request of the same layout: `gemm` allocates its
-//! packing buffers (6 and 16 MiB, 128-byte aligned) on every call, and how
-//! often glibc then maps fresh pages for them depends on the heap's layout.
-//! With line-aligned tensors beside them a GPT-2 small f32 step faulted in
-//! 43 038 pages (168 MB) every step; kept blocks fault in nothing.
+//! freed, for the next request of that alignment that fits in one: `gemm`
+//! allocates its packing buffers (64 KiB to 16 MiB, 128-byte aligned) on
+//! every call, and how often glibc then maps fresh pages for them depends
+//! on the heap's layout and on which thread's arena serves the call. With
+//! line-aligned tensors beside them a GPT-2 small f32 step faulted in
+//! 43 038 pages (168 MB) every step; BERT-tiny's steady steps, whose
+//! products run on whichever pool thread is free, faulted in a packing
+//! buffer's 97 pages now and then. Kept blocks fault in nothing.
 //!
 //! Programs opt in, as they would for any allocator:
 //!
@@ -33,8 +36,9 @@ use std::alloc::{GlobalAlloc, Layout, System};
 /// stay plain `malloc` blocks, so `realloc` still grows them in place or
 /// by remapping, `calloc`'s fresh pages stay unmapped until written, and
 /// the C allocator's thresholds for keeping freed memory work as before.
-/// Blocks of 1-64 MiB aligned past a line are system blocks too, up to 8
-/// of them kept when freed for the next request of the same layout.
+/// Blocks of 64 KiB-64 MiB aligned past a line are system blocks too, up
+/// to 8 of them kept when freed, the largest, for the next request of the
+/// same alignment that fits.
 pub struct LineAligned;
 
 impl LineAligned {
@@ -79,16 +83,19 @@ impl LineAligned {
 }
 
 /// Large blocks aligned past a line, freed and kept for the next request
-/// of the same layout (see the module doc).
+/// of the same alignment that fits in one (see the module doc).
 struct Kept {
+    /// `(address, bytes, alignment)` of each kept block; address 0 is an
+    /// empty slot.
     blocks: [(usize, usize, usize); Kept::SLOTS],
 }
 
 impl Kept {
     /// Blocks kept at most.
     const SLOTS: usize = 8;
-    /// Blocks from this large up to [`Kept::MAX_BYTES`] are kept.
-    const MIN_BYTES: usize = 1 << 20;
+    /// Blocks from this large up to [`Kept::MAX_BYTES`] are kept: `gemm`'s
+    /// packing buffers for BERT-tiny's products are a few hundred KiB.
+    const MIN_BYTES: usize = 64 << 10;
     /// Blocks larger than this go back to the system (at most 8 of them
     /// are held, 512 MiB).
     const MAX_BYTES: usize = 64 << 20;
@@ -98,24 +105,37 @@ impl Kept {
         (Self::MIN_BYTES..=Self::MAX_BYTES).contains(&layout.size()) && layout.align() > LineAligned::LINE
     }
 
-    /// A kept block of `layout`, taken out, or null.
+    /// The smallest kept block of `layout`'s alignment with room for its
+    /// size, taken out, or null. A block handed to a smaller request is
+    /// known by that request's size from then on (`free` needs no size).
     fn take(&mut self, layout: Layout) -> *mut u8 {
-        let wanted = (layout.size(), layout.align());
-        match self.blocks.iter_mut().find(|(address, size, align)| *address != 0 && (*size, *align) == wanted) {
+        let fitting = self
+            .blocks
+            .iter_mut()
+            .filter(|(address, size, align)| *address != 0 && *align == layout.align() && *size >= layout.size())
+            .min_by_key(|(_, size, _)| *size);
+        match fitting {
             Some(slot) => std::mem::take(slot).0 as *mut u8,
             None => std::ptr::null_mut(),
         }
     }
 
-    /// Keep the block at `ptr` of `layout`; false when every slot is taken.
-    fn keep(&mut self, ptr: *mut u8, layout: Layout) -> bool {
-        match self.blocks.iter_mut().find(|(address, _, _)| *address == 0) {
-            Some(slot) => {
-                *slot = (ptr as usize, layout.size(), layout.align());
-                true
-            }
-            None => false,
+    /// Keep the block at `ptr` of `layout` in an empty slot, or in place of
+    /// the smallest kept block when that is smaller (so the slots come to
+    /// hold the largest blocks a step asks for, one per concurrent use).
+    /// Returns the block that goes back to the system, if any.
+    fn keep(&mut self, ptr: *mut u8, layout: Layout) -> Option<(*mut u8, Layout)> {
+        let slot = self.blocks.iter_mut().min_by_key(|(address, size, _)| (*address != 0, *size))?;
+        let (address, size, align) = std::mem::replace(slot, (ptr as usize, layout.size(), layout.align()));
+        if address == 0 {
+            return None;
         }
+        if size >= layout.size() {
+            *slot = (address, size, align);
+            return Some((ptr, layout));
+        }
+        // SAFETY: the slot held a block of this size and alignment, a layout when it was kept.
+        Some((address as *mut u8, unsafe { Layout::from_size_align_unchecked(size, align) }))
     }
 }
 
@@ -157,8 +177,12 @@ unsafe impl GlobalAlloc for LineAligned {
             // Never allocated here: `alloc` failed for this size.
             (true, None) => {}
             (false, _) if Kept::keeps(layout) => {
-                if !KEPT.lock().is_ok_and(|mut kept| kept.keep(ptr, layout)) {
-                    System.dealloc(ptr, layout)
+                let released = match KEPT.lock() {
+                    Ok(mut kept) => kept.keep(ptr, layout),
+                    Err(_) => Some((ptr, layout)),
+                };
+                if let Some((block, layout)) = released {
+                    System.dealloc(block, layout)
                 }
             }
             (false, _) => System.dealloc(ptr, layout),
@@ -291,5 +315,28 @@ mod tests {
             }
             allocator.dealloc(again, layout);
         }
+    }
+
+    /// The slots hand out the smallest kept block with room, of the same
+    /// alignment; once full they keep the largest blocks, evicting the
+    /// smallest, and hand back a block no larger than every kept one.
+    #[test]
+    fn kept_blocks_are_the_largest_and_the_smallest_fitting_one_is_taken() {
+        let mut kept = Kept { blocks: [(0, 0, 0); Kept::SLOTS] };
+        let layout = |size| Layout::from_size_align(size, 128).expect("a layout");
+        // Fake addresses: the slots only record them.
+        let block = |n: usize| (n * 4096) as *mut u8;
+        for n in 1..=Kept::SLOTS {
+            assert_eq!(kept.keep(block(n), layout(n << 20)), None, "slot {n} was free");
+        }
+        assert_eq!(kept.keep(block(20), layout(1 << 20)), Some((block(20), layout(1 << 20))), "no larger");
+        assert_eq!(kept.keep(block(30), layout(30 << 20)), Some((block(1), layout(1 << 20))), "evicts 1 MiB");
+        let other_alignment = Layout::from_size_align(2 << 20, 4096).expect("a layout");
+        assert!(kept.take(other_alignment).is_null());
+        assert_eq!(kept.take(layout((2 << 20) + 1)), block(3), "3 MiB is the smallest with room");
+        assert_eq!(kept.take(layout(1000)), block(2));
+        assert_eq!(kept.take(layout(30 << 20)), block(30));
+        assert!(kept.take(layout(31 << 20)).is_null());
+        assert_eq!(kept.keep(block(40), layout(64 << 10)), None, "a slot was freed by a take");
     }
 }
