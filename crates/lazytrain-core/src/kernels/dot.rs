@@ -155,9 +155,39 @@ fn gemm_batches<T: Real + Send + Sync + 'static>(
         unsafe {
             let a = GemmOperand { ptr: a.as_ptr().add(la.offsets[bi]), rs: la.rs, cs: la.cs };
             let b = GemmOperand { ptr: b.as_ptr().add(lb.offsets[bi]), rs: lb.rs, cs: lb.cs };
+            if head_product((d.m, d.k, d.n), a, b, o, parallelism) {
+                continue;
+            }
             with_compact_columns(b, (d.k, d.n), |b| gemm_into((d.m, d.k, d.n), a, b, o, parallelism));
         }
     }
+}
+
+/// Compute one matrix of a batched f32 product on this thread with the
+/// attention-head kernel (`dot_heads`), when it is small enough and runs on
+/// one thread; false (nothing written) otherwise.
+///
+/// # Safety
+/// As for [`gemm_into`].
+unsafe fn head_product<T: 'static>(
+    dims: (usize, usize, usize),
+    a: GemmOperand<T>,
+    b: GemmOperand<T>,
+    o: &mut [T],
+    parallelism: gemm::Parallelism,
+) -> bool {
+    #[cfg(target_arch = "x86_64")]
+    if std::any::TypeId::of::<T>() == std::any::TypeId::of::<f32>()
+        && matches!(parallelism, gemm::Parallelism::None)
+        && super::dot_heads::applies(dims)
+    {
+        let f32_operand = |x: GemmOperand<T>| GemmOperand { ptr: x.ptr.cast::<f32>(), rs: x.rs, cs: x.cs };
+        // SAFETY: `T` is f32 (checked above), so the buffers hold f32 values.
+        let o = std::slice::from_raw_parts_mut(o.as_mut_ptr().cast::<f32>(), o.len());
+        super::dot_heads::product(dims, f32_operand(a), f32_operand(b), o);
+        return true;
+    }
+    false
 }
 
 /// The largest right operand (in bytes) that [`with_compact_columns`]

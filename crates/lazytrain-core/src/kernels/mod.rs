@@ -5,6 +5,7 @@ mod bf16_arithmetic;
 pub(crate) mod dot;
 mod dot_amx;
 mod dot_bf16;
+mod dot_heads;
 mod dot_widened;
 mod elementwise;
 pub(crate) mod fused;
