@@ -9,14 +9,19 @@
 //! aligned ones.
 //!
 //! It also keeps a few large blocks aligned past a line when they are
-//! freed, for the next request of that alignment that fits in one: `gemm`
-//! allocates its packing buffers (64 KiB to 16 MiB, 128-byte aligned) on
-//! every call, and how often glibc then maps fresh pages for them depends
-//! on the heap's layout and on which thread's arena serves the call. With
-//! line-aligned tensors beside them a GPT-2 small f32 step faulted in
-//! 43 038 pages (168 MB) every step; BERT-tiny's steady steps, whose
-//! products run on whichever pool thread is free, faulted in a packing
-//! buffer's 97 pages now and then. Kept blocks fault in nothing.
+//! freed, for later requests of that alignment: `gemm` allocates its
+//! packing buffers (64 KiB to 16 MiB, 128-byte aligned) on every call, and
+//! how often glibc then maps fresh pages for them depends on the heap's
+//! layout and on which thread's arena serves the call. With line-aligned
+//! tensors beside them a GPT-2 small f32 step faulted in 43 038 pages (168
+//! MB) every step; kept blocks of 1-64 MiB, each reused for its own size,
+//! fault in nothing. BERT-tiny's steady steps, whose products run on
+//! whichever pool thread is free, still faulted in a 388 KB packing buffer
+//! now and then (97 pages); blocks of 64 KiB-1 MiB are kept too, each
+//! reused for requests down to half its size. (Reusing the large blocks for
+//! smaller requests as well made BERT-mini's and BERT-base's steps fault in
+//! 850 and 1 360 pages: the 16 MiB block lent to a smaller request left the
+//! next 16 MiB request to map a fresh one.)
 //!
 //! Programs opt in, as they would for any allocator:
 //!
@@ -37,8 +42,7 @@ use std::alloc::{GlobalAlloc, Layout, System};
 /// by remapping, `calloc`'s fresh pages stay unmapped until written, and
 /// the C allocator's thresholds for keeping freed memory work as before.
 /// Blocks of 64 KiB-64 MiB aligned past a line are system blocks too, up
-/// to 8 of them kept when freed, the largest, for the next request of the
-/// same alignment that fits.
+/// to 8 of each [`Class`] kept when freed for later requests.
 pub struct LineAligned;
 
 impl LineAligned {
@@ -82,37 +86,89 @@ impl LineAligned {
     }
 }
 
-/// Large blocks aligned past a line, freed and kept for the next request
-/// of the same alignment that fits in one (see the module doc).
+/// Large blocks aligned past a line, freed and kept for later requests of
+/// their alignment (see the module doc): a slot array per [`Class`].
 struct Kept {
     /// `(address, bytes, alignment)` of each kept block; address 0 is an
     /// empty slot.
     blocks: [(usize, usize, usize); Kept::SLOTS],
 }
 
-impl Kept {
-    /// Blocks kept at most.
-    const SLOTS: usize = 8;
-    /// Blocks from this large up to [`Kept::MAX_BYTES`] are kept: `gemm`'s
-    /// packing buffers for BERT-tiny's products are a few hundred KiB.
-    const MIN_BYTES: usize = 64 << 10;
-    /// Blocks larger than this go back to the system (at most 8 of them
-    /// are held, 512 MiB).
-    const MAX_BYTES: usize = 64 << 20;
+/// Which blocks aligned past a line are kept, and how they are reused.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Class {
+    /// 64 KiB up to 1 MiB (`gemm`'s packing buffers for BERT-tiny's
+    /// products are a few hundred KiB): a kept block serves requests down
+    /// to half its size, the smallest that fits first, and once the slots
+    /// are full a freed block takes the place of a smaller one, so the
+    /// slots come to hold the largest blocks a step asks for.
+    Small,
+    /// 1 to 64 MiB: a kept block serves requests of its own size only (a
+    /// 16 MiB block lent to a 2 MiB request would leave the next 16 MiB
+    /// request to map a fresh one), and a freed block is kept while a slot
+    /// is free. At most 8 of them are held, 512 MiB.
+    Large,
+}
 
-    /// True when blocks of `layout` are kept.
-    fn keeps(layout: Layout) -> bool {
-        (Self::MIN_BYTES..=Self::MAX_BYTES).contains(&layout.size()) && layout.align() > LineAligned::LINE
+impl Class {
+    /// The class of blocks of `layout`, if they are kept.
+    fn of(layout: Layout) -> Option<Class> {
+        if layout.align() <= LineAligned::LINE {
+            return None;
+        }
+        match layout.size() {
+            size if size < 64 << 10 => None,
+            size if size < 1 << 20 => Some(Class::Small),
+            size if size <= 64 << 20 => Some(Class::Large),
+            _ => None,
+        }
     }
 
+    /// The kept blocks of this class (a lock that never allocates).
+    fn kept(self) -> &'static std::sync::Mutex<Kept> {
+        static SMALL: std::sync::Mutex<Kept> = std::sync::Mutex::new(Kept::EMPTY);
+        static LARGE: std::sync::Mutex<Kept> = std::sync::Mutex::new(Kept::EMPTY);
+        match self {
+            Class::Small => &SMALL,
+            Class::Large => &LARGE,
+        }
+    }
+
+    /// A kept block for `layout`, taken out, or null.
+    fn take(self, layout: Layout) -> *mut u8 {
+        let most = match self {
+            Class::Small => 2 * layout.size(),
+            Class::Large => layout.size(),
+        };
+        self.kept().lock().map_or(std::ptr::null_mut(), |mut kept| kept.take(layout, most))
+    }
+
+    /// Keep the freed block at `ptr` of `layout`; returns the block that
+    /// goes back to the system instead, if any.
+    fn keep(self, ptr: *mut u8, layout: Layout) -> Option<(*mut u8, Layout)> {
+        match self.kept().lock() {
+            Ok(mut kept) => kept.keep(ptr, layout, self == Class::Small),
+            Err(_) => Some((ptr, layout)),
+        }
+    }
+}
+
+impl Kept {
+    /// Blocks kept at most per class.
+    const SLOTS: usize = 8;
+    /// No block kept.
+    const EMPTY: Kept = Kept { blocks: [(0, 0, 0); Kept::SLOTS] };
+
     /// The smallest kept block of `layout`'s alignment with room for its
-    /// size, taken out, or null. A block handed to a smaller request is
-    /// known by that request's size from then on (`free` needs no size).
-    fn take(&mut self, layout: Layout) -> *mut u8 {
+    /// size and at most `most` bytes, taken out, or null. A block handed to
+    /// a smaller request is known by that request's size from then on
+    /// (`free` needs no size).
+    fn take(&mut self, layout: Layout, most: usize) -> *mut u8 {
+        let fits = |size: usize| (layout.size()..=most).contains(&size);
         let fitting = self
             .blocks
             .iter_mut()
-            .filter(|(address, size, align)| *address != 0 && *align == layout.align() && *size >= layout.size())
+            .filter(|(address, size, align)| *address != 0 && *align == layout.align() && fits(*size))
             .min_by_key(|(_, size, _)| *size);
         match fitting {
             Some(slot) => std::mem::take(slot).0 as *mut u8,
@@ -120,27 +176,20 @@ impl Kept {
         }
     }
 
-    /// Keep the block at `ptr` of `layout` in an empty slot, or in place of
-    /// the smallest kept block when that is smaller (so the slots come to
-    /// hold the largest blocks a step asks for, one per concurrent use).
+    /// Keep the block at `ptr` of `layout` in an empty slot, or, when
+    /// `evicts`, in place of the smallest kept block if that is smaller.
     /// Returns the block that goes back to the system, if any.
-    fn keep(&mut self, ptr: *mut u8, layout: Layout) -> Option<(*mut u8, Layout)> {
+    fn keep(&mut self, ptr: *mut u8, layout: Layout, evicts: bool) -> Option<(*mut u8, Layout)> {
         let slot = self.blocks.iter_mut().min_by_key(|(address, size, _)| (*address != 0, *size))?;
-        let (address, size, align) = std::mem::replace(slot, (ptr as usize, layout.size(), layout.align()));
-        if address == 0 {
-            return None;
-        }
-        if size >= layout.size() {
-            *slot = (address, size, align);
+        let (address, size, align) = *slot;
+        if address != 0 && (!evicts || size >= layout.size()) {
             return Some((ptr, layout));
         }
+        *slot = (ptr as usize, layout.size(), layout.align());
         // SAFETY: the slot held a block of this size and alignment, a layout when it was kept.
-        Some((address as *mut u8, unsafe { Layout::from_size_align_unchecked(size, align) }))
+        (address != 0).then(|| (address as *mut u8, unsafe { Layout::from_size_align_unchecked(size, align) }))
     }
 }
-
-/// The kept blocks (a lock that never allocates).
-static KEPT: std::sync::Mutex<Kept> = std::sync::Mutex::new(Kept { blocks: [(0, 0, 0); Kept::SLOTS] });
 
 // SAFETY: small blocks go to `System` as asked; a large block is the part of
 // a larger system block that `line_up` hands out, released and resized
@@ -151,15 +200,10 @@ unsafe impl GlobalAlloc for LineAligned {
         match (Self::lined(layout), Self::system(layout.size())) {
             (true, Some(system)) => Self::line_up(System.alloc(system)),
             (true, None) => std::ptr::null_mut(),
-            (false, _) if Kept::keeps(layout) => {
-                let kept = KEPT.lock().map_or(std::ptr::null_mut(), |mut kept| kept.take(layout));
-                if kept.is_null() {
-                    System.alloc(layout)
-                } else {
-                    kept
-                }
-            }
-            (false, _) => System.alloc(layout),
+            (false, _) => match Class::of(layout).map(|class| class.take(layout)) {
+                Some(kept) if !kept.is_null() => kept,
+                _ => System.alloc(layout),
+            },
         }
     }
 
@@ -176,16 +220,15 @@ unsafe impl GlobalAlloc for LineAligned {
             (true, Some(system)) => System.dealloc(ptr.sub(Self::skip(ptr)), system),
             // Never allocated here: `alloc` failed for this size.
             (true, None) => {}
-            (false, _) if Kept::keeps(layout) => {
-                let released = match KEPT.lock() {
-                    Ok(mut kept) => kept.keep(ptr, layout),
-                    Err(_) => Some((ptr, layout)),
+            (false, _) => {
+                let released = match Class::of(layout) {
+                    Some(class) => class.keep(ptr, layout),
+                    None => Some((ptr, layout)),
                 };
                 if let Some((block, layout)) = released {
                     System.dealloc(block, layout)
                 }
             }
-            (false, _) => System.dealloc(ptr, layout),
         }
     }
 
@@ -317,26 +360,42 @@ mod tests {
         }
     }
 
-    /// The slots hand out the smallest kept block with room, of the same
-    /// alignment; once full they keep the largest blocks, evicting the
-    /// smallest, and hand back a block no larger than every kept one.
+    /// Small blocks: the slots hand out the smallest kept block with room,
+    /// of the same alignment, at most twice the size asked; once full they
+    /// keep the largest blocks, evicting the smallest. Large blocks: only
+    /// the size asked, and a full set of slots keeps what it holds.
     #[test]
-    fn kept_blocks_are_the_largest_and_the_smallest_fitting_one_is_taken() {
-        let mut kept = Kept { blocks: [(0, 0, 0); Kept::SLOTS] };
+    fn kept_blocks_serve_requests_by_class() {
         let layout = |size| Layout::from_size_align(size, 128).expect("a layout");
         // Fake addresses: the slots only record them.
         let block = |n: usize| (n * 4096) as *mut u8;
+        let kib = |n: usize| n << 10;
+        assert_eq!(Class::of(layout(kib(64))), Some(Class::Small));
+        assert_eq!(Class::of(layout(1 << 20)), Some(Class::Large));
+        assert_eq!(Class::of(layout(kib(63))), None);
+        assert_eq!(Class::of(layout((64 << 20) + 1)), None);
+        assert_eq!(Class::of(Layout::from_size_align(1 << 20, 64).expect("a layout")), None, "lined up instead");
+
+        let mut small = Kept::EMPTY;
         for n in 1..=Kept::SLOTS {
-            assert_eq!(kept.keep(block(n), layout(n << 20)), None, "slot {n} was free");
+            assert_eq!(small.keep(block(n), layout(kib(64 * n)), true), None, "slot {n} was free");
         }
-        assert_eq!(kept.keep(block(20), layout(1 << 20)), Some((block(20), layout(1 << 20))), "no larger");
-        assert_eq!(kept.keep(block(30), layout(30 << 20)), Some((block(1), layout(1 << 20))), "evicts 1 MiB");
-        let other_alignment = Layout::from_size_align(2 << 20, 4096).expect("a layout");
-        assert!(kept.take(other_alignment).is_null());
-        assert_eq!(kept.take(layout((2 << 20) + 1)), block(3), "3 MiB is the smallest with room");
-        assert_eq!(kept.take(layout(1000)), block(2));
-        assert_eq!(kept.take(layout(30 << 20)), block(30));
-        assert!(kept.take(layout(31 << 20)).is_null());
-        assert_eq!(kept.keep(block(40), layout(64 << 10)), None, "a slot was freed by a take");
+        assert_eq!(small.keep(block(20), layout(kib(64)), true), Some((block(20), layout(kib(64)))), "no larger");
+        assert_eq!(small.keep(block(30), layout(kib(900)), true), Some((block(1), layout(kib(64)))), "evicts 64 KiB");
+        let other_alignment = Layout::from_size_align(kib(128), 4096).expect("a layout");
+        assert!(small.take(other_alignment, kib(256)).is_null());
+        assert_eq!(small.take(layout(kib(129)), kib(258)), block(3), "192 KiB is the smallest with room");
+        assert!(small.take(layout(kib(100)), kib(100)).is_null(), "128 KiB is more than asked");
+        assert_eq!(small.take(layout(kib(100)), kib(200)), block(2));
+        assert_eq!(small.take(layout(kib(800)), kib(1600)), block(30));
+        assert_eq!(small.keep(block(40), layout(kib(64)), true), None, "a slot was freed by a take");
+
+        let mut large = Kept::EMPTY;
+        for n in 1..=Kept::SLOTS {
+            assert_eq!(large.keep(block(n), layout(n << 20), false), None);
+        }
+        assert_eq!(large.keep(block(30), layout(30 << 20), false), Some((block(30), layout(30 << 20))), "full");
+        assert!(large.take(layout((2 << 20) + 1), (2 << 20) + 1).is_null(), "only blocks of the size asked");
+        assert_eq!(large.take(layout(3 << 20), 3 << 20), block(3));
     }
 }
