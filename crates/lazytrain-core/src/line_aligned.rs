@@ -194,7 +194,8 @@ impl Kept {
 // SAFETY: small blocks go to `System` as asked; a large block is the part of
 // a larger system block that `line_up` hands out, released and resized
 // through the system block, whose start `skip` recovers; a kept block is a
-// free system block of exactly the layout asked, handed out once.
+// free system block of the alignment asked and at least the size asked,
+// handed out once (the system frees a block whatever size it is told).
 unsafe impl GlobalAlloc for LineAligned {
     unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
         match (Self::lined(layout), Self::system(layout.size())) {
