@@ -387,8 +387,15 @@ impl<'a> RowPanels<'a> {
         if matches!(b.data, HostData::F32(_)) && GemmRoute::of(dims, (la.rs, la.cs), (lb.rs, lb.cs)).runs_whole() {
             // Each panel would copy the whole right operand, or the product
             // is written column-major and transposed: it runs whole, and its
-            // epilogue after it.
-            return Ok(None);
+            // epilogue after it, unless its trials kept the direct call.
+            let threads = match matmul_parallelism(d.m * d.k * d.n) {
+                gemm::Parallelism::Rayon(threads) => threads,
+                gemm::Parallelism::None => 1,
+            };
+            let key = (dims, (la.rs, la.cs), (lb.rs, lb.cs), threads);
+            if !super::gemm_tuning::kept_direct(key) {
+                return Ok(None);
+            }
         }
         Ok(Some(RowPanels { d, a: a.data, la, b: b.data, lb }))
     }

@@ -45,11 +45,17 @@ impl<T> GemmOperand<T> {
 /// (AMD EPYC Genoa) the copy also won at 1024 and 2048: BERT-small's
 /// `[2048, 2048] x [512, 2048]^T` 21.1 against 22.2 ms, BERT-mini's
 /// `[4096, 1024] x [256, 1024]^T` 10.3 against 10.8, `[440, 2048] x [512,
-/// 2048]^T` 5.7 against 7.1 (at 512 it lost: 5.75 against 5.28 ms). Each
+/// 2048]^T` 5.7 against 7.1. With the copy through registers it also won
+/// at 512, operands from memory on 2 threads: BERT-small's `[2048, 512] x
+/// [512, 512]^T` 4.88 against 5.48 ms, `[2048, 512] x [2048, 512]^T` 20.4
+/// against 21.5, `[440, 512] x [2048, 512]^T` 4.7 against 5.6 (at 256 it
+/// did not: `[4096, 256] x [256, 256]^T` 2.44-2.61 against 2.54). Each
 /// large product tries both on the machine it runs on ([`gemm_tuning`]),
-/// so the threshold only says where trying is worth it. The values are the
-/// same bits: `gemm` packs either layout into the same panels.
-const TRANSPOSE_RHS_FROM_K: usize = 1024;
+/// so the threshold only says where trying is worth it; a product whose
+/// trials keep the direct call runs by row panels with its epilogue again
+/// ([`super::dot::RowPanels`]). The values are the same bits: `gemm` packs
+/// either layout into the same panels.
+const TRANSPOSE_RHS_FROM_K: usize = 512;
 /// See [`TRANSPOSE_RHS_FROM_K`]: the copy is paid once per call, the time
 /// it saves grows with the rows.
 const TRANSPOSE_RHS_FROM_M: usize = 256;

@@ -90,6 +90,14 @@ pub(crate) fn pick(key: RouteKey, planned: GemmRoute) -> Pick {
     table.entry(key).or_insert_with(|| Trials::new(planned)).pick()
 }
 
+/// True when the trials of product `key` are over and kept the direct call:
+/// such a product may then run by row panels (each a direct call on its
+/// rows) with its epilogue, instead of whole through its planned copy.
+pub(crate) fn kept_direct(key: RouteKey) -> bool {
+    let table = TABLE.lock().unwrap_or_else(|p| p.into_inner());
+    matches!(table.get(&key), Some(Trials::Kept { route: GemmRoute::Direct, .. }))
+}
+
 /// Count a timed call of candidate `index` of product `key`.
 pub(crate) fn record(key: RouteKey, index: usize, seconds: f64) {
     let mut table = TABLE.lock().unwrap_or_else(|p| p.into_inner());
@@ -147,5 +155,22 @@ mod tests {
             tie.record(index, 1.0);
         }
         assert_eq!(tie.pick(), Pick::Untimed(GemmRoute::CopyRhs));
+    }
+
+    /// A product may run by panels once its trials kept the direct call,
+    /// not while they run nor when they kept the copy.
+    #[test]
+    fn only_a_kept_direct_call_allows_panels() {
+        // Shapes no other test times.
+        let key = |n: usize| ((7, 513, n), (513, 1), (1, 513), 2);
+        for (n, times, direct) in [(5, [9.0, 1.0], true), (6, [1.0, 9.0], false)] {
+            assert!(matches!(pick(key(n), GemmRoute::CopyRhs), Pick::Timed(GemmRoute::CopyRhs, 0)));
+            assert!(!kept_direct(key(n)), "trials still run");
+            for round in 0..2 * usize::from(TRIALS_PER_ROUTE) {
+                record(key(n), round % 2, times[round % 2]);
+            }
+            assert_eq!(kept_direct(key(n)), direct, "copy {} ms, direct {} ms", times[0], times[1]);
+        }
+        assert!(!kept_direct(key(8)), "never tried");
     }
 }
