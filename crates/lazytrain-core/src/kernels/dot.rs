@@ -363,6 +363,9 @@ pub(crate) struct RowPanels<'a> {
     la: MatrixLayout,
     b: &'a HostData,
     lb: MatrixLayout,
+    /// The product's trials kept the direct call over its planned copy, so
+    /// each panel calls `gemm` directly too.
+    direct: bool,
 }
 
 impl<'a> RowPanels<'a> {
@@ -396,8 +399,9 @@ impl<'a> RowPanels<'a> {
             if !super::gemm_tuning::kept_direct(key) {
                 return Ok(None);
             }
+            return Ok(Some(RowPanels { d, a: a.data, la, b: b.data, lb, direct: true }));
         }
-        Ok(Some(RowPanels { d, a: a.data, la, b: b.data, lb }))
+        Ok(Some(RowPanels { d, a: a.data, la, b: b.data, lb, direct: false }))
     }
 
     /// Rows `r0..r1` of the product into `out`, on this thread.
@@ -414,7 +418,10 @@ impl<'a> RowPanels<'a> {
                 let b = GemmOperand { ptr: b.as_ptr().add(self.lb.offsets[0]), rs: self.lb.rs, cs: self.lb.cs };
                 let o = std::slice::from_raw_parts_mut(o.add(r0 * d.n), rows * d.n);
                 // Never split `k` here: a panel's rows hold the whole product's bits.
-                let route = GemmRoute::unsplit((rows, d.k, d.n), (a.rs, a.cs), (b.rs, b.cs));
+                let route = match self.direct {
+                    true => GemmRoute::Direct,
+                    false => GemmRoute::unsplit((rows, d.k, d.n), (a.rs, a.cs), (b.rs, b.cs)),
+                };
                 gemm_routed(route, (rows, d.k, d.n), a, b, o, gemm::Parallelism::None);
             }
             (HostData::BF16(a), HostData::BF16(b), PanelOut::BF16(o)) => {
