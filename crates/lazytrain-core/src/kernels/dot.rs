@@ -391,11 +391,8 @@ impl<'a> RowPanels<'a> {
             // Each panel would copy the whole right operand, or the product
             // is written column-major and transposed: it runs whole, and its
             // epilogue after it, unless its trials kept the direct call.
-            let threads = match matmul_parallelism(d.m * d.k * d.n) {
-                gemm::Parallelism::Rayon(threads) => threads,
-                gemm::Parallelism::None => 1,
-            };
-            let key = (dims, (la.rs, la.cs), (lb.rs, lb.cs), threads);
+            let parallelism = matmul_parallelism(d.m * d.k * d.n);
+            let key = super::gemm_tuning::route_key(dims, (la.rs, la.cs), (lb.rs, lb.cs), parallelism);
             if !super::gemm_tuning::kept_direct(key) {
                 return Ok(None);
             }

@@ -10,7 +10,8 @@
 //! rows), and each element of the left operand is broadcast from memory,
 //! which reads a transposed left operand (`P^T dO`, `dS^T Q`) as easily as
 //! a row-major one. Only a right operand stored transposed (the keys in
-//! `Q K^T`) is first transposed into a per-thread buffer through registers.
+//! `Q K^T`) is first transposed through registers into the per-thread
+//! buffer that `gemm`'s own row-major copies use.
 //!
 //! Measured on a 2-core AMD EPYC Genoa, one thread, operands in cache:
 //! `128 x 128 x 64` at 114 GFLOP/s against `gemm`'s 107-109 (the core's
@@ -25,7 +26,7 @@
 //! the products have `gemm`'s bits (tests below).
 
 #[cfg(target_arch = "x86_64")]
-use super::gemm::{with_scratch, GemmOperand};
+use super::gemm::{with_scratch, GemmOperand, ROW_MAJOR_RHS};
 #[cfg(target_arch = "x86_64")]
 use std::arch::x86_64::*;
 
@@ -57,13 +58,6 @@ pub(crate) fn applies((m, k, n): (usize, usize, usize)) -> bool {
         && super::simd::avx512();
     #[cfg(not(target_arch = "x86_64"))]
     false
-}
-
-thread_local! {
-    /// This thread's row-major copies of transposed right operands (8-byte
-    /// words holding f32 values), kept between products.
-    #[cfg(target_arch = "x86_64")]
-    static ROW_MAJOR_RHS: std::cell::RefCell<Vec<u64>> = const { std::cell::RefCell::new(Vec::new()) };
 }
 
 /// `out = a x b` for an `m x k` and a `k x n` f32 matrix, `out` row-major

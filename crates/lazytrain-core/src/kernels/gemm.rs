@@ -176,8 +176,9 @@ impl GemmRoute {
 
 thread_local! {
     /// This thread's row-major copies of transposed right operands (8-byte
-    /// words holding f32 or f64 values), kept between products.
-    static ROW_MAJOR_RHS: std::cell::RefCell<Vec<u64>> = const { std::cell::RefCell::new(Vec::new()) };
+    /// words holding f32 or f64 values), kept between products (`gemm`'s
+    /// and the attention-head kernel's).
+    pub(super) static ROW_MAJOR_RHS: std::cell::RefCell<Vec<u64>> = const { std::cell::RefCell::new(Vec::new()) };
     /// This thread's column-major products (see [`transposes_output`]), as
     /// 8-byte words, kept between products.
     static COLUMN_MAJOR_OUT: std::cell::RefCell<Vec<u64>> = const { std::cell::RefCell::new(Vec::new()) };
@@ -231,11 +232,7 @@ pub(crate) unsafe fn gemm_into<T: Real + Send + Sync + 'static>(
     if !tried {
         return gemm_routed(planned, dims, a, b, out, parallelism);
     }
-    let threads = match parallelism {
-        gemm::Parallelism::Rayon(threads) => threads,
-        gemm::Parallelism::None => 1,
-    };
-    let key = (dims, (a.rs, a.cs), (b.rs, b.cs), threads);
+    let key = gemm_tuning::route_key(dims, (a.rs, a.cs), (b.rs, b.cs), parallelism);
     match gemm_tuning::pick(key, planned) {
         gemm_tuning::Pick::Untimed(route) => gemm_routed(route, dims, a, b, out, parallelism),
         gemm_tuning::Pick::Timed(route, index) => {

@@ -31,6 +31,21 @@ pub(crate) const TRIED_FROM_MACS: usize = 1 << 25;
 /// strides and the threads it runs on.
 pub(crate) type RouteKey = ((usize, usize, usize), (usize, usize), (usize, usize), usize);
 
+/// The key of an `m x k x n` product with operand strides `a` and `b` run
+/// with `parallelism`.
+pub(crate) fn route_key(
+    dims: (usize, usize, usize),
+    a: (usize, usize),
+    b: (usize, usize),
+    parallelism: gemm::Parallelism,
+) -> RouteKey {
+    let threads = match parallelism {
+        gemm::Parallelism::Rayon(threads) => threads,
+        gemm::Parallelism::None => 1,
+    };
+    (dims, a, b, threads)
+}
+
 /// The trials of one product's two candidate routes, or the route kept.
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub(crate) enum Trials {
