@@ -1,7 +1,8 @@
 //! Matmul epilogues: each kind of fused kernel that follows a matmul (bias
 //! add, GELU with its saved input, residual add, a bf16 cast, row max and
 //! row sum, column sums split at the middle row inside a panel, a bf16
-//! product) gives the same bits when it runs on each row
+//! product, a product whose transposed weight is copied row-major once for
+//! all its panels) gives the same bits when it runs on each row
 //! panel of the product as when the matmul and the kernel run one after
 //! the other, and the CPU backend really pairs them.
 
@@ -15,6 +16,8 @@ use std::sync::Arc;
 const ROWS: usize = 2500;
 const K: usize = 40;
 const N: usize = 48;
+/// `(rows, k, n)` of most tests' products.
+const DIMS: (usize, usize, usize) = (ROWS, K, N);
 
 fn param(b: &mut GraphBuilder, k: usize, dims: &[usize], dtype: DType) -> NodeId {
     b.push(Node { op: Op::Parameter(k), inputs: vec![], shape: Shape::new(dims), dtype })
@@ -48,23 +51,23 @@ fn scalar(b: &mut GraphBuilder, v: f64, dims: &[usize]) -> NodeId {
     })
 }
 
-/// `x · wᵀ + bias` over `[ROWS, N]` (x: `[ROWS, K]`, w: `[N, K]`, as a linear
+/// `x · wᵀ + bias` over `[rows, n]` (x: `[rows, k]`, w: `[n, k]`, as a linear
 /// layer stores it), with operands of `dtype` and the sum in f32.
-fn linear(b: &mut GraphBuilder, dtype: DType) -> NodeId {
-    let x = param(b, 0, &[ROWS, K], dtype);
-    let w = param(b, 1, &[N, K], dtype);
-    let bias = param(b, 2, &[N], DType::F32);
+fn linear(b: &mut GraphBuilder, dtype: DType, (rows, k, n): (usize, usize, usize)) -> NodeId {
+    let x = param(b, 0, &[rows, k], dtype);
+    let w = param(b, 1, &[n, k], dtype);
+    let bias = param(b, 2, &[n], DType::F32);
     let mut product = node(b, Op::Dot { lhs_t: false, rhs_t: true }, vec![x, w]);
     if dtype != DType::F32 {
-        product = shaped(b, Op::Cast, product, &[ROWS, N], DType::F32);
+        product = shaped(b, Op::Cast, product, &[rows, n], DType::F32);
     }
-    let row = shaped(b, Op::Reshape, bias, &[1, N], DType::F32);
-    let bias = shaped(b, Op::Expand, row, &[ROWS, N], DType::F32);
+    let row = shaped(b, Op::Reshape, bias, &[1, n], DType::F32);
+    let bias = shaped(b, Op::Expand, row, &[rows, n], DType::F32);
     node(b, Op::Binary(BinaryOp::Add), vec![product, bias])
 }
 
-/// The parameters of [`linear`] (and a residual `[ROWS, N]`), with operands of `dtype`.
-fn inputs(dtype: DType) -> Vec<HostData> {
+/// The parameters of [`linear`] (and a residual `[rows, n]`), with operands of `dtype`.
+fn inputs(dtype: DType, (rows, k, n): (usize, usize, usize)) -> Vec<HostData> {
     let values = |len: usize, salt: usize| -> Vec<f32> {
         (0..len).map(|i| (((i * 7919 + salt * 104_729) % 2003) as f32 / 1001.0 - 1.0) * 0.5).collect()
     };
@@ -73,10 +76,10 @@ fn inputs(dtype: DType) -> Vec<HostData> {
         _ => HostData::F32(v),
     };
     vec![
-        operand(values(ROWS * K, 1)),
-        operand(values(N * K, 2)),
-        HostData::F32(values(N, 3)),
-        HostData::F32(values(ROWS * N, 4)),
+        operand(values(rows * k, 1)),
+        operand(values(n * k, 2)),
+        HostData::F32(values(n, 3)),
+        HostData::F32(values(rows * n, 4)),
     ]
 }
 
@@ -98,8 +101,8 @@ fn floats(data: &HostData) -> Vec<f32> {
 
 /// Epilogues on and off give the same bits, the backend paired the matmul
 /// with its epilogue, and both agree with the reference interpreter.
-fn check(name: &str, graph: &Graph, dtype: DType) {
-    let params = inputs(dtype);
+fn check(name: &str, graph: &Graph, dtype: DType, dims: (usize, usize, usize)) {
+    let params = inputs(dtype, dims);
     let (paired, epilogues) = run(&CpuBackend::default().with_epilogues(true), graph, &params);
     let (separate, none) = run(&CpuBackend::default().with_epilogues(false), graph, &params);
     let bf16_kernel = std::is_x86_feature_detected!("avx512bf16");
@@ -125,14 +128,14 @@ fn check(name: &str, graph: &Graph, dtype: DType) {
 #[test]
 fn bias_add() {
     let mut b = GraphBuilder::new();
-    let y = linear(&mut b, DType::F32);
-    check("bias add", &b.finish(vec![y], 3), DType::F32);
+    let y = linear(&mut b, DType::F32, DIMS);
+    check("bias add", &b.finish(vec![y], 3), DType::F32, DIMS);
 }
 
 #[test]
 fn gelu_and_its_saved_input() {
     let mut b = GraphBuilder::new();
-    let h = linear(&mut b, DType::F32);
+    let h = linear(&mut b, DType::F32, DIMS);
     let half = scalar(&mut b, 0.5, &[ROWS, N]);
     let inv_sqrt2 = scalar(&mut b, std::f64::consts::FRAC_1_SQRT_2, &[ROWS, N]);
     let one = scalar(&mut b, 1.0, &[ROWS, N]);
@@ -141,49 +144,63 @@ fn gelu_and_its_saved_input() {
     let shifted = node(&mut b, Op::Binary(BinaryOp::Add), vec![erf, one]);
     let halved = node(&mut b, Op::Binary(BinaryOp::Mul), vec![h, half]);
     let gelu = node(&mut b, Op::Binary(BinaryOp::Mul), vec![halved, shifted]);
-    check("gelu", &b.finish(vec![gelu, h], 3), DType::F32);
+    check("gelu", &b.finish(vec![gelu, h], 3), DType::F32, DIMS);
 }
 
 #[test]
 fn residual_add() {
     let mut b = GraphBuilder::new();
-    let y = linear(&mut b, DType::F32);
+    let y = linear(&mut b, DType::F32, DIMS);
     let residual = param(&mut b, 3, &[ROWS, N], DType::F32);
     let sum = node(&mut b, Op::Binary(BinaryOp::Add), vec![y, residual]);
-    check("residual add", &b.finish(vec![sum], 4), DType::F32);
+    check("residual add", &b.finish(vec![sum], 4), DType::F32, DIMS);
 }
 
 #[test]
 fn bf16_cast() {
     let mut b = GraphBuilder::new();
-    let y = linear(&mut b, DType::F32);
+    let y = linear(&mut b, DType::F32, DIMS);
     let cast = shaped(&mut b, Op::Cast, y, &[ROWS, N], DType::BF16);
-    check("bf16 cast", &b.finish(vec![cast], 3), DType::F32);
+    check("bf16 cast", &b.finish(vec![cast], 3), DType::F32, DIMS);
 }
 
 #[test]
 fn row_max_and_row_sum() {
     let mut b = GraphBuilder::new();
-    let y = linear(&mut b, DType::F32);
+    let y = linear(&mut b, DType::F32, DIMS);
     let max = node(&mut b, Op::Reduce { op: ReduceOp::Max, axes: vec![1] }, vec![y]);
     let exp = node(&mut b, Op::Unary(UnaryOp::Exp), vec![y]);
     let sum = node(&mut b, Op::Reduce { op: ReduceOp::Sum, axes: vec![1] }, vec![exp]);
-    check("row max and sum", &b.finish(vec![max, sum, y], 3), DType::F32);
+    check("row max and sum", &b.finish(vec![max, sum, y], 3), DType::F32, DIMS);
 }
 
 #[test]
 fn column_sums() {
     let mut b = GraphBuilder::new();
-    let y = linear(&mut b, DType::F32);
+    let y = linear(&mut b, DType::F32, DIMS);
     let residual = param(&mut b, 3, &[ROWS, N], DType::F32);
     let scaled = node(&mut b, Op::Binary(BinaryOp::Mul), vec![y, residual]);
     let sums = node(&mut b, Op::Reduce { op: ReduceOp::Sum, axes: vec![0] }, vec![scaled]);
-    check("column sums", &b.finish(vec![sums, scaled], 4), DType::F32);
+    check("column sums", &b.finish(vec![sums, scaled], 4), DType::F32, DIMS);
 }
 
 #[test]
 fn bf16_product() {
     let mut b = GraphBuilder::new();
-    let y = linear(&mut b, DType::BF16);
-    check("bf16 product", &b.finish(vec![y], 3), DType::BF16);
+    let y = linear(&mut b, DType::BF16, DIMS);
+    check("bf16 product", &b.finish(vec![y], 3), DType::BF16, DIMS);
+}
+
+/// A linear layer with a shared dimension long enough that its transposed
+/// weight is copied row-major once and each panel multiplies by the copy
+/// (a product below the size whose routes are tried on the machine, so the
+/// copy is planned from the first call): a residual add as its epilogue.
+#[test]
+fn residual_add_after_a_copied_weight() {
+    let dims = (1100, 512, 48);
+    let mut b = GraphBuilder::new();
+    let y = linear(&mut b, DType::F32, dims);
+    let residual = param(&mut b, 3, &[dims.0, dims.2], DType::F32);
+    let sum = node(&mut b, Op::Binary(BinaryOp::Add), vec![y, residual]);
+    check("residual add after a copied weight", &b.finish(vec![sum], 4), DType::F32, dims);
 }

@@ -1,6 +1,8 @@
 //! Batched matmul kernels: a naive reference loop and the `gemm` crate.
 
-use super::gemm::{gemm_into, gemm_parallelism, gemm_routed, matmul_parallelism, with_scratch, GemmOperand, GemmRoute};
+use super::gemm::{
+    gemm_into, gemm_parallelism, gemm_routed, matmul_parallelism, with_scratch, GemmOperand, GemmRoute, RowMajorCopy,
+};
 use super::numeric::{FloatLike, Real};
 use crate::storage::HostData;
 use half::bf16;
@@ -288,6 +290,7 @@ fn gemm_widened<T: FloatLike<Math = f32>>(
 
 /// A matmul operand: its buffer, stored shape, and element strides when it
 /// is a strided view of the buffer (`None`: contiguous).
+#[derive(Clone, Copy)]
 pub(crate) struct DotOperand<'a> {
     pub data: &'a HostData,
     pub shape: &'a [usize],
@@ -363,15 +366,21 @@ pub(crate) struct RowPanels<'a> {
     la: MatrixLayout,
     b: &'a HostData,
     lb: MatrixLayout,
-    /// The product's trials kept the direct call over its planned copy, so
-    /// each panel calls `gemm` directly too.
+    /// The product's trials kept the direct call over its planned copy, or
+    /// the copy is [`RowPanels::rhs_copy`]: each panel calls `gemm` directly.
     direct: bool,
+    /// The row-major copy of a transposed right operand that each panel
+    /// multiplies by (the product's trials kept the copy).
+    rhs_copy: Option<RowMajorCopy>,
 }
 
 impl<'a> RowPanels<'a> {
     /// The panels of `a x b` with geometry `d`, or `None` when this product
-    /// is not computed by panels here (a batch of matrices, or a dtype other
-    /// than f32 and bf16 on a CPU with AVX-512 BF16).
+    /// is not computed by panels here: a batch of matrices, a dtype other
+    /// than f32 and bf16 on a CPU with AVX-512 BF16, an f32 product whose
+    /// route trials still run, or one routed through a transposed output or
+    /// a split shared dimension. Where its route copies the right operand
+    /// row-major, the copy is made here, once for all panels.
     pub(crate) fn new(d: DotDims, a: DotOperand<'a>, b: DotOperand<'a>) -> Result<Option<RowPanels<'a>>, String> {
         let supported = match (a.data, b.data) {
             (HostData::F32(_), HostData::F32(_)) => true,
@@ -387,18 +396,46 @@ impl<'a> RowPanels<'a> {
         };
         let (la, lb) = (layout(&a, d.lhs_t)?, layout(&b, d.rhs_t)?);
         let dims = (d.m, d.k, d.n);
-        if matches!(b.data, HostData::F32(_)) && GemmRoute::of(dims, (la.rs, la.cs), (lb.rs, lb.cs)).runs_whole() {
-            // Each panel would copy the whole right operand, or the product
-            // is written column-major and transposed: it runs whole, and its
-            // epilogue after it, unless its trials kept the direct call.
-            let parallelism = matmul_parallelism(d.m * d.k * d.n);
-            let key = super::gemm_tuning::route_key(dims, (la.rs, la.cs), (lb.rs, lb.cs), parallelism);
-            if !super::gemm_tuning::kept_direct(key) {
-                return Ok(None);
-            }
-            return Ok(Some(RowPanels { d, a: a.data, la, b: b.data, lb, direct: true }));
+        let route = GemmRoute::of(dims, (la.rs, la.cs), (lb.rs, lb.cs));
+        let HostData::F32(b_values) = b.data else {
+            return Ok(Some(RowPanels { d, a: a.data, la, b: b.data, lb, direct: false, rhs_copy: None }));
+        };
+        if !route.runs_whole() {
+            return Ok(Some(RowPanels { d, a: a.data, la, b: b.data, lb, direct: false, rhs_copy: None }));
         }
-        Ok(Some(RowPanels { d, a: a.data, la, b: b.data, lb, direct: false }))
+        // A copy of a whole operand or of the whole output sits between
+        // `gemm` and the caller's rows, or every output row sums two halves.
+        // A product that `gemm_into` tries runs whole (timed) until its
+        // trials are over; then by panels if they kept the direct call, or
+        // by panels of direct calls on one row-major copy of its right
+        // operand if they kept that copy. Otherwise it runs whole, and its
+        // epilogue after it.
+        let parallelism = matmul_parallelism(d.m * d.k * d.n);
+        let tried = match route {
+            GemmRoute::CopyRhs | GemmRoute::TransposeOutput => d.m * d.k * d.n >= super::gemm_tuning::TRIED_FROM_MACS,
+            GemmRoute::Direct | GemmRoute::SplitK => false,
+        };
+        let kept = match tried {
+            true => super::gemm_tuning::kept(super::gemm_tuning::route_key(
+                dims,
+                (la.rs, la.cs),
+                (lb.rs, lb.cs),
+                parallelism,
+            )),
+            false => Some(route),
+        };
+        let rhs_copy = match kept {
+            Some(GemmRoute::Direct) => None,
+            Some(GemmRoute::CopyRhs) => {
+                let column_major = GemmOperand { ptr: b_values[lb.offsets[0]..].as_ptr(), rs: lb.rs, cs: lb.cs };
+                // SAFETY: the route copies only operands with unit row stride
+                // (`copies_rhs`), and the layout lies inside the buffer
+                // (`MatrixLayout` checks its last element).
+                Some(unsafe { RowMajorCopy::new(column_major, (d.k, d.n), parallelism) })
+            }
+            Some(GemmRoute::TransposeOutput | GemmRoute::SplitK) | None => return Ok(None),
+        };
+        Ok(Some(RowPanels { d, a: a.data, la, b: b.data, lb, direct: true, rhs_copy }))
     }
 
     /// Rows `r0..r1` of the product into `out`, on this thread.
@@ -412,7 +449,10 @@ impl<'a> RowPanels<'a> {
         match (self.a, self.b, out) {
             (HostData::F32(a), HostData::F32(b), PanelOut::F32(o)) => {
                 let a = GemmOperand { ptr: a.as_ptr().add(a_offset), rs: self.la.rs, cs: self.la.cs };
-                let b = GemmOperand { ptr: b.as_ptr().add(self.lb.offsets[0]), rs: self.lb.rs, cs: self.lb.cs };
+                let b = match &self.rhs_copy {
+                    Some(copy) => copy.operand(),
+                    None => GemmOperand { ptr: b.as_ptr().add(self.lb.offsets[0]), rs: self.lb.rs, cs: self.lb.cs },
+                };
                 let o = std::slice::from_raw_parts_mut(o.add(r0 * d.n), rows * d.n);
                 // Never split `k` here: a panel's rows hold the whole product's bits.
                 let route = match self.direct {
@@ -557,6 +597,44 @@ mod tests {
             for (x, y) in viewed.iter().zip(&reference) {
                 assert!((x - y).abs() <= 1e-4 * (1.0 + y.abs()), "{x} vs {y}");
             }
+        }
+    }
+
+    /// A linear layer's product whose transposed weight `gemm_into` copies
+    /// row-major (planned, and too small to be tried): its row panels
+    /// multiply by one copy of the weight and hold the whole product's bits,
+    /// panel by panel, on any thread.
+    #[test]
+    fn panels_of_a_copied_right_operand_have_the_bits_of_the_whole_product() {
+        let d = DotDims { batch: 1, m: 300, k: 520, n: 40, lhs_t: false, rhs_t: true };
+        let mut values = vec![0f32; d.k * (d.m + d.n)];
+        crate::random::uniform_f32(5, 0, &mut values);
+        let (x, w) = values.split_at(d.m * d.k);
+        let (x, w) = (HostData::F32(x.to_vec()), HostData::F32(w.to_vec()));
+        let (x_shape, w_shape) = ([d.m, d.k], [d.n, d.k]);
+        let (x_op, w_op) = (
+            DotOperand { data: &x, shape: &x_shape, strides: None },
+            DotOperand { data: &w, shape: &w_shape, strides: None },
+        );
+        let mut whole = HostData::F32(vec![0f32; d.m * d.n]);
+        dot(MatmulKernel::Gemm, d, x_op, w_op, &mut whole).unwrap();
+        let panels = RowPanels::new(d, x_op, w_op).unwrap().expect("an f32 product runs by panels");
+        assert!(panels.rhs_copy.is_some(), "the weight is copied once for all panels");
+        let mut by_panels = vec![f32::NAN; d.m * d.n];
+        let out = PanelOut::F32(by_panels.as_mut_ptr());
+        let pool = rayon::ThreadPoolBuilder::new().num_threads(2).build().unwrap();
+        pool.scope(|scope| {
+            for (r0, r1) in [(0, 97), (97, 200), (200, 300)] {
+                let panels = &panels;
+                // SAFETY: `by_panels` holds m x n values, each panel its own rows.
+                scope.spawn(move |_| unsafe { panels.compute(r0, r1, out) });
+            }
+        });
+        let HostData::F32(whole) = whole else { unreachable!("the output is f32") };
+        assert!(whole.iter().zip(&by_panels).all(|(x, y)| x.to_bits() == y.to_bits()));
+        let reference = run_naive(d, &x, &x_shape, &w, &w_shape);
+        for (x, y) in by_panels.iter().zip(&reference) {
+            assert!((x - y).abs() <= 1e-4 * (1.0 + y.abs()), "{x} vs {y}");
         }
     }
 

@@ -51,10 +51,11 @@ impl<T> GemmOperand<T> {
 /// against 21.5, `[440, 512] x [2048, 512]^T` 4.7 against 5.6 (at 256 it
 /// did not: `[4096, 256] x [256, 256]^T` 2.44-2.61 against 2.54). Each
 /// large product tries both on the machine it runs on ([`gemm_tuning`]),
-/// so the threshold only says where trying is worth it; a product whose
-/// trials keep the direct call runs by row panels with its epilogue again
-/// ([`super::dot::RowPanels`]). The values are the same bits: `gemm` packs
-/// either layout into the same panels.
+/// so the threshold only says where trying is worth it. A product with an
+/// epilogue runs by row panels along the route its trials keep, each panel
+/// multiplying by one shared copy when they keep the copy
+/// ([`super::dot::RowPanels`], [`RowMajorCopy`]). The values are the same
+/// bits: `gemm` packs either layout into the same panels.
 const TRANSPOSE_RHS_FROM_K: usize = 512;
 /// See [`TRANSPOSE_RHS_FROM_K`]: the copy is paid once per call, the time
 /// it saves grows with the rows.
@@ -350,6 +351,50 @@ unsafe fn transpose_columns<T: Real + Send + Sync>(
         gemm::Parallelism::Rayon(_) | gemm::Parallelism::None => {
             out[..k * n].chunks_mut(ROWS * n).enumerate().for_each(rows_of)
         }
+    }
+}
+
+/// A row-major copy of a transposed f32 right operand, made once for all
+/// the row panels of a product ([`super::dot::RowPanels`]) that the
+/// trials routed through [`GemmRoute::CopyRhs`]: each panel then calls
+/// `gemm` directly on the copy, with the bits of the whole product. The
+/// copy lives in this thread's [`ROW_MAJOR_RHS`] buffer, which it gives
+/// back when dropped.
+pub(crate) struct RowMajorCopy {
+    /// The buffer's words, `k * n` f32 values of them the copy.
+    words: Vec<u64>,
+    /// Columns of the copy (its row stride).
+    n: usize,
+}
+
+impl RowMajorCopy {
+    /// Copy the `k x n` operand `b` (column `j` is `k` contiguous values
+    /// from `b.ptr + j * b.cs`) row-major, on the threads `parallelism`
+    /// allows.
+    ///
+    /// # Safety
+    /// `b.rs` is 1 and every column of `b` lies inside a live buffer.
+    pub(crate) unsafe fn new(b: GemmOperand<f32>, (k, n): (usize, usize), parallelism: gemm::Parallelism) -> Self {
+        debug_assert_eq!(b.rs, 1, "a transposed operand");
+        let mut words = ROW_MAJOR_RHS.take();
+        if words.len() < (k * n).div_ceil(2) {
+            words.resize((k * n).div_ceil(2), 0);
+        }
+        // SAFETY: `words` holds at least `k * n` f32 values (any bits are one).
+        let copy = std::slice::from_raw_parts_mut(words.as_mut_ptr().cast::<f32>(), k * n);
+        transpose_columns(b.ptr, b.cs, (k, n), copy, parallelism);
+        RowMajorCopy { words, n }
+    }
+
+    /// The copy as a row-major operand (valid while `self` lives).
+    pub(crate) fn operand(&self) -> GemmOperand<f32> {
+        GemmOperand { ptr: self.words.as_ptr().cast(), rs: self.n, cs: 1 }
+    }
+}
+
+impl Drop for RowMajorCopy {
+    fn drop(&mut self) {
+        ROW_MAJOR_RHS.set(std::mem::take(&mut self.words));
     }
 }
 

@@ -105,12 +105,16 @@ pub(crate) fn pick(key: RouteKey, planned: GemmRoute) -> Pick {
     table.entry(key).or_insert_with(|| Trials::new(planned)).pick()
 }
 
-/// True when the trials of product `key` are over and kept the direct call:
-/// such a product may then run by row panels (each a direct call on its
-/// rows) with its epilogue, instead of whole through its planned copy.
-pub(crate) fn kept_direct(key: RouteKey) -> bool {
+/// The route the trials of product `key` kept, or `None` while they run (or
+/// before they start): a product with an epilogue runs whole, timed, until
+/// its trials are over, and then by row panels along the route they kept
+/// where that route allows panels.
+pub(crate) fn kept(key: RouteKey) -> Option<GemmRoute> {
     let table = TABLE.lock().unwrap_or_else(|p| p.into_inner());
-    matches!(table.get(&key), Some(Trials::Kept { route: GemmRoute::Direct, .. }))
+    match table.get(&key) {
+        Some(Trials::Kept { route, .. }) => Some(*route),
+        Some(Trials::Running { .. }) | None => None,
+    }
 }
 
 /// Count a timed call of candidate `index` of product `key`.
@@ -172,20 +176,20 @@ mod tests {
         assert_eq!(tie.pick(), Pick::Untimed(GemmRoute::CopyRhs));
     }
 
-    /// A product may run by panels once its trials kept the direct call,
-    /// not while they run nor when they kept the copy.
+    /// The kept route is known once the trials are over, not while they run
+    /// nor for a product never tried.
     #[test]
-    fn only_a_kept_direct_call_allows_panels() {
+    fn the_kept_route_is_known_when_the_trials_end() {
         // Shapes no other test times.
         let key = |n: usize| ((7, 513, n), (513, 1), (1, 513), 2);
-        for (n, times, direct) in [(5, [9.0, 1.0], true), (6, [1.0, 9.0], false)] {
+        for (n, times, route) in [(5, [9.0, 1.0], GemmRoute::Direct), (6, [1.0, 9.0], GemmRoute::CopyRhs)] {
             assert!(matches!(pick(key(n), GemmRoute::CopyRhs), Pick::Timed(GemmRoute::CopyRhs, 0)));
-            assert!(!kept_direct(key(n)), "trials still run");
+            assert_eq!(kept(key(n)), None, "trials still run");
             for round in 0..2 * usize::from(TRIALS_PER_ROUTE) {
                 record(key(n), round % 2, times[round % 2]);
             }
-            assert_eq!(kept_direct(key(n)), direct, "copy {} ms, direct {} ms", times[0], times[1]);
+            assert_eq!(kept(key(n)), Some(route), "copy {} ms, direct {} ms", times[0], times[1]);
         }
-        assert!(!kept_direct(key(8)), "never tried");
+        assert_eq!(kept(key(8)), None, "never tried");
     }
 }
