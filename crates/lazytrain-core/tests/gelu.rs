@@ -3,8 +3,10 @@
 //! keeping it, moves the gradient's kernel ahead of the weight gradient
 //! traced between it and its input gradient's matmul so that it runs as
 //! that matmul's epilogue (column sums and all), and runs both GELU
-//! programs by their own loops on AVX-512 CPUs. Each of these gives the
-//! bits of the plain schedule; all agree with the reference backend.
+//! programs by their own loops on AVX-512 CPUs (reading and writing their
+//! operands in place, as epilogues and as kernels of their own). Each of
+//! these gives the bits of the plain schedule; all agree with the
+//! reference backend.
 
 use lazytrain_core::backend::{Backend, CpuBackend, ExecutableStats, RecordingBackend, ReferenceBackend};
 use lazytrain_core::cache::CompileCache;
@@ -70,6 +72,8 @@ fn gelu_gradients_keep_their_bits_through_epilogues_and_fast_paths() {
     let (fast, with_fast_paths) = run(CpuBackend::default().with_fast_paths(true), false);
     let (interpreted, without) = run(CpuBackend::default().with_fast_paths(false), false);
     let (_, separate) = run(CpuBackend::default().with_epilogues(false).with_fast_paths(false), false);
+    // The GELU loops on their own kernels, reading and writing in place.
+    let (_, separate_fast) = run(CpuBackend::default().with_epilogues(false).with_fast_paths(true), false);
     let reference = mlp_gradients(Arc::new(ReferenceBackend), false);
     // Forward GELU after its matmul, the loss's row sums after the second
     // one, and GELU's gradient (CDF recomputed, bias column sums) after the
@@ -82,6 +86,7 @@ fn gelu_gradients_keep_their_bits_through_epilogues_and_fast_paths() {
         let same = |u: &[f32], v: &[f32]| u.iter().zip(v).all(|(x, y)| x.to_bits() == y.to_bits());
         assert!(same(a, b), "output {k}: the fast paths changed the values");
         assert!(same(b, c), "output {k}: the epilogues changed the values");
+        assert!(same(c, &separate_fast[k]), "output {k}: the loops on their own kernels changed the values");
         let scale = r.iter().fold(1f32, |m, v| m.max(v.abs()));
         for (i, (x, y)) in a.iter().zip(r).enumerate() {
             assert!((x - y).abs() <= 1e-4 * scale, "output {k}[{i}]: {x} vs {y}");

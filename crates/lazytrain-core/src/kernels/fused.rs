@@ -365,6 +365,7 @@ impl FusedProgram {
         let mut scratch = vec![0usize; self.shape.len()];
         let mut rows = vec![RowLanes::<f32>::default(); outs.0.len()];
         let mut lanes = self.lanes.as_ref().and_then(|l| l.bind(&self.loads, inputs, &outs.0));
+        let direct = self.gelu.and_then(|g| g.bind_direct(&self.loads, &self.shape, inputs, &outs.0));
         let mut at = start;
         let mut panel_end = if panels.is_some() { start } else { end };
         while at < end {
@@ -379,6 +380,13 @@ impl FusedProgram {
                 if at == panel_end {
                     continue;
                 }
+            }
+            if let Some(direct) = direct.as_ref() {
+                // SAFETY: as for the lanes above; `bind_direct` checked the
+                // operands, and `columns` holds the program's column sums.
+                unsafe { direct.run(at, panel_end, columns) };
+                at = panel_end;
+                continue;
             }
             if regs.is_empty() {
                 regs = vec![vec![0f32; TILE]; self.registers];

@@ -9,12 +9,16 @@
 //! gradient), are recognised by their exact instructions, and so are their
 //! bf16 forms under autocast (a feed-forward expansion stored in bf16, its
 //! GELU and that GELU's gradient computed in f32 and rounded to bf16,
-//! `encoder::expansion_activation` in `lazytrain-models`). Each tile's
-//! inputs are still loaded by the interpreter's own loads (any access, in
-//! place, chained), and its outputs stored by its own stores; the
-//! arithmetic between them runs as one pass over the tile that keeps every
-//! intermediate value in vector registers, where the interpreter makes one
-//! pass per instruction through tile-sized registers in memory.
+//! `encoder::expansion_activation` in `lazytrain-models`). When the
+//! operands lie in plain buffers (contiguous inputs and output of the
+//! program's dtype, an f32 program's bias one row broadcast down the rows:
+//! the kernels of a BERT step), the loop reads and writes them in place
+//! ([`Direct`]); otherwise each tile's inputs are loaded by the
+//! interpreter's own loads (any access, chained) and its outputs stored by
+//! its own stores, and the arithmetic between them runs as one pass over
+//! the tile. Either way every intermediate value stays in vector
+//! registers, where the interpreter makes one pass per instruction through
+//! tile-sized registers in memory.
 //!
 //! The arithmetic is the interpreter's own, operation for operation and in
 //! the same order (the same `erf` and `exp` bits, see
@@ -23,7 +27,10 @@
 
 use super::Instr::{self, Binary, ColumnSum, Load, RoundBf16, Store, Unary};
 use super::Src::{Imm, Reg};
+use super::{OutView, Source};
 use crate::ir::{BinaryOp, UnaryOp};
+use crate::schedule::{Access, Load as LoadSpec};
+use crate::storage::HostData;
 
 /// `1/√2` as the traced GELU multiplies by it (an f64 constant in f32).
 const FRAC_1_SQRT_2: f32 = std::f64::consts::FRAC_1_SQRT_2 as f32;
@@ -122,11 +129,161 @@ impl Gelu {
     }
 }
 
+/// A GELU program's operands where they are: the loop reads its inputs and
+/// writes its output directly, a run of one row at a time, instead of
+/// copying each tile into the interpreter's registers and its result out
+/// of them. Half the time of BERT-small's GELU kernels went to those
+/// copies (the tiles' loads and stores against the arithmetic, timed in
+/// the step), and the loop's steady streams are what the hardware
+/// prefetchers follow. The values and the column sums' order are the tile
+/// path's, so the bits are too (tests below).
+pub(crate) struct Direct<'a> {
+    /// Which program.
+    gelu: Gelu,
+    /// Elements per row (the column sums' and the bias's length).
+    row_len: usize,
+    /// The operands.
+    operands: Operands<'a>,
+}
+
+/// The operands of [`Direct`], each read or written at every element but
+/// the bias.
+enum Operands<'a> {
+    /// [`Gelu::Forward`] and [`Gelu::Backward`]: the product `x`, the bias
+    /// (one row, broadcast down the rows), the incoming gradient `g`
+    /// (backward; null forward), and `y` or `dx`.
+    F32 { x: *const f32, bias: &'a [f32], g: *const f32, out: *mut f32 },
+    /// [`Gelu::ForwardBf16`] and [`Gelu::BackwardBf16`]: the stored
+    /// expansion `x`, `g` (backward; null forward) and `y` or `dx`, bf16
+    /// words.
+    Bf16 { x: *const u16, g: *const u16, out: *mut u16 },
+}
+
+/// Where a contiguous load reads: f32 or bf16 elements.
+#[derive(Clone, Copy)]
+enum Elements {
+    F32(*const f32),
+    Bf16(*const u16),
+}
+
+impl Gelu {
+    /// The program's operands in place when every input is contiguous (f32
+    /// for the f32 programs, bf16 for the bf16 ones) but an f32 program's
+    /// bias, one f32 row broadcast down the rows, and the output has the
+    /// program's dtype (otherwise the tile path runs it).
+    pub(crate) fn bind_direct<'a>(
+        self,
+        loads: &[LoadSpec],
+        shape: &[usize],
+        inputs: &[Source<'a>],
+        outs: &[OutView],
+    ) -> Option<Direct<'a>> {
+        let row_len = *shape.last()?;
+        let contiguous = |k: usize| -> Option<Elements> {
+            let load = loads.get(k)?;
+            match (&load.access, inputs.get(load.input)?) {
+                (Access::Contiguous, Source::Data(HostData::F32(x))) => Some(Elements::F32(x.as_ptr())),
+                (Access::Contiguous, Source::Data(HostData::BF16(x))) => Some(Elements::Bf16(x.as_ptr().cast())),
+                (Access::Contiguous, Source::Output(o)) => match outs.get(*o)? {
+                    OutView::F32(p) => Some(Elements::F32(p.cast_const())),
+                    OutView::BF16(p) => Some(Elements::Bf16(p.cast_const().cast())),
+                    OutView::Bool(_) => None,
+                },
+                (Access::Contiguous | Access::Splat | Access::Strided(_), _) => None,
+            }
+        };
+        let f32s = |k| match contiguous(k)? {
+            Elements::F32(p) => Some(p),
+            Elements::Bf16(_) => None,
+        };
+        let bf16s = |k| match contiguous(k)? {
+            Elements::Bf16(p) => Some(p),
+            Elements::F32(_) => None,
+        };
+        let operands = match self {
+            Gelu::Forward | Gelu::Backward => {
+                let bias = match (&loads.get(1)?.access, inputs.get(loads.get(1)?.input)?) {
+                    (Access::Strided(strides), Source::Data(HostData::F32(b)))
+                        if strides
+                            .split_last()
+                            .is_some_and(|(&last, rest)| last == 1 && rest.iter().all(|&s| s == 0))
+                            && b.len() >= row_len =>
+                    {
+                        &b[..row_len]
+                    }
+                    _ => return None,
+                };
+                let OutView::F32(out) = *outs.first()? else { return None };
+                let g = if self == Gelu::Backward { f32s(2)? } else { std::ptr::null() };
+                Operands::F32 { x: f32s(0)?, bias, g, out }
+            }
+            Gelu::ForwardBf16 | Gelu::BackwardBf16 => {
+                let OutView::BF16(out) = *outs.first()? else { return None };
+                let g = if self == Gelu::BackwardBf16 { bf16s(1)? } else { std::ptr::null() };
+                Operands::Bf16 { x: bf16s(0)?, g, out: out.cast() }
+            }
+        };
+        Some(Direct { gelu: self, row_len, operands })
+    }
+}
+
+impl Direct<'_> {
+    /// Elements `start..end`, and (backward) their column sums added into
+    /// `columns[1]` row by row, as the tile path adds them.
+    ///
+    /// # Safety
+    /// This thread owns elements `start..end` of the output, every input
+    /// holds them, and `columns[1]` holds a row's sums (backward).
+    #[cfg(target_arch = "x86_64")]
+    pub(crate) unsafe fn run(&self, start: usize, end: usize, columns: &mut [Vec<f64>]) {
+        let mut at = start;
+        while at < end {
+            let column = at % self.row_len;
+            let len = (self.row_len - column).min(end - at);
+            match (self.gelu, &self.operands) {
+                (Gelu::Forward, &Operands::F32 { x, bias, out, .. }) => {
+                    lanes::forward_in_place(x.add(at), bias.as_ptr().add(column), out.add(at), len)
+                }
+                (Gelu::Backward, &Operands::F32 { x, bias, g, out }) => {
+                    lanes::backward_in_place(x.add(at), bias.as_ptr().add(column), g.add(at), out.add(at), len);
+                    let dx = std::slice::from_raw_parts(out.add(at), len);
+                    columns[1][column..column + len].iter_mut().zip(dx).for_each(|(a, &v)| *a += f64::from(v));
+                }
+                (Gelu::ForwardBf16, &Operands::Bf16 { x, out, .. }) => {
+                    lanes::forward_bf16_in_place(x.add(at), out.add(at), len)
+                }
+                (Gelu::BackwardBf16, &Operands::Bf16 { x, g, out }) => {
+                    lanes::backward_bf16_in_place(x.add(at), g.add(at), out.add(at), len);
+                    let dx = std::slice::from_raw_parts(out.add(at), len);
+                    columns[1][column..column + len]
+                        .iter_mut()
+                        .zip(dx)
+                        .for_each(|(a, &w)| *a += f64::from(f32::from_bits(u32::from(w) << 16)));
+                }
+                (Gelu::Forward | Gelu::Backward, Operands::Bf16 { .. })
+                | (Gelu::ForwardBf16 | Gelu::BackwardBf16, Operands::F32 { .. }) => {
+                    unreachable!("`bind_direct` binds each program's own operands")
+                }
+            }
+            at += len;
+        }
+    }
+
+    /// Never bound off x86-64 (the loops need AVX-512).
+    ///
+    /// # Safety
+    /// None needed.
+    #[cfg(not(target_arch = "x86_64"))]
+    pub(crate) unsafe fn run(&self, _: usize, _: usize, _: &mut [Vec<f64>]) {
+        unreachable!("GELU programs are recognised on AVX-512 CPUs only")
+    }
+}
+
 /// The loops, 16 lanes at a time (a last part under a mask).
 #[cfg(target_arch = "x86_64")]
 mod lanes {
     use super::{FRAC_1_SQRT_2, FRAC_2_SQRT_PI};
-    use crate::kernels::numeric_avx512::{each16, erf16, exp16, round_bf16_16};
+    use crate::kernels::numeric_avx512::{bf16_words16, each16, erf16, exp16, round_bf16_16};
     use std::arch::x86_64::*;
 
     /// `u = h / √2` and the CDF `(erf(u) + 1) / 2`.
@@ -175,6 +332,59 @@ mod lanes {
             let gv = _mm512_maskz_loadu_ps(m, g.as_ptr().add(i));
             let (h, u, cdf) = biased_cdf(xv, bv);
             _mm512_mask_storeu_ps(dx.as_mut_ptr().add(i), m, gradient(h, u, cdf, gv));
+        });
+    }
+
+    /// `out[i] = gelu(x[i] + bias[i])` for `len` elements (`out` may be `x`).
+    #[target_feature(enable = "avx512f,avx512dq")]
+    pub(super) unsafe fn forward_in_place(x: *const f32, bias: *const f32, out: *mut f32, len: usize) {
+        each16(len, |i, m| {
+            let (h, _, cdf) = biased_cdf(_mm512_maskz_loadu_ps(m, x.add(i)), _mm512_maskz_loadu_ps(m, bias.add(i)));
+            _mm512_mask_storeu_ps(out.add(i), m, _mm512_mul_ps(h, cdf));
+        });
+    }
+
+    /// `out[i]`: the gradient of `gelu(x + bias)` for the incoming `g`, for
+    /// `len` elements (`out` may be `x` or `g`).
+    #[target_feature(enable = "avx512f,avx512dq")]
+    pub(super) unsafe fn backward_in_place(x: *const f32, bias: *const f32, g: *const f32, out: *mut f32, len: usize) {
+        each16(len, |i, m| {
+            let (h, u, cdf) = biased_cdf(_mm512_maskz_loadu_ps(m, x.add(i)), _mm512_maskz_loadu_ps(m, bias.add(i)));
+            _mm512_mask_storeu_ps(out.add(i), m, gradient(h, u, cdf, _mm512_maskz_loadu_ps(m, g.add(i))));
+        });
+    }
+
+    /// 16 bf16 words from `p` (the lanes of `m`), widened to f32.
+    #[inline(always)]
+    unsafe fn load_bf16(p: *const u16, m: __mmask16) -> __m512 {
+        _mm512_castsi512_ps(_mm512_slli_epi32::<16>(_mm512_cvtepu16_epi32(_mm256_maskz_loadu_epi16(m, p.cast()))))
+    }
+
+    /// The lanes of `x` (those of `m`) rounded to bf16 words at `p`: what
+    /// the interpreter's rounding and bf16 store write.
+    #[inline(always)]
+    unsafe fn store_bf16(p: *mut u16, m: __mmask16, x: __m512) {
+        _mm512_mask_cvtepi32_storeu_epi16(p.cast(), m, bf16_words16(x));
+    }
+
+    /// `out[i] = gelu(x[i])` as bf16 words, for `len` elements (`out` may be `x`).
+    #[target_feature(enable = "avx512f,avx512dq,avx512bw,avx512vl")]
+    pub(super) unsafe fn forward_bf16_in_place(x: *const u16, out: *mut u16, len: usize) {
+        each16(len, |i, m| {
+            let h = load_bf16(x.add(i), m);
+            let (_, cdf) = cdf(h);
+            store_bf16(out.add(i), m, _mm512_mul_ps(h, cdf));
+        });
+    }
+
+    /// `out[i]`: the gradient of `gelu(x)` for the incoming `g`, as bf16
+    /// words, for `len` elements (`out` may be `x` or `g`).
+    #[target_feature(enable = "avx512f,avx512dq,avx512bw,avx512vl")]
+    pub(super) unsafe fn backward_bf16_in_place(x: *const u16, g: *const u16, out: *mut u16, len: usize) {
+        each16(len, |i, m| {
+            let h = load_bf16(x.add(i), m);
+            let (u, cdf) = cdf(h);
+            store_bf16(out.add(i), m, gradient(h, u, cdf, load_bf16(g.add(i), m)));
         });
     }
 
@@ -294,4 +504,106 @@ fn backward() -> Vec<Instr> {
         ColumnSum { src: 3, out: 1 },
     ]);
     instrs
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::dtype::DType;
+    use crate::kernels::fused::FusedProgram;
+    use half::bf16;
+
+    /// GELU program `gelu` over `rows x width` (an f32 program's bias a
+    /// broadcast row), run by its loop when `fast`, else by the interpreter.
+    fn program(gelu: Gelu, rows: usize, width: usize, fast: bool) -> FusedProgram {
+        let (instrs, accesses, outputs) = match gelu {
+            Gelu::Forward => (forward(), vec![Access::Contiguous, Access::Strided(vec![0, 1])], 1),
+            Gelu::Backward => {
+                (backward(), vec![Access::Contiguous, Access::Strided(vec![0, 1]), Access::Contiguous], 2)
+            }
+            Gelu::ForwardBf16 => (forward_bf16(), vec![Access::Contiguous], 1),
+            Gelu::BackwardBf16 => (backward_bf16(), vec![Access::Contiguous, Access::Contiguous], 2),
+        };
+        let bf16 = matches!(gelu, Gelu::ForwardBf16 | Gelu::BackwardBf16);
+        let mut output_dtypes = vec![if bf16 { DType::BF16 } else { DType::F32 }];
+        output_dtypes.extend((1..outputs).map(|_| DType::F32));
+        FusedProgram {
+            shape: vec![rows, width],
+            gelu: if fast { Gelu::recognise(&instrs) } else { None },
+            loads: accesses.into_iter().enumerate().map(|(input, access)| LoadSpec { input, access }).collect(),
+            instrs,
+            registers: 5,
+            output_dtypes,
+            reduce_inner: 0,
+            column_len: if outputs == 2 { width } else { 0 },
+            lanes: None,
+        }
+    }
+
+    fn values(len: usize, salt: usize, spread: f32) -> Vec<f32> {
+        (0..len).map(|i| (((i * 7919 + salt * 104_729) % 2003) as f32 / 1001.0 - 1.0) * spread).collect()
+    }
+
+    fn floats(data: &HostData) -> Vec<f32> {
+        match data {
+            HostData::F32(v) => v.clone(),
+            HostData::BF16(v) => v.iter().map(|x| x.to_f32()).collect(),
+            other => panic!("unexpected {}", other.dtype()),
+        }
+    }
+
+    /// Every GELU program with its operands bound in place (an odd row
+    /// width, rows split between two threads mid-row, the input read from
+    /// the output buffer it is overwritten in): the bits of the
+    /// interpreter, column sums included.
+    #[test]
+    fn programs_in_place_have_the_bits_of_the_interpreter() {
+        let (rows, width) = (301, 37);
+        for gelu in [Gelu::Forward, Gelu::Backward, Gelu::ForwardBf16, Gelu::BackwardBf16] {
+            let fast = program(gelu, rows, width, true);
+            if fast.gelu.is_none() {
+                eprintln!("skipped: this CPU has no AVX-512");
+                return;
+            }
+            let bf16 = fast.output_dtypes[0] == DType::BF16;
+            let data = |len: usize, salt: usize, spread: f32| match bf16 {
+                true => HostData::BF16(values(len, salt, spread).into_iter().map(bf16::from_f32).collect()),
+                false => HostData::F32(values(len, salt, spread)),
+            };
+            let (x, g) = (data(rows * width, 1, 4.0), data(rows * width, 3, 1.0));
+            let bias = HostData::F32(values(width, 2, 1.0));
+            // The product `x` is read from the output buffer it is
+            // overwritten in, as an epilogue reads its matmul's panel.
+            let sources = match gelu {
+                Gelu::Forward => vec![Source::Output(0), Source::Data(&bias)],
+                Gelu::Backward => vec![Source::Output(0), Source::Data(&bias), Source::Data(&g)],
+                Gelu::ForwardBf16 => vec![Source::Output(0)],
+                Gelu::BackwardBf16 => vec![Source::Output(0), Source::Data(&g)],
+            };
+            let fresh = |program: &FusedProgram| {
+                let mut outs = vec![x.clone()];
+                if program.column_len > 0 {
+                    outs.push(HostData::F32(vec![0.0; width]));
+                }
+                outs
+            };
+            let run = |program: &FusedProgram| -> Vec<HostData> {
+                let mut outs = fresh(program);
+                let pool = rayon::ThreadPoolBuilder::new().num_threads(2).build().unwrap();
+                pool.install(|| program.run(&sources, &mut outs)).unwrap();
+                outs
+            };
+            let mut outs = fresh(&fast);
+            let views: Vec<OutView> = outs.iter_mut().map(|o| OutView::of(o).unwrap()).collect();
+            let bound = gelu.bind_direct(&fast.loads, &fast.shape, &sources, &views);
+            assert!(bound.is_some(), "{gelu:?}: the operands are bound in place");
+            let (direct, interpreted) = (run(&fast), run(&program(gelu, rows, width, false)));
+            for (k, (a, b)) in direct.iter().zip(&interpreted).enumerate() {
+                assert_eq!(a.dtype(), b.dtype(), "{gelu:?} output {k}");
+                let (a, b) = (floats(a), floats(b));
+                let differ = a.iter().zip(&b).filter(|(x, y)| x.to_bits() != y.to_bits()).count();
+                assert_eq!(differ, 0, "{gelu:?} output {k}: {differ} values differ");
+            }
+        }
+    }
 }
