@@ -411,11 +411,7 @@ impl<'a> RowPanels<'a> {
         // operand if they kept that copy. Otherwise it runs whole, and its
         // epilogue after it.
         let parallelism = matmul_parallelism(d.m * d.k * d.n);
-        let tried = match route {
-            GemmRoute::CopyRhs | GemmRoute::TransposeOutput => d.m * d.k * d.n >= super::gemm_tuning::TRIED_FROM_MACS,
-            GemmRoute::Direct | GemmRoute::SplitK => false,
-        };
-        let kept = match tried {
+        let kept = match super::gemm_tuning::tried(route, dims) {
             true => super::gemm_tuning::kept(super::gemm_tuning::route_key(
                 dims,
                 (la.rs, la.cs),

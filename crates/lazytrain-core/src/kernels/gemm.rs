@@ -226,11 +226,7 @@ pub(crate) unsafe fn gemm_into<T: Real + Send + Sync + 'static>(
     parallelism: gemm::Parallelism,
 ) {
     let planned = GemmRoute::of(dims, (a.rs, a.cs), (b.rs, b.cs));
-    let tried = match planned {
-        GemmRoute::CopyRhs | GemmRoute::TransposeOutput => dims.0 * dims.1 * dims.2 >= gemm_tuning::TRIED_FROM_MACS,
-        GemmRoute::Direct | GemmRoute::SplitK => false,
-    };
-    if !tried {
+    if !gemm_tuning::tried(planned, dims) {
         return gemm_routed(planned, dims, a, b, out, parallelism);
     }
     let key = gemm_tuning::route_key(dims, (a.rs, a.cs), (b.rs, b.cs), parallelism);

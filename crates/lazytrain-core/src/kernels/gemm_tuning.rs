@@ -25,7 +25,17 @@ pub(crate) const TRIALS_PER_ROUTE: u8 = 2;
 
 /// Products with fewer multiply-adds run their planned route untried: too
 /// short to time, too short to matter.
-pub(crate) const TRIED_FROM_MACS: usize = 1 << 25;
+const TRIED_FROM_MACS: usize = 1 << 25;
+
+/// True when an `m x k x n` product planned on `route` is tried against the
+/// direct call: a copy planned for a product of at least
+/// [`TRIED_FROM_MACS`] multiply-adds.
+pub(crate) fn tried(route: GemmRoute, (m, k, n): (usize, usize, usize)) -> bool {
+    match route {
+        GemmRoute::CopyRhs | GemmRoute::TransposeOutput => m * k * n >= TRIED_FROM_MACS,
+        GemmRoute::Direct | GemmRoute::SplitK => false,
+    }
+}
 
 /// What identifies a product for its trials: `(m, k, n)`, both operands'
 /// strides and the threads it runs on.
