@@ -422,14 +422,14 @@ impl<'a> RowPanels<'a> {
         };
         let rhs_copy = match kept {
             Some(GemmRoute::Direct) => None,
-            Some(GemmRoute::CopyRhs) => {
+            Some(GemmRoute::CopyRhs) if lb.rs == 1 && lb.cs >= d.k => {
                 let column_major = GemmOperand { ptr: b_values[lb.offsets[0]..].as_ptr(), rs: lb.rs, cs: lb.cs };
-                // SAFETY: the route copies only operands with unit row stride
-                // (`copies_rhs`), and the layout lies inside the buffer
-                // (`MatrixLayout` checks its last element).
+                // SAFETY: the operand's row stride is 1 (checked), and its
+                // layout lies inside the buffer (`MatrixLayout` checks its
+                // last element).
                 Some(unsafe { RowMajorCopy::new(column_major, (d.k, d.n), parallelism) })
             }
-            Some(GemmRoute::TransposeOutput | GemmRoute::SplitK) | None => return Ok(None),
+            Some(GemmRoute::CopyRhs | GemmRoute::TransposeOutput | GemmRoute::SplitK) | None => return Ok(None),
         };
         Ok(Some(RowPanels { d, a: a.data, la, b: b.data, lb, direct: true, rhs_copy }))
     }
@@ -631,6 +631,52 @@ mod tests {
         let reference = run_naive(d, &x, &x_shape, &w, &w_shape);
         for (x, y) in by_panels.iter().zip(&reference) {
             assert!((x - y).abs() <= 1e-4 * (1.0 + y.abs()), "{x} vs {y}");
+        }
+    }
+
+    /// A product large enough to be tried runs whole until its trials end,
+    /// then by panels through one copy of its right operand if they kept
+    /// the copy, and whole again if they kept a transposed output.
+    #[test]
+    fn panels_follow_the_route_the_trials_kept() {
+        use super::super::gemm_tuning::{pick, record, route_key, TRIALS_PER_ROUTE};
+        // Shapes no other test times: a linear layer's `x W^T` (copied
+        // weight) and a tall weight gradient (transposed output).
+        let copied = DotDims { batch: 1, m: 264, k: 520, n: 248, lhs_t: false, rhs_t: true };
+        let transposed = DotDims { batch: 1, m: 8200, k: 72, n: 66, lhs_t: true, rhs_t: false };
+        for (d, planned) in [(copied, GemmRoute::CopyRhs), (transposed, GemmRoute::TransposeOutput)] {
+            let mut values = vec![0f32; d.k * (d.m + d.n)];
+            crate::random::uniform_f32(7, 0, &mut values);
+            let (a, b) = values.split_at(d.m * d.k);
+            let (a, b) = (HostData::F32(a.to_vec()), HostData::F32(b.to_vec()));
+            let a_shape = if d.lhs_t { [d.k, d.m] } else { [d.m, d.k] };
+            let b_shape = if d.rhs_t { [d.n, d.k] } else { [d.k, d.n] };
+            let a_op = DotOperand { data: &a, shape: &a_shape, strides: None };
+            let b_op = DotOperand { data: &b, shape: &b_shape, strides: None };
+            let (la, lb) = (d.lhs_strides(), d.rhs_strides());
+            assert_eq!(GemmRoute::of((d.m, d.k, d.n), la, lb), planned);
+            let key = route_key((d.m, d.k, d.n), la, lb, matmul_parallelism(d.m * d.k * d.n));
+            assert!(matches!(pick(key, planned), super::super::gemm_tuning::Pick::Timed(..)));
+            assert!(RowPanels::new(d, a_op, b_op).unwrap().is_none(), "{planned:?}: runs whole while tried");
+            for round in 0..2 * usize::from(TRIALS_PER_ROUTE) {
+                // The planned route (candidate 0) is the faster.
+                record(key, round % 2, 1.0 + (round % 2) as f64);
+            }
+            let panels = RowPanels::new(d, a_op, b_op).unwrap();
+            match planned {
+                GemmRoute::CopyRhs => {
+                    let panels = panels.expect("the kept copy runs by panels");
+                    assert!(panels.rhs_copy.is_some());
+                    let mut by_panels = vec![f32::NAN; d.m * d.n];
+                    // SAFETY: `by_panels` holds m x n values.
+                    unsafe { panels.compute(0, d.m, PanelOut::F32(by_panels.as_mut_ptr())) };
+                    let mut whole = HostData::F32(vec![0f32; d.m * d.n]);
+                    dot(MatmulKernel::Gemm, d, a_op, b_op, &mut whole).unwrap();
+                    let HostData::F32(whole) = whole else { unreachable!("the output is f32") };
+                    assert!(whole.iter().zip(&by_panels).all(|(x, y)| x.to_bits() == y.to_bits()));
+                }
+                _ => assert!(panels.is_none(), "a transposed output runs whole"),
+            }
         }
     }
 

@@ -96,8 +96,8 @@ pub(crate) struct FusedProgram {
     /// The row length of the program's column sums; 0 without.
     pub column_len: usize,
     /// When the program is one of GELU's, whose arithmetic then runs as
-    /// one loop per tile (see [`Gelu`]); `None` runs every program by its
-    /// instructions.
+    /// one loop over its operands or per tile (see [`Gelu`]); `None` runs
+    /// every program by its instructions.
     pub gelu: Option<Gelu>,
     /// When the program is a straight-line one, its form that runs a
     /// vector of elements through all its instructions at a time (see
@@ -365,7 +365,7 @@ impl FusedProgram {
         let mut scratch = vec![0usize; self.shape.len()];
         let mut rows = vec![RowLanes::<f32>::default(); outs.0.len()];
         let mut lanes = self.lanes.as_ref().and_then(|l| l.bind(&self.loads, inputs, &outs.0));
-        let direct = self.gelu.and_then(|g| g.bind_direct(&self.loads, &self.shape, inputs, &outs.0));
+        let direct = self.gelu.and_then(|g| g.bind_direct(self, inputs, &outs.0));
         let mut at = start;
         let mut panel_end = if panels.is_some() { start } else { end };
         while at < end {

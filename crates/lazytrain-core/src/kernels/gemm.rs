@@ -52,8 +52,9 @@ impl<T> GemmOperand<T> {
 /// did not: `[4096, 256] x [256, 256]^T` 2.44-2.61 against 2.54). Each
 /// large product tries both on the machine it runs on ([`gemm_tuning`]),
 /// so the threshold only says where trying is worth it. A product with an
-/// epilogue runs by row panels along the route its trials keep, each panel
-/// multiplying by one shared copy when they keep the copy
+/// epilogue runs by row panels along the route its trials keep (or its
+/// planned copy, when it is too small to try), each panel multiplying by
+/// one shared copy when the route copies
 /// ([`super::dot::RowPanels`], [`RowMajorCopy`]). The values are the same
 /// bits: `gemm` packs either layout into the same panels.
 const TRANSPOSE_RHS_FROM_K: usize = 512;
@@ -354,8 +355,9 @@ unsafe fn transpose_columns<T: Real + Send + Sync>(
 /// the row panels of a product ([`super::dot::RowPanels`]) that the
 /// trials routed through [`GemmRoute::CopyRhs`]: each panel then calls
 /// `gemm` directly on the copy, with the bits of the whole product. The
-/// copy lives in this thread's [`ROW_MAJOR_RHS`] buffer, which it gives
-/// back when dropped.
+/// copy lives in the [`ROW_MAJOR_RHS`] buffer of the thread that makes it,
+/// taken out while the copy lives and put back into the buffer of the
+/// thread that drops it (the same one, in `RowPanels`).
 pub(crate) struct RowMajorCopy {
     /// The buffer's words, `k * n` f32 values of them the copy.
     words: Vec<u64>,

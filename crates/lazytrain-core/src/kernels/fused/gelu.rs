@@ -1,5 +1,5 @@
-//! GELU's programs (the erf form BERT uses) run as one AVX-512 loop per
-//! tile instead of one loop per instruction.
+//! GELU's programs (the erf form BERT uses) run as one AVX-512 loop over
+//! their operands instead of one loop per instruction.
 //!
 //! The forward program, `y = (x + b) (erf((x + b) / √2) + 1) / 2` (the
 //! bias add of the product before it, usually run as its epilogue), and
@@ -27,9 +27,11 @@
 
 use super::Instr::{self, Binary, ColumnSum, Load, RoundBf16, Store, Unary};
 use super::Src::{Imm, Reg};
-use super::{OutView, Source};
+use super::{FusedProgram, OutView, Source};
 use crate::ir::{BinaryOp, UnaryOp};
-use crate::schedule::{Access, Load as LoadSpec};
+use crate::schedule::Access;
+#[cfg(test)]
+use crate::schedule::Load as LoadSpec;
 use crate::storage::HostData;
 
 /// `1/√2` as the traced GELU multiplies by it (an f64 constant in f32).
@@ -140,8 +142,11 @@ impl Gelu {
 pub(crate) struct Direct<'a> {
     /// Which program.
     gelu: Gelu,
-    /// Elements per row (the column sums' and the bias's length).
+    /// Elements per row (the bias's length; a run never crosses a row).
     row_len: usize,
+    /// The column sums' length (backward): the trailing elements summed
+    /// over the leading ones, a multiple of `row_len`.
+    column_len: usize,
     /// The operands.
     operands: Operands<'a>,
 }
@@ -167,23 +172,37 @@ enum Elements {
 }
 
 impl Gelu {
-    /// The program's operands in place when every input is contiguous (f32
-    /// for the f32 programs, bf16 for the bf16 ones) but an f32 program's
-    /// bias, one f32 row broadcast down the rows, and the output has the
-    /// program's dtype (otherwise the tile path runs it).
+    /// The operands of `program` (this GELU program) in place when every
+    /// input is contiguous (f32 for the f32 programs, bf16 for the bf16
+    /// ones) but an f32 program's bias, one f32 row broadcast down the
+    /// rows, and the output has the program's dtype (otherwise the tile
+    /// path runs it). `outs` are the program's output views, each checked
+    /// to hold its output.
     pub(crate) fn bind_direct<'a>(
         self,
-        loads: &[LoadSpec],
-        shape: &[usize],
+        program: &FusedProgram,
         inputs: &[Source<'a>],
         outs: &[OutView],
     ) -> Option<Direct<'a>> {
-        let row_len = *shape.last()?;
+        let (loads, shape) = (&program.loads, &program.shape);
+        let (row_len, numel) = (*shape.last()?, shape.iter().product::<usize>());
+        let column_len = match self {
+            Gelu::Forward | Gelu::ForwardBf16 => 0,
+            Gelu::Backward | Gelu::BackwardBf16 => match program.column_len {
+                0 => return None,
+                len if row_len > 0 && len % row_len == 0 => len,
+                _ => return None,
+            },
+        };
         let contiguous = |k: usize| -> Option<Elements> {
             let load = loads.get(k)?;
             match (&load.access, inputs.get(load.input)?) {
-                (Access::Contiguous, Source::Data(HostData::F32(x))) => Some(Elements::F32(x.as_ptr())),
-                (Access::Contiguous, Source::Data(HostData::BF16(x))) => Some(Elements::Bf16(x.as_ptr().cast())),
+                (Access::Contiguous, Source::Data(HostData::F32(x))) if x.len() >= numel => {
+                    Some(Elements::F32(x.as_ptr()))
+                }
+                (Access::Contiguous, Source::Data(HostData::BF16(x))) if x.len() >= numel => {
+                    Some(Elements::Bf16(x.as_ptr().cast()))
+                }
                 (Access::Contiguous, Source::Output(o)) => match outs.get(*o)? {
                     OutView::F32(p) => Some(Elements::F32(p.cast_const())),
                     OutView::BF16(p) => Some(Elements::Bf16(p.cast_const().cast())),
@@ -223,7 +242,7 @@ impl Gelu {
                 Operands::Bf16 { x: bf16s(0)?, g, out: out.cast() }
             }
         };
-        Some(Direct { gelu: self, row_len, operands })
+        Some(Direct { gelu: self, row_len, column_len, operands })
     }
 }
 
@@ -232,14 +251,16 @@ impl Direct<'_> {
     /// `columns[1]` row by row, as the tile path adds them.
     ///
     /// # Safety
-    /// This thread owns elements `start..end` of the output, every input
-    /// holds them, and `columns[1]` holds a row's sums (backward).
+    /// This thread owns elements `start..end` of the output, and every
+    /// input holds them.
     #[cfg(target_arch = "x86_64")]
     pub(crate) unsafe fn run(&self, start: usize, end: usize, columns: &mut [Vec<f64>]) {
         let mut at = start;
         while at < end {
             let column = at % self.row_len;
             let len = (self.row_len - column).min(end - at);
+            // Within the column sums' length, a multiple of the row's.
+            let sum_at = if self.column_len > 0 { at % self.column_len } else { 0 };
             match (self.gelu, &self.operands) {
                 (Gelu::Forward, &Operands::F32 { x, bias, out, .. }) => {
                     lanes::forward_in_place(x.add(at), bias.as_ptr().add(column), out.add(at), len)
@@ -247,7 +268,7 @@ impl Direct<'_> {
                 (Gelu::Backward, &Operands::F32 { x, bias, g, out }) => {
                     lanes::backward_in_place(x.add(at), bias.as_ptr().add(column), g.add(at), out.add(at), len);
                     let dx = std::slice::from_raw_parts(out.add(at), len);
-                    columns[1][column..column + len].iter_mut().zip(dx).for_each(|(a, &v)| *a += f64::from(v));
+                    columns[1][sum_at..sum_at + len].iter_mut().zip(dx).for_each(|(a, &v)| *a += f64::from(v));
                 }
                 (Gelu::ForwardBf16, &Operands::Bf16 { x, out, .. }) => {
                     lanes::forward_bf16_in_place(x.add(at), out.add(at), len)
@@ -255,7 +276,7 @@ impl Direct<'_> {
                 (Gelu::BackwardBf16, &Operands::Bf16 { x, g, out }) => {
                     lanes::backward_bf16_in_place(x.add(at), g.add(at), out.add(at), len);
                     let dx = std::slice::from_raw_parts(out.add(at), len);
-                    columns[1][column..column + len]
+                    columns[1][sum_at..sum_at + len]
                         .iter_mut()
                         .zip(dx)
                         .for_each(|(a, &w)| *a += f64::from(f32::from_bits(u32::from(w) << 16)));
@@ -354,7 +375,9 @@ mod lanes {
         });
     }
 
-    /// 16 bf16 words from `p` (the lanes of `m`), widened to f32.
+    /// 16 bf16 words from `p` (the lanes of `m`), widened to f32. Unlike
+    /// `bf16_to_f32` a NaN keeps its quiet bit as stored: every use is
+    /// arithmetic, which quiets it anyway.
     #[inline(always)]
     unsafe fn load_bf16(p: *const u16, m: __mmask16) -> __m512 {
         _mm512_castsi512_ps(_mm512_slli_epi32::<16>(_mm512_cvtepu16_epi32(_mm256_maskz_loadu_epi16(m, p.cast()))))
@@ -510,32 +533,36 @@ fn backward() -> Vec<Instr> {
 mod tests {
     use super::*;
     use crate::dtype::DType;
-    use crate::kernels::fused::FusedProgram;
     use half::bf16;
 
-    /// GELU program `gelu` over `rows x width` (an f32 program's bias a
-    /// broadcast row), run by its loop when `fast`, else by the interpreter.
-    fn program(gelu: Gelu, rows: usize, width: usize, fast: bool) -> FusedProgram {
-        let (instrs, accesses, outputs) = match gelu {
-            Gelu::Forward => (forward(), vec![Access::Contiguous, Access::Strided(vec![0, 1])], 1),
-            Gelu::Backward => {
-                (backward(), vec![Access::Contiguous, Access::Strided(vec![0, 1]), Access::Contiguous], 2)
-            }
-            Gelu::ForwardBf16 => (forward_bf16(), vec![Access::Contiguous], 1),
-            Gelu::BackwardBf16 => (backward_bf16(), vec![Access::Contiguous, Access::Contiguous], 2),
+    /// GELU program `gelu` over `shape` (an f32 program's bias a row
+    /// broadcast down the leading axes), a gradient's column sums over the
+    /// trailing `column_len` elements, run by its loop when `fast`, else by
+    /// the interpreter.
+    fn program(gelu: Gelu, shape: &[usize], column_len: usize, fast: bool) -> FusedProgram {
+        let mut row = vec![0; shape.len()];
+        *row.last_mut().unwrap() = 1;
+        let (instrs, accesses) = match gelu {
+            Gelu::Forward => (forward(), vec![Access::Contiguous, Access::Strided(row)]),
+            Gelu::Backward => (backward(), vec![Access::Contiguous, Access::Strided(row), Access::Contiguous]),
+            Gelu::ForwardBf16 => (forward_bf16(), vec![Access::Contiguous]),
+            Gelu::BackwardBf16 => (backward_bf16(), vec![Access::Contiguous, Access::Contiguous]),
         };
         let bf16 = matches!(gelu, Gelu::ForwardBf16 | Gelu::BackwardBf16);
+        let backward = matches!(gelu, Gelu::Backward | Gelu::BackwardBf16);
         let mut output_dtypes = vec![if bf16 { DType::BF16 } else { DType::F32 }];
-        output_dtypes.extend((1..outputs).map(|_| DType::F32));
+        if backward {
+            output_dtypes.push(DType::F32);
+        }
         FusedProgram {
-            shape: vec![rows, width],
+            shape: shape.to_vec(),
             gelu: if fast { Gelu::recognise(&instrs) } else { None },
             loads: accesses.into_iter().enumerate().map(|(input, access)| LoadSpec { input, access }).collect(),
             instrs,
             registers: 5,
             output_dtypes,
             reduce_inner: 0,
-            column_len: if outputs == 2 { width } else { 0 },
+            column_len: if backward { column_len } else { 0 },
             lanes: None,
         }
     }
@@ -552,57 +579,61 @@ mod tests {
         }
     }
 
-    /// Every GELU program with its operands bound in place (an odd row
-    /// width, rows split between two threads mid-row, the input read from
-    /// the output buffer it is overwritten in): the bits of the
-    /// interpreter, column sums included.
+    /// Every GELU program with its operands bound in place, the input read
+    /// from the output buffer it is overwritten in: the bits of the
+    /// interpreter, column sums included. Rows of an odd width split
+    /// between two threads mid-row (forward) or at the middle row
+    /// (backward), and a gradient whose column sums run over the first
+    /// axis only (each column two axes long).
     #[test]
     fn programs_in_place_have_the_bits_of_the_interpreter() {
-        let (rows, width) = (301, 37);
+        let cases: [(&[usize], usize); 2] = [(&[1801, 37], 37), (&[6, 5, 37], 5 * 37)];
         for gelu in [Gelu::Forward, Gelu::Backward, Gelu::ForwardBf16, Gelu::BackwardBf16] {
-            let fast = program(gelu, rows, width, true);
-            if fast.gelu.is_none() {
-                eprintln!("skipped: this CPU has no AVX-512");
-                return;
-            }
-            let bf16 = fast.output_dtypes[0] == DType::BF16;
-            let data = |len: usize, salt: usize, spread: f32| match bf16 {
-                true => HostData::BF16(values(len, salt, spread).into_iter().map(bf16::from_f32).collect()),
-                false => HostData::F32(values(len, salt, spread)),
-            };
-            let (x, g) = (data(rows * width, 1, 4.0), data(rows * width, 3, 1.0));
-            let bias = HostData::F32(values(width, 2, 1.0));
-            // The product `x` is read from the output buffer it is
-            // overwritten in, as an epilogue reads its matmul's panel.
-            let sources = match gelu {
-                Gelu::Forward => vec![Source::Output(0), Source::Data(&bias)],
-                Gelu::Backward => vec![Source::Output(0), Source::Data(&bias), Source::Data(&g)],
-                Gelu::ForwardBf16 => vec![Source::Output(0)],
-                Gelu::BackwardBf16 => vec![Source::Output(0), Source::Data(&g)],
-            };
-            let fresh = |program: &FusedProgram| {
-                let mut outs = vec![x.clone()];
-                if program.column_len > 0 {
-                    outs.push(HostData::F32(vec![0.0; width]));
+            for &(shape, column_len) in &cases {
+                let fast = program(gelu, shape, column_len, true);
+                if fast.gelu.is_none() {
+                    eprintln!("skipped: this CPU has no AVX-512");
+                    return;
                 }
-                outs
-            };
-            let run = |program: &FusedProgram| -> Vec<HostData> {
-                let mut outs = fresh(program);
-                let pool = rayon::ThreadPoolBuilder::new().num_threads(2).build().unwrap();
-                pool.install(|| program.run(&sources, &mut outs)).unwrap();
-                outs
-            };
-            let mut outs = fresh(&fast);
-            let views: Vec<OutView> = outs.iter_mut().map(|o| OutView::of(o).unwrap()).collect();
-            let bound = gelu.bind_direct(&fast.loads, &fast.shape, &sources, &views);
-            assert!(bound.is_some(), "{gelu:?}: the operands are bound in place");
-            let (direct, interpreted) = (run(&fast), run(&program(gelu, rows, width, false)));
-            for (k, (a, b)) in direct.iter().zip(&interpreted).enumerate() {
-                assert_eq!(a.dtype(), b.dtype(), "{gelu:?} output {k}");
-                let (a, b) = (floats(a), floats(b));
-                let differ = a.iter().zip(&b).filter(|(x, y)| x.to_bits() != y.to_bits()).count();
-                assert_eq!(differ, 0, "{gelu:?} output {k}: {differ} values differ");
+                let (numel, width) = (shape.iter().product::<usize>(), shape[shape.len() - 1]);
+                let bf16 = fast.output_dtypes[0] == DType::BF16;
+                let data = |len: usize, salt: usize, spread: f32| match bf16 {
+                    true => HostData::BF16(values(len, salt, spread).into_iter().map(bf16::from_f32).collect()),
+                    false => HostData::F32(values(len, salt, spread)),
+                };
+                let (x, g) = (data(numel, 1, 4.0), data(numel, 3, 1.0));
+                let bias = HostData::F32(values(width, 2, 1.0));
+                // The product `x` is read from the output buffer it is
+                // overwritten in, as an epilogue reads its matmul's panel.
+                let sources = match gelu {
+                    Gelu::Forward => vec![Source::Output(0), Source::Data(&bias)],
+                    Gelu::Backward => vec![Source::Output(0), Source::Data(&bias), Source::Data(&g)],
+                    Gelu::ForwardBf16 => vec![Source::Output(0)],
+                    Gelu::BackwardBf16 => vec![Source::Output(0), Source::Data(&g)],
+                };
+                let fresh = |program: &FusedProgram| {
+                    let mut outs = vec![x.clone()];
+                    if program.column_len > 0 {
+                        outs.push(HostData::F32(vec![0.0; program.column_len]));
+                    }
+                    outs
+                };
+                let run = |program: &FusedProgram| -> Vec<HostData> {
+                    let mut outs = fresh(program);
+                    let pool = rayon::ThreadPoolBuilder::new().num_threads(2).build().unwrap();
+                    pool.install(|| program.run(&sources, &mut outs)).unwrap();
+                    outs
+                };
+                let mut outs = fresh(&fast);
+                let views: Vec<OutView> = outs.iter_mut().map(|o| OutView::of(o).unwrap()).collect();
+                assert!(gelu.bind_direct(&fast, &sources, &views).is_some(), "{gelu:?} {shape:?}: bound in place");
+                let (direct, interpreted) = (run(&fast), run(&program(gelu, shape, column_len, false)));
+                for (k, (a, b)) in direct.iter().zip(&interpreted).enumerate() {
+                    assert_eq!(a.dtype(), b.dtype(), "{gelu:?} {shape:?} output {k}");
+                    let (a, b) = (floats(a), floats(b));
+                    let differ = a.iter().zip(&b).filter(|(x, y)| x.to_bits() != y.to_bits()).count();
+                    assert_eq!(differ, 0, "{gelu:?} {shape:?} output {k}: {differ} values differ");
+                }
             }
         }
     }
