@@ -589,10 +589,7 @@ mod tests {
             let kv_heads = HostData::F32(heads(&kv));
             let contiguous = run(&lhs_heads, None, &kv_heads, None);
             assert!(viewed.iter().zip(&contiguous).all(|(x, y)| x.to_bits() == y.to_bits()), "{b} {t} {h} {e}");
-            let reference = run_naive(d, &lhs_heads, &lhs_shape, &kv_heads, &view_shape);
-            for (x, y) in viewed.iter().zip(&reference) {
-                assert!((x - y).abs() <= 1e-4 * (1.0 + y.abs()), "{x} vs {y}");
-            }
+            assert_near(&viewed, &run_naive(d, &lhs_heads, &lhs_shape, &kv_heads, &view_shape));
         }
     }
 
@@ -603,11 +600,7 @@ mod tests {
     #[test]
     fn panels_of_a_copied_right_operand_have_the_bits_of_the_whole_product() {
         let d = DotDims { batch: 1, m: 300, k: 520, n: 40, lhs_t: false, rhs_t: true };
-        let mut values = vec![0f32; d.k * (d.m + d.n)];
-        crate::random::uniform_f32(5, 0, &mut values);
-        let (x, w) = values.split_at(d.m * d.k);
-        let (x, w) = (HostData::F32(x.to_vec()), HostData::F32(w.to_vec()));
-        let (x_shape, w_shape) = ([d.m, d.k], [d.n, d.k]);
+        let ((x, x_shape), (w, w_shape)) = f32_operands(d, 5);
         let (x_op, w_op) = (
             DotOperand { data: &x, shape: &x_shape, strides: None },
             DotOperand { data: &w, shape: &w_shape, strides: None },
@@ -628,10 +621,7 @@ mod tests {
         });
         let HostData::F32(whole) = whole else { unreachable!("the output is f32") };
         assert!(whole.iter().zip(&by_panels).all(|(x, y)| x.to_bits() == y.to_bits()));
-        let reference = run_naive(d, &x, &x_shape, &w, &w_shape);
-        for (x, y) in by_panels.iter().zip(&reference) {
-            assert!((x - y).abs() <= 1e-4 * (1.0 + y.abs()), "{x} vs {y}");
-        }
+        assert_near(&by_panels, &run_naive(d, &x, &x_shape, &w, &w_shape));
     }
 
     /// A product large enough to be tried runs whole until its trials end,
@@ -645,12 +635,7 @@ mod tests {
         let copied = DotDims { batch: 1, m: 264, k: 520, n: 248, lhs_t: false, rhs_t: true };
         let transposed = DotDims { batch: 1, m: 8200, k: 72, n: 66, lhs_t: true, rhs_t: false };
         for (d, planned) in [(copied, GemmRoute::CopyRhs), (transposed, GemmRoute::TransposeOutput)] {
-            let mut values = vec![0f32; d.k * (d.m + d.n)];
-            crate::random::uniform_f32(7, 0, &mut values);
-            let (a, b) = values.split_at(d.m * d.k);
-            let (a, b) = (HostData::F32(a.to_vec()), HostData::F32(b.to_vec()));
-            let a_shape = if d.lhs_t { [d.k, d.m] } else { [d.m, d.k] };
-            let b_shape = if d.rhs_t { [d.n, d.k] } else { [d.k, d.n] };
+            let ((a, a_shape), (b, b_shape)) = f32_operands(d, 7);
             let a_op = DotOperand { data: &a, shape: &a_shape, strides: None };
             let b_op = DotOperand { data: &b, shape: &b_shape, strides: None };
             let (la, lb) = (d.lhs_strides(), d.rhs_strides());
@@ -677,6 +662,24 @@ mod tests {
                 }
                 _ => assert!(panels.is_none(), "a transposed output runs whole"),
             }
+        }
+    }
+
+    /// Contiguous f32 operands of a single product `d` of uniform values
+    /// from `seed`, with their stored shapes.
+    fn f32_operands(d: DotDims, seed: u64) -> ((HostData, [usize; 2]), (HostData, [usize; 2])) {
+        let mut values = vec![0f32; d.k * (d.m + d.n)];
+        crate::random::uniform_f32(seed, 0, &mut values);
+        let (a, b) = values.split_at(d.m * d.k);
+        let a_shape = if d.lhs_t { [d.k, d.m] } else { [d.m, d.k] };
+        let b_shape = if d.rhs_t { [d.n, d.k] } else { [d.k, d.n] };
+        ((HostData::F32(a.to_vec()), a_shape), (HostData::F32(b.to_vec()), b_shape))
+    }
+
+    /// Every value within f32 rounding of the reference's.
+    fn assert_near(values: &[f32], reference: &[f32]) {
+        for (x, y) in values.iter().zip(reference) {
+            assert!((x - y).abs() <= 1e-4 * (1.0 + y.abs()), "{x} vs {y}");
         }
     }
 
