@@ -375,9 +375,9 @@ mod lanes {
         });
     }
 
-    /// 16 bf16 words from `p` (the lanes of `m`), widened to f32. Unlike
-    /// `bf16_to_f32` a NaN keeps its quiet bit as stored: every use is
-    /// arithmetic, which quiets it anyway.
+    /// 16 bf16 words from `p` (the lanes of `m`), widened to f32. A
+    /// signalling NaN stays signalling here (`bf16_to_f32` quiets it); every
+    /// use is arithmetic, which quiets it to the same NaN.
     #[inline(always)]
     unsafe fn load_bf16(p: *const u16, m: __mmask16) -> __m512 {
         _mm512_castsi512_ps(_mm512_slli_epi32::<16>(_mm512_cvtepu16_epi32(_mm256_maskz_loadu_epi16(m, p.cast()))))
