@@ -366,9 +366,6 @@ pub(crate) struct RowPanels<'a> {
     la: MatrixLayout,
     b: &'a HostData,
     lb: MatrixLayout,
-    /// The product's trials kept the direct call over its planned copy, or
-    /// the copy is [`RowPanels::rhs_copy`]: each panel calls `gemm` directly.
-    direct: bool,
     /// The row-major copy of a transposed right operand that each panel
     /// multiplies by (the product's trials kept the copy).
     rhs_copy: Option<RowMajorCopy>,
@@ -397,41 +394,43 @@ impl<'a> RowPanels<'a> {
         let (la, lb) = (layout(&a, d.lhs_t)?, layout(&b, d.rhs_t)?);
         let dims = (d.m, d.k, d.n);
         let route = GemmRoute::of(dims, (la.rs, la.cs), (lb.rs, lb.cs));
-        let HostData::F32(b_values) = b.data else {
-            return Ok(Some(RowPanels { d, a: a.data, la, b: b.data, lb, direct: false, rhs_copy: None }));
-        };
-        if !route.runs_whole() {
-            return Ok(Some(RowPanels { d, a: a.data, la, b: b.data, lb, direct: false, rhs_copy: None }));
-        }
-        // A copy of a whole operand or of the whole output sits between
-        // `gemm` and the caller's rows, or every output row sums two halves.
-        // A product that `gemm_into` tries runs whole (timed) until its
-        // trials are over; then by panels if they kept the direct call, or
-        // by panels of direct calls on one row-major copy of its right
-        // operand if they kept that copy. Otherwise it runs whole, and its
-        // epilogue after it.
-        let parallelism = matmul_parallelism(d.m * d.k * d.n);
-        let kept = match super::gemm_tuning::tried(route, dims) {
-            true => super::gemm_tuning::kept(super::gemm_tuning::route_key(
-                dims,
-                (la.rs, la.cs),
-                (lb.rs, lb.cs),
-                parallelism,
-            )),
-            false => Some(route),
-        };
-        let rhs_copy = match kept {
-            Some(GemmRoute::Direct) => None,
-            Some(GemmRoute::CopyRhs) if lb.rs == 1 && lb.cs >= d.k => {
-                let column_major = GemmOperand { ptr: b_values[lb.offsets[0]..].as_ptr(), rs: lb.rs, cs: lb.cs };
-                // SAFETY: the operand's row stride is 1 (checked), and its
-                // layout lies inside the buffer (`MatrixLayout` checks its
-                // last element).
-                Some(unsafe { RowMajorCopy::new(column_major, (d.k, d.n), parallelism) })
+        let rhs_copy = match b.data {
+            HostData::F32(b_values) if route.runs_whole() => {
+                // A copy of a whole operand or of the whole output sits
+                // between `gemm` and the caller's rows, or every output row
+                // sums two halves. A product that `gemm_into` tries runs
+                // whole (timed) until its trials are over; then by panels if
+                // they kept the direct call, or by panels of direct calls on
+                // one row-major copy of its right operand if they kept that
+                // copy. Otherwise it runs whole, and its epilogue after it.
+                let parallelism = matmul_parallelism(d.m * d.k * d.n);
+                let kept = match super::gemm_tuning::tried(route, dims) {
+                    true => super::gemm_tuning::kept(super::gemm_tuning::route_key(
+                        dims,
+                        (la.rs, la.cs),
+                        (lb.rs, lb.cs),
+                        parallelism,
+                    )),
+                    false => Some(route),
+                };
+                match kept {
+                    Some(GemmRoute::Direct) => None,
+                    Some(GemmRoute::CopyRhs) if lb.rs == 1 && lb.cs >= d.k => {
+                        let column_major =
+                            GemmOperand { ptr: b_values[lb.offsets[0]..].as_ptr(), rs: lb.rs, cs: lb.cs };
+                        // SAFETY: the operand's row stride is 1 (checked), and
+                        // its layout lies inside the buffer (`MatrixLayout`
+                        // checks its last element).
+                        Some(unsafe { RowMajorCopy::new(column_major, (d.k, d.n), parallelism) })
+                    }
+                    Some(GemmRoute::CopyRhs | GemmRoute::TransposeOutput | GemmRoute::SplitK) | None => {
+                        return Ok(None)
+                    }
+                }
             }
-            Some(GemmRoute::CopyRhs | GemmRoute::TransposeOutput | GemmRoute::SplitK) | None => return Ok(None),
+            _ => None,
         };
-        Ok(Some(RowPanels { d, a: a.data, la, b: b.data, lb, direct: true, rhs_copy }))
+        Ok(Some(RowPanels { d, a: a.data, la, b: b.data, lb, rhs_copy }))
     }
 
     /// Rows `r0..r1` of the product into `out`, on this thread.
@@ -450,12 +449,12 @@ impl<'a> RowPanels<'a> {
                     None => GemmOperand { ptr: b.as_ptr().add(self.lb.offsets[0]), rs: self.lb.rs, cs: self.lb.cs },
                 };
                 let o = std::slice::from_raw_parts_mut(o.add(r0 * d.n), rows * d.n);
-                // Never split `k` here: a panel's rows hold the whole product's bits.
-                let route = match self.direct {
-                    true => GemmRoute::Direct,
-                    false => GemmRoute::unsplit((rows, d.k, d.n), (a.rs, a.cs), (b.rs, b.cs)),
-                };
-                gemm_routed(route, (rows, d.k, d.n), a, b, o, gemm::Parallelism::None);
+                // Each panel calls `gemm` directly: the whole product's plan
+                // is the direct call (a panel's fewer rows never plan a copy
+                // or a transposed output that the whole product does not),
+                // or its trials kept it, or the copy was made in `new`. Never
+                // split `k` here: a panel's rows hold the whole product's bits.
+                gemm_routed(GemmRoute::Direct, (rows, d.k, d.n), a, b, o, gemm::Parallelism::None);
             }
             (HostData::BF16(a), HostData::BF16(b), PanelOut::BF16(o)) => {
                 use super::dot_bf16::{matmul, Out, View};

@@ -153,9 +153,8 @@ impl GemmRoute {
     }
 
     /// [`GemmRoute::of`] for a product whose shared dimension is not split:
-    /// a half of a split one, or rows of a product computed by panels (whose
-    /// bits must be those of the whole product's rows).
-    pub(crate) fn unsplit(dims: (usize, usize, usize), a: (usize, usize), b: (usize, usize)) -> GemmRoute {
+    /// a half of a split one.
+    fn unsplit(dims: (usize, usize, usize), a: (usize, usize), b: (usize, usize)) -> GemmRoute {
         if copies_rhs(dims, b) {
             GemmRoute::CopyRhs
         } else if transposes_output(dims, a, b) {
@@ -198,16 +197,23 @@ pub(super) fn with_scratch<T: Real, R>(
     len: usize,
     f: impl FnOnce(&mut [T]) -> R,
 ) -> R {
-    let mut words = cell.take();
-    let word_len = (len * std::mem::size_of::<T>()).div_ceil(8);
-    if words.len() < word_len {
-        words.resize(word_len, 0);
-    }
+    let mut words = take_scratch::<T>(cell, len);
     // SAFETY: `words` holds at least `len` values of `T` (a float of at most
     // 8 bytes, aligned to at most 8, for which any bits are a value).
     let result = f(unsafe { std::slice::from_raw_parts_mut(words.as_mut_ptr().cast::<T>(), len) });
     cell.set(words);
     result
+}
+
+/// `cell`'s buffer taken out of it, grown to hold at least `len` values of
+/// `T` (the caller puts it back).
+fn take_scratch<T>(cell: &'static std::thread::LocalKey<std::cell::RefCell<Vec<u64>>>, len: usize) -> Vec<u64> {
+    let mut words = cell.take();
+    let word_len = (len * std::mem::size_of::<T>()).div_ceil(8);
+    if words.len() < word_len {
+        words.resize(word_len, 0);
+    }
+    words
 }
 
 /// `out = a x b` for an `m x k` and a `k x n` matrix through `gemm`, `out`
@@ -374,10 +380,7 @@ impl RowMajorCopy {
     /// `b.rs` is 1 and every column of `b` lies inside a live buffer.
     pub(crate) unsafe fn new(b: GemmOperand<f32>, (k, n): (usize, usize), parallelism: gemm::Parallelism) -> Self {
         debug_assert_eq!(b.rs, 1, "a transposed operand");
-        let mut words = ROW_MAJOR_RHS.take();
-        if words.len() < (k * n).div_ceil(2) {
-            words.resize((k * n).div_ceil(2), 0);
-        }
+        let mut words = take_scratch::<f32>(&ROW_MAJOR_RHS, k * n);
         // SAFETY: `words` holds at least `k * n` f32 values (any bits are one).
         let copy = std::slice::from_raw_parts_mut(words.as_mut_ptr().cast::<f32>(), k * n);
         transpose_columns(b.ptr, b.cs, (k, n), copy, parallelism);

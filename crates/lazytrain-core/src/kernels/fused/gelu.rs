@@ -110,11 +110,14 @@ impl Gelu {
             match self {
                 Gelu::Forward => {
                     let [x, bias, ..] = regs else { unreachable!("the forward program has three registers") };
-                    lanes::forward(&x[..len], &mut bias[..len]);
+                    // The bias register is read and overwritten in place.
+                    let bias_y = bias[..len].as_mut_ptr();
+                    lanes::forward_in_place(x[..len].as_ptr(), bias_y, bias_y, len);
                 }
                 Gelu::Backward => {
                     let [x, bias, g, dx, ..] = regs else { unreachable!("the backward program has five registers") };
-                    lanes::backward(&x[..len], &bias[..len], &g[..len], &mut dx[..len]);
+                    let (x, bias, g, dx) = (&x[..len], &bias[..len], &g[..len], &mut dx[..len]);
+                    lanes::backward_in_place(x.as_ptr(), bias.as_ptr(), g.as_ptr(), dx.as_mut_ptr(), len);
                 }
                 Gelu::ForwardBf16 => {
                     let [x, _, y, ..] = regs else { unreachable!("the bf16 forward program has three registers") };
@@ -333,30 +336,8 @@ mod lanes {
         _mm512_add_ps(through_cdf, through_density)
     }
 
-    /// `bias_y[i] = gelu(x[i] + bias_y[i])`.
-    #[target_feature(enable = "avx512f,avx512dq")]
-    pub(super) unsafe fn forward(x: &[f32], bias_y: &mut [f32]) {
-        each16(x.len(), |i, m| {
-            let xv = _mm512_maskz_loadu_ps(m, x.as_ptr().add(i));
-            let bv = _mm512_maskz_loadu_ps(m, bias_y.as_ptr().add(i));
-            let (h, _, cdf) = biased_cdf(xv, bv);
-            _mm512_mask_storeu_ps(bias_y.as_mut_ptr().add(i), m, _mm512_mul_ps(h, cdf));
-        });
-    }
-
-    /// `dx[i]`: the gradient of `gelu(x + bias)` for the incoming `g`.
-    #[target_feature(enable = "avx512f,avx512dq")]
-    pub(super) unsafe fn backward(x: &[f32], bias: &[f32], g: &[f32], dx: &mut [f32]) {
-        each16(x.len(), |i, m| {
-            let xv = _mm512_maskz_loadu_ps(m, x.as_ptr().add(i));
-            let bv = _mm512_maskz_loadu_ps(m, bias.as_ptr().add(i));
-            let gv = _mm512_maskz_loadu_ps(m, g.as_ptr().add(i));
-            let (h, u, cdf) = biased_cdf(xv, bv);
-            _mm512_mask_storeu_ps(dx.as_mut_ptr().add(i), m, gradient(h, u, cdf, gv));
-        });
-    }
-
-    /// `out[i] = gelu(x[i] + bias[i])` for `len` elements (`out` may be `x`).
+    /// `out[i] = gelu(x[i] + bias[i])` for `len` elements (`out` may be `x`
+    /// or `bias`).
     #[target_feature(enable = "avx512f,avx512dq")]
     pub(super) unsafe fn forward_in_place(x: *const f32, bias: *const f32, out: *mut f32, len: usize) {
         each16(len, |i, m| {
@@ -538,15 +519,21 @@ mod tests {
     /// GELU program `gelu` over `shape` (an f32 program's bias a row
     /// broadcast down the leading axes), a gradient's column sums over the
     /// trailing `column_len` elements, run by its loop when `fast`, else by
-    /// the interpreter.
-    fn program(gelu: Gelu, shape: &[usize], column_len: usize, fast: bool) -> FusedProgram {
+    /// the interpreter. With `strided_x` the input `x` is read through its
+    /// row-major strides (the same elements), which the loop cannot bind in
+    /// place: it then runs over the interpreter's tiles.
+    fn program(gelu: Gelu, shape: &[usize], column_len: usize, fast: bool, strided_x: bool) -> FusedProgram {
         let mut row = vec![0; shape.len()];
         *row.last_mut().unwrap() = 1;
+        let x = match strided_x {
+            true => Access::Strided((0..shape.len()).map(|d| shape[d + 1..].iter().product()).collect()),
+            false => Access::Contiguous,
+        };
         let (instrs, accesses) = match gelu {
-            Gelu::Forward => (forward(), vec![Access::Contiguous, Access::Strided(row)]),
-            Gelu::Backward => (backward(), vec![Access::Contiguous, Access::Strided(row), Access::Contiguous]),
-            Gelu::ForwardBf16 => (forward_bf16(), vec![Access::Contiguous]),
-            Gelu::BackwardBf16 => (backward_bf16(), vec![Access::Contiguous, Access::Contiguous]),
+            Gelu::Forward => (forward(), vec![x, Access::Strided(row)]),
+            Gelu::Backward => (backward(), vec![x, Access::Strided(row), Access::Contiguous]),
+            Gelu::ForwardBf16 => (forward_bf16(), vec![x]),
+            Gelu::BackwardBf16 => (backward_bf16(), vec![x, Access::Contiguous]),
         };
         let bf16 = matches!(gelu, Gelu::ForwardBf16 | Gelu::BackwardBf16);
         let backward = matches!(gelu, Gelu::Backward | Gelu::BackwardBf16);
@@ -580,8 +567,9 @@ mod tests {
     }
 
     /// Every GELU program with its operands bound in place, the input read
-    /// from the output buffer it is overwritten in: the bits of the
-    /// interpreter, column sums included. Rows of an odd width split
+    /// from the output buffer it is overwritten in, and by its loop over
+    /// the interpreter's tiles (the input read through strides): the bits
+    /// of the interpreter, column sums included. Rows of an odd width split
     /// between two threads mid-row (forward) or at the middle row
     /// (backward), and a gradient whose column sums run over the first
     /// axis only (each column two axes long).
@@ -589,8 +577,8 @@ mod tests {
     fn programs_in_place_have_the_bits_of_the_interpreter() {
         let cases: [(&[usize], usize); 2] = [(&[1801, 37], 37), (&[6, 5, 37], 5 * 37)];
         for gelu in [Gelu::Forward, Gelu::Backward, Gelu::ForwardBf16, Gelu::BackwardBf16] {
-            for &(shape, column_len) in &cases {
-                let fast = program(gelu, shape, column_len, true);
+            for (&(shape, column_len), strided_x) in cases.iter().flat_map(|c| [(c, false), (c, true)]) {
+                let fast = program(gelu, shape, column_len, true, strided_x);
                 if fast.gelu.is_none() {
                     eprintln!("skipped: this CPU has no AVX-512");
                     return;
@@ -604,12 +592,15 @@ mod tests {
                 let (x, g) = (data(numel, 1, 4.0), data(numel, 3, 1.0));
                 let bias = HostData::F32(values(width, 2, 1.0));
                 // The product `x` is read from the output buffer it is
-                // overwritten in, as an epilogue reads its matmul's panel.
+                // overwritten in, as an epilogue reads its matmul's panel (an
+                // in-place input is read at its own positions), or through
+                // strides from its own buffer.
+                let x_source = if strided_x { Source::Data(&x) } else { Source::Output(0) };
                 let sources = match gelu {
-                    Gelu::Forward => vec![Source::Output(0), Source::Data(&bias)],
-                    Gelu::Backward => vec![Source::Output(0), Source::Data(&bias), Source::Data(&g)],
-                    Gelu::ForwardBf16 => vec![Source::Output(0)],
-                    Gelu::BackwardBf16 => vec![Source::Output(0), Source::Data(&g)],
+                    Gelu::Forward => vec![x_source, Source::Data(&bias)],
+                    Gelu::Backward => vec![x_source, Source::Data(&bias), Source::Data(&g)],
+                    Gelu::ForwardBf16 => vec![x_source],
+                    Gelu::BackwardBf16 => vec![x_source, Source::Data(&g)],
                 };
                 let fresh = |program: &FusedProgram| {
                     let mut outs = vec![x.clone()];
@@ -626,13 +617,14 @@ mod tests {
                 };
                 let mut outs = fresh(&fast);
                 let views: Vec<OutView> = outs.iter_mut().map(|o| OutView::of(o).unwrap()).collect();
-                assert!(gelu.bind_direct(&fast, &sources, &views).is_some(), "{gelu:?} {shape:?}: bound in place");
-                let (direct, interpreted) = (run(&fast), run(&program(gelu, shape, column_len, false)));
-                for (k, (a, b)) in direct.iter().zip(&interpreted).enumerate() {
-                    assert_eq!(a.dtype(), b.dtype(), "{gelu:?} {shape:?} output {k}");
+                let bound = gelu.bind_direct(&fast, &sources, &views).is_some();
+                assert_eq!(bound, !strided_x, "{gelu:?} {shape:?}: bound in place unless read through strides");
+                let (looped, interpreted) = (run(&fast), run(&program(gelu, shape, column_len, false, strided_x)));
+                for (k, (a, b)) in looped.iter().zip(&interpreted).enumerate() {
+                    assert_eq!(a.dtype(), b.dtype(), "{gelu:?} {shape:?} {strided_x} output {k}");
                     let (a, b) = (floats(a), floats(b));
                     let differ = a.iter().zip(&b).filter(|(x, y)| x.to_bits() != y.to_bits()).count();
-                    assert_eq!(differ, 0, "{gelu:?} {shape:?} output {k}: {differ} values differ");
+                    assert_eq!(differ, 0, "{gelu:?} {shape:?} {strided_x} output {k}: {differ} values differ");
                 }
             }
         }
