@@ -130,6 +130,9 @@ pub struct ExecutableStats {
     pub epilogues: usize,
     /// Row chains run a block of rows at a time (see [`crate::schedule::chain`]).
     pub row_chains: usize,
+    /// Steps over a batch of matrices run a matrix at a time (see
+    /// [`crate::schedule::heads`]).
+    pub head_chains: usize,
     /// Fused kernels run by a loop of their own instead of instruction by
     /// instruction (GELU's forward and backward on AVX-512 CPUs, AdamW's
     /// update).

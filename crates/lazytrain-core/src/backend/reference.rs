@@ -141,6 +141,7 @@ impl Executable for ReferenceExecutable {
             in_place: 0,
             epilogues: 0,
             row_chains: 0,
+            head_chains: 0,
             fast_paths: 0,
             lane_programs: 0,
             buffers: self.memory.slots.len(),

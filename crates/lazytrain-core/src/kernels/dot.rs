@@ -194,6 +194,115 @@ unsafe fn head_product<T: 'static>(
     false
 }
 
+/// True when [`dot`] computes each matrix of a batched product of `macs`
+/// multiply-adds per matrix on one thread.
+pub(crate) fn matrices_run_alone(macs: usize) -> bool {
+    matches!(matmul_parallelism(macs), gemm::Parallelism::None)
+}
+
+/// An f32 matmul operand given by a pointer to its buffer's first element
+/// (for a buffer other threads write at other matrices meanwhile).
+#[derive(Clone, Copy)]
+pub(crate) struct RawOperand<'a> {
+    /// The buffer's first element.
+    pub ptr: *const f32,
+    /// Elements in the buffer.
+    pub len: usize,
+    /// The operand's shape.
+    pub shape: &'a [usize],
+    /// Element strides when read as a view of the buffer.
+    pub strides: Option<&'a [usize]>,
+}
+
+/// A batched f32 product computed one matrix at a time on the calling
+/// thread, as [`dot`] computes each matrix of a batch whose matrices run on
+/// one thread each (the same kernel, so the same bits): an attention's
+/// products run a head at a time between the other steps of a head chain.
+pub(crate) struct HeadProducts {
+    d: DotDims,
+    a: (*const f32, MatrixLayout),
+    b: (*const f32, MatrixLayout),
+}
+
+// SAFETY: the operands are only read; `compute`'s caller keeps them alive
+// and unwritten at the matrices read.
+unsafe impl Sync for HeadProducts {}
+
+impl HeadProducts {
+    /// The products `a x b` of geometry `d`, or `None` when a matrix of
+    /// this product would not run on one thread in [`dot`] (where it then
+    /// may have other bits).
+    pub(crate) fn new(d: DotDims, a: RawOperand, b: RawOperand) -> Result<Option<HeadProducts>, String> {
+        if !matrices_run_alone(d.m * d.n * d.k) {
+            return Ok(None);
+        }
+        let layout = |x: &RawOperand, transposed: bool| match x.strides {
+            Some(s) => MatrixLayout::new(x.shape, s, transposed, x.len),
+            None => MatrixLayout::contiguous(x.shape, transposed, x.len),
+        };
+        let (la, lb) = (layout(&a, d.lhs_t)?, layout(&b, d.rhs_t)?);
+        if la.offsets.len() != d.batch || lb.offsets.len() != d.batch {
+            return Err(format!(
+                "a product of {} matrices read as {} and {}",
+                d.batch,
+                la.offsets.len(),
+                lb.offsets.len()
+            ));
+        }
+        Ok(Some(HeadProducts { d, a: (a.ptr, la), b: (b.ptr, lb) }))
+    }
+
+    /// Matrices in the batch.
+    pub(crate) fn batch(&self) -> usize {
+        self.d.batch
+    }
+
+    /// Elements of one output matrix.
+    pub(crate) fn matrix_len(&self) -> usize {
+        self.d.m * self.d.n
+    }
+
+    /// Ask the CPU to bring matrix `i` of both operands into its L2 cache
+    /// (a hint; nothing is read): a head chain prefetches the next head's
+    /// operands while it computes this one's.
+    pub(crate) fn prefetch(&self, i: usize) {
+        if i >= self.d.batch {
+            return;
+        }
+        let (d, (pa, la), (pb, lb)) = (self.d, &self.a, &self.b);
+        for (p, layout, rows, columns) in [(pa, la, d.m, d.k), (pb, lb, d.k, d.n)] {
+            let first = p.wrapping_add(layout.offsets[i]);
+            // Runs along the contiguous axis, one per row (or column).
+            let (runs, run_len, stride) = match (layout.rs, layout.cs) {
+                (_, 1) => (rows, columns, layout.rs),
+                (1, _) => (columns, rows, layout.cs),
+                _ => continue,
+            };
+            for r in 0..runs {
+                super::simd::prefetch_l2(first.wrapping_add(r * stride), run_len);
+            }
+        }
+    }
+
+    /// Compute matrix `i` into `out`.
+    ///
+    /// # Safety
+    /// `i < batch`; the operands' buffers are alive and nobody writes the
+    /// elements of matrix `i` meanwhile; `out` holds [`matrix_len`]
+    /// elements that nobody else touches meanwhile.
+    ///
+    /// [`matrix_len`]: HeadProducts::matrix_len
+    pub(crate) unsafe fn compute(&self, i: usize, out: &mut [f32]) {
+        let (d, (pa, la), (pb, lb)) = (self.d, &self.a, &self.b);
+        let a = GemmOperand { ptr: pa.add(la.offsets[i]), rs: la.rs, cs: la.cs };
+        let b = GemmOperand { ptr: pb.add(lb.offsets[i]), rs: lb.rs, cs: lb.cs };
+        let none = gemm::Parallelism::None;
+        if !head_product((d.m, d.k, d.n), a, b, out, none) {
+            with_compact_columns(b, (d.k, d.n), |b| gemm_into((d.m, d.k, d.n), a, b, out, none));
+        }
+    }
+}
+
 /// The largest right operand (in bytes) that [`with_compact_columns`]
 /// copies: an attention head (`128 x 64` f32 values are 32 KiB) with room
 /// to spare, small enough to stay in a core's L2 cache while `gemm` reads it.

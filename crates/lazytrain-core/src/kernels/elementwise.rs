@@ -101,15 +101,8 @@ pub(crate) fn unary(op: UnaryOp, x: &HostData, out: &mut HostData) -> Result<(),
 
 #[inline(always)]
 fn unary_lanes(op: UnaryOp, x: &HostData, out: &mut HostData) -> Result<(), String> {
-    match (op, x, &mut *out) {
-        (UnaryOp::Exp, HostData::F32(x), HostData::F32(o)) if x.len() == o.len() => {
-            o.iter_mut().zip(x).for_each(|(o, &v)| *o = super::numeric::exp_f32(v));
-            return Ok(());
-        }
-        _ => {}
-    }
     match (x, out) {
-        (HostData::F32(x), HostData::F32(o)) => float_unary(op, (x.as_slice(), o.as_mut_slice())),
+        (HostData::F32(x), HostData::F32(o)) => unary_f32_lanes(op, Some(x), o),
         (HostData::F64(x), HostData::F64(o)) => float_unary(op, (x.as_slice(), o.as_mut_slice())),
         (HostData::BF16(x), HostData::BF16(o)) => float_unary(op, (x.as_slice(), o.as_mut_slice())),
         (HostData::F16(x), HostData::F16(o)) => float_unary(op, (x.as_slice(), o.as_mut_slice())),
@@ -121,6 +114,23 @@ fn unary_lanes(op: UnaryOp, x: &HostData, out: &mut HostData) -> Result<(), Stri
     Ok(())
 }
 
+/// [`unary`] (`x` given) or [`unary_inplace`] on f32 slices: a range of a
+/// larger tensor gets the bits the whole tensor's kernel gives it.
+pub(crate) fn unary_f32(op: UnaryOp, x: Option<&[f32]>, out: &mut [f32]) {
+    super::simd::widest!(unary_f32_lanes(op, x, out))
+}
+
+#[inline(always)]
+fn unary_f32_lanes(op: UnaryOp, x: Option<&[f32]>, out: &mut [f32]) {
+    match (op, x) {
+        (UnaryOp::Exp, Some(x)) if x.len() == out.len() => {
+            out.iter_mut().zip(x).for_each(|(o, &v)| *o = super::numeric::exp_f32(v))
+        }
+        (_, Some(x)) => float_unary(op, (x, out)),
+        (_, None) => float_unary(op, out),
+    }
+}
+
 /// `out = op(out)`, in place (compiled as [`unary`] is).
 pub(crate) fn unary_inplace(op: UnaryOp, out: &mut HostData) -> Result<(), String> {
     super::simd::widest!(unary_inplace_lanes(op, out))
@@ -129,7 +139,7 @@ pub(crate) fn unary_inplace(op: UnaryOp, out: &mut HostData) -> Result<(), Strin
 #[inline(always)]
 fn unary_inplace_lanes(op: UnaryOp, out: &mut HostData) -> Result<(), String> {
     match out {
-        HostData::F32(o) => float_unary(op, o.as_mut_slice()),
+        HostData::F32(o) => unary_f32_lanes(op, None, o),
         HostData::F64(o) => float_unary(op, o.as_mut_slice()),
         HostData::BF16(o) => float_unary(op, o.as_mut_slice()),
         HostData::F16(o) => float_unary(op, o.as_mut_slice()),

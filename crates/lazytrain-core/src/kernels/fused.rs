@@ -105,6 +105,16 @@ pub(crate) struct FusedProgram {
     pub lanes: Option<LaneProgram>,
 }
 
+/// The buffers a program's tiles run in (registers, a multi-index, row
+/// reductions' lanes), kept by a caller that runs many ranges on one
+/// thread: a head chain runs each program once per attention head.
+#[derive(Default)]
+pub(crate) struct TileWork {
+    regs: Vec<Vec<f32>>,
+    index: Vec<usize>,
+    rows: Vec<RowLanes<f32>>,
+}
+
 /// Where a kernel input's data is: its own buffer, or an output buffer the
 /// output overwrites in place (read tile by tile before being written).
 pub(crate) enum Source<'a> {
@@ -212,6 +222,41 @@ impl FusedProgram {
         self.run_halves(inputs, &outs, unit, self.numel() >= PARALLEL_MIN, None)
     }
 
+    /// Elements `start..end` on the calling thread (a whole number of the
+    /// program's reduction rows; the program sums no columns), reading and
+    /// writing the buffers of `outputs`, sized for the program.
+    ///
+    /// # Safety
+    /// `outputs` address live buffers sized for the program; no other
+    /// thread touches these elements of them meanwhile.
+    pub(crate) unsafe fn run_elements(
+        &self,
+        inputs: &[Source],
+        outputs: &[OutView],
+        (start, end): (usize, usize),
+        work: &mut TileWork,
+    ) -> Result<(), String> {
+        if self.column_len > 0 {
+            return Err("a program summing columns runs over all its rows".into());
+        }
+        self.run_range(inputs, &OutViews(outputs.to_vec()), (start, end), None, &mut [], work)
+    }
+
+    /// Ask the CPU to bring elements `start..end` of the inputs read at
+    /// the program's own positions into its L2 cache (a hint; nothing is
+    /// read): a head chain prefetches the next head's inputs.
+    pub(crate) fn prefetch_elements(&self, inputs: &[Source], (start, end): (usize, usize)) {
+        for load in self.loads.iter().filter(|l| l.access == Access::Contiguous) {
+            let len = end.min(self.numel()).saturating_sub(start);
+            match inputs.get(load.input) {
+                Some(Source::Data(HostData::F32(x))) => simd::prefetch_l2(x.as_ptr().wrapping_add(start), len),
+                Some(Source::Data(HostData::BF16(x))) => simd::prefetch_l2(x.as_ptr().wrapping_add(start), len),
+                Some(Source::Data(HostData::Bool(x))) => simd::prefetch_l2(x.as_ptr().wrapping_add(start), len),
+                Some(Source::Data(_) | Source::Output(_) | Source::Chained { .. }) | None => {}
+            }
+        }
+    }
+
     /// Run as the epilogue of a product: output `product` (which the
     /// program loads at its own positions and never stores) is computed
     /// `panel` elements at a time by `compute(product, start, end)`, and
@@ -259,13 +304,13 @@ impl FusedProgram {
         };
         if parallel && rayon::current_num_threads() > 1 {
             let (a, b) = rayon::join(
-                || self.run_range(inputs, outs, 0, mid, panels, &mut first),
-                || self.run_range(inputs, outs, mid, numel, panels, &mut second),
+                || self.run_range(inputs, outs, (0, mid), panels, &mut first, &mut TileWork::default()),
+                || self.run_range(inputs, outs, (mid, numel), panels, &mut second, &mut TileWork::default()),
             );
             a.and(b)?;
         } else {
-            self.run_range(inputs, outs, 0, mid, panels, &mut first)?;
-            self.run_range(inputs, outs, mid, numel, panels, &mut second)?;
+            self.run_range(inputs, outs, (0, mid), panels, &mut first, &mut TileWork::default())?;
+            self.run_range(inputs, outs, (mid, numel), panels, &mut second, &mut TileWork::default())?;
         }
         // SAFETY: both halves have finished.
         unsafe { self.write_column_sums(&outs.0, &first, &second) };
@@ -305,12 +350,12 @@ impl FusedProgram {
         if parallel && rayon::current_num_threads() > 1 {
             let mid = (numel / 2).div_ceil(unit) * unit;
             let (a, b) = rayon::join(
-                || self.run_range(inputs, outs, 0, mid, panels, &mut Vec::new()),
-                || self.run_range(inputs, outs, mid, numel, panels, &mut Vec::new()),
+                || self.run_range(inputs, outs, (0, mid), panels, &mut Vec::new(), &mut TileWork::default()),
+                || self.run_range(inputs, outs, (mid, numel), panels, &mut Vec::new(), &mut TileWork::default()),
             );
             return a.and(b);
         }
-        self.run_range(inputs, outs, 0, numel, panels, &mut Vec::new())
+        self.run_range(inputs, outs, (0, numel), panels, &mut Vec::new(), &mut TileWork::default())
     }
 
     /// Raw views of `outputs`, checked against the program's output sizes.
@@ -336,14 +381,14 @@ impl FusedProgram {
         &self,
         inputs: &[Source],
         outs: &OutViews,
-        start: usize,
-        end: usize,
+        range: (usize, usize),
         panels: Option<&Panels>,
         columns: &mut [Vec<f64>],
+        work: &mut TileWork,
     ) -> Result<(), String> {
         // The same loop compiled for AVX2 and AVX-512 too (exp and erf on
         // wider lanes), the widest this CPU has picked at run time.
-        simd::widest!(self.run_tiles(inputs, outs, start, end, panels, columns))
+        simd::widest!(self.run_tiles(inputs, outs, range, panels, columns, work))
     }
 
     /// Elements `start..end` (a multiple of the tile size apart, except at
@@ -354,16 +399,14 @@ impl FusedProgram {
         &self,
         inputs: &[Source],
         outs: &OutViews,
-        start: usize,
-        end: usize,
+        (start, end): (usize, usize),
         panels: Option<&Panels>,
         columns: &mut [Vec<f64>],
+        work: &mut TileWork,
     ) -> Result<(), String> {
-        // The tile registers, made when a tile first runs (a lane program
-        // whose range is whole vectors never needs them).
-        let mut regs: Vec<Vec<f32>> = Vec::new();
-        let mut scratch = vec![0usize; self.shape.len()];
-        let mut rows = vec![RowLanes::<f32>::default(); outs.0.len()];
+        let TileWork { regs, index: scratch, rows } = work;
+        scratch.resize(self.shape.len(), 0);
+        rows.resize(outs.0.len(), RowLanes::default());
         let mut lanes = self.lanes.as_ref().and_then(|l| l.bind(&self.loads, inputs, &outs.0));
         let direct = self.gelu.and_then(|g| g.bind_direct(self, inputs, &outs.0));
         let mut at = start;
@@ -388,8 +431,10 @@ impl FusedProgram {
                 at = panel_end;
                 continue;
             }
-            if regs.is_empty() {
-                regs = vec![vec![0f32; TILE]; self.registers];
+            if regs.len() < self.registers {
+                // The tile registers, made when a tile first runs (a lane
+                // program whose range is whole vectors never needs them).
+                regs.resize(self.registers, vec![0f32; TILE]);
             }
             let len = TILE.min(panel_end - at);
             let (before, after) = match self.gelu {
@@ -397,13 +442,13 @@ impl FusedProgram {
                 None => (&self.instrs[..], &[][..]),
             };
             for instr in before {
-                self.step(instr, at, len, inputs, outs, &mut regs, &mut scratch, &mut rows, columns)?;
+                self.step(instr, at, len, inputs, outs, regs, scratch, rows, columns)?;
             }
             if let Some(gelu) = self.gelu {
-                gelu.arithmetic(&mut regs, len);
+                gelu.arithmetic(regs, len);
             }
             for instr in after {
-                self.step(instr, at, len, inputs, outs, &mut regs, &mut scratch, &mut rows, columns)?;
+                self.step(instr, at, len, inputs, outs, regs, scratch, rows, columns)?;
             }
             at += len;
         }

@@ -22,6 +22,7 @@ mod split;
 pub(crate) mod strided;
 
 pub use dot::MatmulKernel;
+pub(crate) use elementwise::unary_f32;
 pub use peak::fma_peak_gflops;
 
 use crate::ir::{Node, Op};
@@ -146,6 +147,15 @@ pub(crate) fn dot_panels<'a>(
     let dims = dot_dims(node.shape.dims(), shapes[0], lhs_t, rhs_t);
     let operand = |i: usize| dot::DotOperand { data: inputs[i], shape: shapes[i], strides: views[i] };
     dot::RowPanels::new(dims, operand(0), operand(1))
+}
+
+/// The products of a batched f32 matmul `node` computed a matrix at a time
+/// (see [`dot::HeadProducts`]), or `None` when its matrices do not each run
+/// on one thread.
+pub(crate) fn head_products(node: &Node, inputs: [dot::RawOperand; 2]) -> Result<Option<dot::HeadProducts>, String> {
+    let Op::Dot { lhs_t, rhs_t } = node.op else { return Ok(None) };
+    let dims = dot_dims(node.shape.dims(), inputs[0].shape, lhs_t, rhs_t);
+    dot::HeadProducts::new(dims, inputs[0], inputs[1])
 }
 
 /// Compute `node` in place: `out` holds input `position` on entry and the

@@ -92,6 +92,24 @@ pub(crate) fn prefetch<T>(first: *const T, len: usize) {
     let _ = (first, len);
 }
 
+/// [`prefetch`] into the L2 cache only (not L1): for the next of many
+/// blocks of work, while the current one still uses the L1 cache.
+#[inline(always)]
+pub(crate) fn prefetch_l2<T>(first: *const T, len: usize) {
+    #[cfg(target_arch = "x86_64")]
+    {
+        let line = (64 / std::mem::size_of::<T>().max(1)).max(1);
+        for k in (0..len).step_by(line) {
+            // SAFETY: a prefetch is only a hint and never faults.
+            unsafe {
+                std::arch::x86_64::_mm_prefetch::<{ std::arch::x86_64::_MM_HINT_T1 }>(first.wrapping_add(k).cast())
+            };
+        }
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    let _ = (first, len);
+}
+
 /// The 16 x 16 block of 32-bit words in `rows`, transposed: word `i` of
 /// output `j` is word `j` of row `i` (pairs of rows interleaved, then pairs
 /// of pairs, then 128-bit lanes gathered in two rounds).

@@ -10,12 +10,14 @@
 pub mod chain;
 pub mod epilogue;
 pub mod fusion;
+pub mod heads;
 pub mod memory;
 mod splat;
 
 pub use chain::{row_chains, ChainRead, RowChain};
 pub use epilogue::{matmul_epilogues, Epilogue};
 pub use fusion::{Access, Fusion, Group, Load, MemberRead, View};
+pub use heads::{head_chains, HeadChain, HeadRead};
 pub use memory::{writes_in_place, MemoryPlan, Operand};
 pub use splat::splat_nodes;
 
@@ -85,6 +87,8 @@ pub struct Schedule<'g> {
     pub epilogues: Vec<Epilogue>,
     /// Consecutive group steps that may run a block of rows at a time.
     pub row_chains: Vec<RowChain>,
+    /// Steps over a batch of matrices that may run a matrix at a time.
+    pub head_chains: Vec<HeadChain>,
     /// Where each graph output is after the last step.
     pub outputs: Vec<Operand>,
 }
@@ -114,8 +118,9 @@ impl<'g> Schedule<'g> {
         let steps = steps(graph, &splat, &fusion, &memory);
         let epilogues = matmul_epilogues(graph, &fusion, &steps);
         let row_chains = row_chains(graph, &fusion, &steps);
+        let head_chains = head_chains(graph, &fusion, &steps);
         let outputs = graph.outputs.iter().map(|id| memory.operands[id.index()]).collect();
-        Schedule { graph, splat, fusion, memory, steps, epilogues, row_chains, outputs }
+        Schedule { graph, splat, fusion, memory, steps, epilogues, row_chains, head_chains, outputs }
     }
 
     /// The number of kernel calls.

@@ -20,7 +20,7 @@ type FusedParts<'s> = (&'s FusedProgram, &'s [usize], &'s [Option<usize>]);
 fn fused_parts(step: &Step) -> FusedParts<'_> {
     match &step.kernel {
         Kernel::Fused { program, outputs, alias } => (program, outputs, alias),
-        Kernel::Primitive { .. } | Kernel::Epilogue { .. } | Kernel::Chain { .. } => {
+        Kernel::Primitive { .. } | Kernel::Epilogue { .. } | Kernel::Chain { .. } | Kernel::Heads { .. } => {
             unreachable!("a row chain's members are fused groups")
         }
     }
@@ -31,7 +31,7 @@ impl CpuExecutable {
     /// fits without reallocating (no heap churn, no copies). A spare buffer
     /// of the same dtype that is large enough (but not wastefully so) is
     /// reused, else one is allocated.
-    fn fresh_slot(&self, slot: usize, spare: &mut Vec<HostData>) -> HostData {
+    pub(super) fn fresh_slot(&self, slot: usize, spare: &mut Vec<HostData>) -> HostData {
         match self.take_fitting(slot, spare) {
             Some(buffer) => buffer,
             None => {
@@ -79,28 +79,7 @@ impl CpuExecutable {
         let handed_over = last_run.map(|last_run| release_one_off_pool(&self.pool, last_run)).unwrap_or_default();
         let mut run = self.begin(inputs, handed_over);
         for step in &self.steps {
-            let started = profile::enabled().then(|| (std::time::Instant::now(), profile::idle_nanos()));
-            let (result, kind) = match &step.kernel {
-                Kernel::Primitive { node, .. } => {
-                    let result = self.run_primitive(step, &mut run, context);
-                    (result.map_err(|detail| (node.op.name(), detail)), profile::kind_of(&node.op))
-                }
-                Kernel::Fused { .. } => {
-                    (self.run_fused(step, &mut run).map_err(|detail| ("fused", detail)), "fused elementwise")
-                }
-                Kernel::Epilogue { .. } => {
-                    let result = self.run_epilogue(step, &mut run, context);
-                    (result.map_err(|detail| ("dot + epilogue", detail)), "matmul + epilogue")
-                }
-                Kernel::Chain { .. } => {
-                    (self.run_chain(step, &mut run).map_err(|detail| ("row chain", detail)), "fused row chains")
-                }
-            };
-            result.map_err(|(op, detail)| Error::Execution { node: step.node_index, op, detail })?;
-            if let Some((t, idle)) = started {
-                let idle = profile::idle_nanos().saturating_sub(idle);
-                profile::record(kind, &step.label, t.elapsed().as_nanos() as u64, idle);
-            }
+            self.run_step(step, &mut run, context)?;
         }
         let outputs = self.hand_out_outputs(&mut run);
         if !last_run.is_some_and(|last| overtaken_one_off(&self.pool, last)) {
@@ -109,6 +88,39 @@ impl CpuExecutable {
             }
         }
         Ok(outputs)
+    }
+
+    /// Run one step (recorded in the profile when it is on).
+    pub(super) fn run_step(&self, step: &Step, run: &mut RunBuffers, context: &RunContext) -> Result<()> {
+        let started = profile::enabled().then(|| (std::time::Instant::now(), profile::idle_nanos()));
+        let (result, kind) = match &step.kernel {
+            Kernel::Primitive { node, .. } => {
+                let result = self.run_primitive(step, run, context);
+                (result.map_err(|detail| (node.op.name(), detail)), profile::kind_of(&node.op))
+            }
+            Kernel::Fused { .. } => {
+                (self.run_fused(step, run).map_err(|detail| ("fused", detail)), "fused elementwise")
+            }
+            Kernel::Epilogue { .. } => {
+                let result = self.run_epilogue(step, run, context);
+                (result.map_err(|detail| ("dot + epilogue", detail)), "matmul + epilogue")
+            }
+            Kernel::Chain { .. } => {
+                (self.run_chain(step, run).map_err(|detail| ("row chain", detail)), "fused row chains")
+            }
+            Kernel::Heads { .. } => (self.run_heads(step, run).map_err(|detail| ("head chain", detail)), "head chains"),
+        };
+        result.map_err(|(op, detail)| Error::Execution { node: step.node_index, op, detail })?;
+        if let Some((t, idle)) = started {
+            let idle = profile::idle_nanos().saturating_sub(idle);
+            profile::record(kind, &step.label, t.elapsed().as_nanos() as u64, idle);
+        }
+        if let Kernel::Heads { deferred, .. } = &step.kernel {
+            for step in deferred {
+                self.run_step(step, run, context)?;
+            }
+        }
+        Ok(())
     }
 
     /// A run's buffers: a kept slot set (or an empty one), with the donated
@@ -393,11 +405,14 @@ impl CpuExecutable {
                 .filter(|s| match &s.kernel {
                     Kernel::Primitive { in_place, .. } => in_place.is_some(),
                     Kernel::Fused { alias, .. } => alias.iter().any(Option::is_some),
-                    Kernel::Epilogue { .. } | Kernel::Chain { .. } => unreachable!("parts are single kernels"),
+                    Kernel::Epilogue { .. } | Kernel::Chain { .. } | Kernel::Heads { .. } => {
+                        unreachable!("parts are single kernels")
+                    }
                 })
                 .count(),
             epilogues: self.steps.iter().filter(|s| matches!(s.kernel, Kernel::Epilogue { .. })).count(),
             row_chains: self.steps.iter().filter(|s| matches!(s.kernel, Kernel::Chain { .. })).count(),
+            head_chains: self.steps.iter().filter(|s| matches!(s.kernel, Kernel::Heads { .. })).count(),
             fast_paths: self
                 .steps
                 .iter()
@@ -471,10 +486,10 @@ fn overtaken_one_off(pool: &Arc<SlotPool>, last_run: &LastRun) -> bool {
 
 /// The buffers of one run: planned slots, the inputs not taken over, and
 /// spare buffers that refill slots the graph outputs took.
-struct RunBuffers {
-    slots: Vec<Option<HostData>>,
-    inputs: Vec<Option<Arc<Buffer>>>,
-    spare: Vec<HostData>,
+pub(super) struct RunBuffers {
+    pub(super) slots: Vec<Option<HostData>>,
+    pub(super) inputs: Vec<Option<Arc<Buffer>>>,
+    pub(super) spare: Vec<HostData>,
 }
 
 /// Check the number of inputs and that every one has a value.
@@ -497,7 +512,11 @@ fn check_inputs(inputs: &[Arc<Buffer>], expected: usize) -> Result<()> {
 }
 
 /// The data of an operand.
-fn operand<'a>(op: &Operand, inputs: &'a [Option<Arc<Buffer>>], slots: &'a [Option<HostData>]) -> &'a HostData {
+pub(super) fn operand<'a>(
+    op: &Operand,
+    inputs: &'a [Option<Arc<Buffer>>],
+    slots: &'a [Option<HostData>],
+) -> &'a HostData {
     match *op {
         Operand::Param(k) => ready(inputs[k].as_ref().expect("only donated inputs are taken")),
         Operand::Slot(s) => slots[s].as_ref().expect("the plan places every input before its reader"),

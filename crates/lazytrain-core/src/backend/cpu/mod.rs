@@ -3,6 +3,7 @@
 //! `gemm` (f32) or AVX-512 BF16 (bf16) matmuls.
 
 mod executable;
+mod heads;
 mod program;
 mod warm;
 
@@ -11,7 +12,7 @@ use crate::collective::RunContext;
 use crate::error::{Error, Result};
 use crate::ir::{Graph, Node};
 use crate::kernels::fused::FusedProgram;
-use crate::schedule::{self, Capabilities, ChainRead, MemoryPlan, Operand, Schedule};
+use crate::schedule::{self, Capabilities, ChainRead, HeadRead, MemoryPlan, Operand, Schedule};
 use crate::shape::Shape;
 use crate::storage::Buffer;
 use executable::{LastRun, SlotPool};
@@ -36,6 +37,10 @@ pub struct CpuBackend {
     /// Run the fused programs the kernels recognise (GELU's) by their own
     /// loops instead of instruction by instruction.
     fast_paths: bool,
+    /// Run head chains a head at a time (see [`schedule::heads`]) when a
+    /// matmul of the chain computes at least this many elements
+    /// (`usize::MAX`: never).
+    head_chains_from: usize,
     /// The kernel threads (`None`: rayon's global pool, all cores).
     pool: Option<Arc<rayon::ThreadPool>>,
     /// Keep the pool's threads awake while a run lasts (see [`warm`]).
@@ -48,8 +53,8 @@ impl std::fmt::Debug for CpuBackend {
         let threads = self.pool.as_ref().map_or(rayon::current_num_threads(), |p| p.current_num_threads());
         write!(
             f,
-            "CpuBackend {{ fuse: {}, epilogues: {}, row_chains_from: {}, fast_paths: {}, threads: {threads} }}",
-            self.fuse, self.epilogues, self.row_chains_from, self.fast_paths
+            "CpuBackend {{ fuse: {}, epilogues: {}, row_chains_from: {}, head_chains_from: {}, fast_paths: {}, threads: {threads} }}",
+            self.fuse, self.epilogues, self.row_chains_from, self.head_chains_from, self.fast_paths
         )
     }
 }
@@ -57,13 +62,15 @@ impl std::fmt::Debug for CpuBackend {
 impl Default for CpuBackend {
     /// Fusion on, unless `LAZYTRAIN_FUSION=0`, matmul epilogues on, unless
     /// `LAZYTRAIN_EPILOGUES=0`, row chains on, unless
-    /// `LAZYTRAIN_ROW_CHAINS=0`, and the recognised programs' own loops on,
+    /// `LAZYTRAIN_ROW_CHAINS=0`, head chains on, unless
+    /// `LAZYTRAIN_HEAD_CHAINS=0`, and the recognised programs' own loops on,
     /// unless `LAZYTRAIN_FAST_PATHS=0` (all for A/B measurements); the
     /// kernels run in rayon's global pool.
     fn default() -> CpuBackend {
         CpuBackend::with_fusion(switched_on("LAZYTRAIN_FUSION"))
             .with_epilogues(switched_on("LAZYTRAIN_EPILOGUES"))
             .with_row_chains(switched_on("LAZYTRAIN_ROW_CHAINS").then_some(ROW_CHAINS_FROM))
+            .with_head_chains(switched_on("LAZYTRAIN_HEAD_CHAINS").then_some(HEAD_CHAINS_FROM))
             .with_fast_paths(switched_on("LAZYTRAIN_FAST_PATHS"))
     }
 }
@@ -82,6 +89,7 @@ impl CpuBackend {
             fuse,
             epilogues: fuse,
             row_chains_from,
+            head_chains_from: if fuse { HEAD_CHAINS_FROM } else { usize::MAX },
             fast_paths: fuse,
             pool: None,
             keep_warm: false,
@@ -127,6 +135,14 @@ impl CpuBackend {
         CpuBackend { row_chains_from: from.filter(|_| self.fuse).unwrap_or(usize::MAX), ..self }
     }
 
+    /// The same backend running head chains a head at a time where a
+    /// matmul of the chain computes at least `from` elements, their steps
+    /// one after the other elsewhere (`None`: everywhere; the same bits
+    /// either way; with fusion off there are none).
+    pub fn with_head_chains(self, from: Option<usize>) -> CpuBackend {
+        CpuBackend { head_chains_from: from.filter(|_| self.fuse).unwrap_or(usize::MAX), ..self }
+    }
+
     /// The same backend running the fused programs the kernels recognise
     /// (GELU's, AdamW's) by their own loops and straight-line programs as
     /// lane programs, or every program instruction by instruction over
@@ -161,6 +177,11 @@ pub(super) enum Kernel {
     /// Fused groups (`Fused` steps) run a block of `rows` rows at a time,
     /// each in turn; `reads[m][j]` says how member `m` reads input `j`.
     Chain { members: Vec<Step>, reads: Vec<Vec<ChainRead>>, rows: usize },
+    /// Steps over `batch` matrices (matmuls and unary ops as `Primitive`
+    /// steps, `Fused` groups) run a matrix at a time, each in turn;
+    /// `reads[m][j]` says how member `m` reads input `j`. The `deferred`
+    /// steps run after the last matrix, in order.
+    Heads { members: Vec<Step>, reads: Vec<Vec<HeadRead>>, batch: usize, deferred: Vec<Step> },
 }
 
 /// One kernel call.
@@ -178,6 +199,9 @@ impl Step {
         match &self.kernel {
             Kernel::Epilogue { product, epilogue, .. } => vec![product, epilogue],
             Kernel::Chain { members, .. } => members.iter().collect(),
+            Kernel::Heads { members, deferred, .. } => {
+                members.iter().chain(deferred.iter().flat_map(Step::parts)).collect()
+            }
             Kernel::Primitive { .. } | Kernel::Fused { .. } => vec![self],
         }
     }
@@ -226,22 +250,50 @@ impl Backend for CpuBackend {
     fn lower(&self, schedule: &Schedule) -> Result<Arc<dyn Executable>> {
         let graph = schedule.graph;
         let mut steps = Vec::with_capacity(schedule.steps.len());
-        let pairs: Vec<&schedule::Epilogue> =
-            schedule.epilogues.iter().filter(|e| self.epilogues && panels_stay_cached(graph, schedule, e)).collect();
+        let heads: Vec<&schedule::HeadChain> =
+            schedule.head_chains.iter().filter(|c| runs_by_heads(schedule, c, self.head_chains_from)).collect();
+        // Epilogues and row chains yield to a head chain that takes one of their steps.
+        let in_heads = |k: usize| heads.iter().any(|c| c.span().contains(&k));
+        let pairs: Vec<&schedule::Epilogue> = schedule
+            .epilogues
+            .iter()
+            .filter(|e| self.epilogues && panels_stay_cached(graph, schedule, e))
+            .filter(|e| !in_heads(e.product_step) && !in_heads(e.product_step + 1))
+            .collect();
         // A chain yields to an epilogue that takes one of its steps.
         let paired = |k: usize| pairs.iter().any(|e| e.product_step == k || e.product_step + 1 == k);
         let chains: Vec<&schedule::RowChain> = schedule
             .row_chains
             .iter()
             .filter(|c| {
-                let largest = (c.first..c.first + c.reads.len()).map(|k| elements(schedule, k)).max().unwrap_or(0);
-                largest >= self.row_chains_from && !(c.first..c.first + c.reads.len()).any(paired)
+                let span = c.first..c.first + c.reads.len();
+                let largest = span.clone().map(|k| elements(schedule, k)).max().unwrap_or(0);
+                largest >= self.row_chains_from && !span.clone().any(paired) && !span.clone().any(in_heads)
             })
             .collect();
+        let mut heads = heads.into_iter().peekable();
         let mut chains = chains.into_iter().peekable();
         let mut pairs = pairs.into_iter().peekable();
         let mut k = 0;
         while k < schedule.steps.len() {
+            if let Some(chain) = heads.next_if(|c| c.span().start == k) {
+                let lower = |m: &usize| lower_step(graph, schedule, &schedule.steps[*m], self.fast_paths);
+                let members: Vec<Step> = chain.members.iter().map(lower).collect();
+                let labels: Vec<&str> = members.iter().map(|m| m.label.as_str()).collect();
+                steps.push(Step {
+                    node_index: members.last().map_or(0, |m| m.node_index),
+                    label: format!("head chain: {}", labels.join(" | ")),
+                    inputs: Vec::new(),
+                    kernel: Kernel::Heads {
+                        reads: chain.reads.clone(),
+                        batch: chain.batch,
+                        deferred: chain.deferred.iter().map(lower).collect(),
+                        members,
+                    },
+                });
+                k = chain.span().end;
+                continue;
+            }
             if let Some(chain) = chains.next_if(|c| c.first == k) {
                 let members: Vec<Step> = (k..k + chain.reads.len())
                     .map(|m| lower_step(graph, schedule, &schedule.steps[m], self.fast_paths))
@@ -304,6 +356,39 @@ impl Backend for CpuBackend {
 /// kernels of issue 23's sixth slice). The values are the same bits either
 /// way.
 const ROW_CHAINS_FROM: usize = 1 << 21;
+
+/// Head chains run a head at a time only where a matmul of the chain
+/// computes at least this many elements: attention's `[batch, heads, seq,
+/// seq]` scores and their gradients (2 Mi elements in BERT-mini, whose
+/// steps then no longer fit the caches).
+const HEAD_CHAINS_FROM: usize = 1 << 20;
+
+/// True when the CPU runs head chain `c` a head at a time: its matmuls and
+/// unary ops are f32, each of its matmuls' matrices runs on one thread (as
+/// it does outside the chain), and one of its matmuls computes at least
+/// `from` elements.
+fn runs_by_heads(schedule: &Schedule, c: &schedule::HeadChain, from: usize) -> bool {
+    let graph = schedule.graph;
+    let mut largest = 0;
+    for &m in &c.members {
+        let schedule::Step::Node { node, .. } = &schedule.steps[m] else { continue };
+        let node = &graph.nodes[*node];
+        let dims = node.shape.dims();
+        if node.dtype != crate::dtype::DType::F32 {
+            return false;
+        }
+        if let crate::ir::Op::Dot { lhs_t, .. } = node.op {
+            let lhs = graph.node(node.inputs[0]).shape.dims();
+            let (rows, columns) = (dims[dims.len() - 2], dims[dims.len() - 1]);
+            let shared = if lhs_t { lhs[lhs.len() - 2] } else { lhs[lhs.len() - 1] };
+            if !crate::kernels::dot::matrices_run_alone(rows * shared * columns) {
+                return false;
+            }
+            largest = largest.max(node.shape.numel());
+        }
+    }
+    largest >= from
+}
 
 /// Elements group step `k` of `schedule` computes (0 for other steps).
 fn elements(schedule: &Schedule, k: usize) -> usize {

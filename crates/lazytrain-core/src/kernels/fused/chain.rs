@@ -3,7 +3,7 @@
 //! so a program reads the rows earlier ones just wrote from cache.
 
 use super::softmax_rows::SoftmaxRows;
-use super::{FusedProgram, OutView, OutViews, Source, PARALLEL_MIN};
+use super::{FusedProgram, OutView, OutViews, Source, TileWork, PARALLEL_MIN};
 
 /// Elements of the widest program a block of rows holds: a few such
 /// arrays (an input and the outputs of each program) stay in a core's L2.
@@ -54,12 +54,13 @@ pub(crate) fn run_chain(links: &[ChainLink], rows: usize) -> Result<(), String> 
             unsafe { softmax.run_rows(lo, hi, last) };
             return Ok(());
         }
+        let mut work: Vec<TileWork> = links.iter().map(|_| TileWork::default()).collect();
         let mut row = lo;
         while row < hi {
             let end = (row + block).min(hi);
             for (k, link) in links.iter().enumerate() {
-                let w = widths[k];
-                link.program.run_range(&link.inputs, &outs[k], row * w, end * w, None, &mut columns[k])?;
+                let (w, columns, work) = (widths[k], &mut columns[k], &mut work[k]);
+                link.program.run_range(&link.inputs, &outs[k], (row * w, end * w), None, columns, work)?;
             }
             row = end;
         }
