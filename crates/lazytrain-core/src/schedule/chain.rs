@@ -101,7 +101,7 @@ fn numel(group: &Group) -> usize {
 
 /// True when `access` over `shape` reads, for each of `rows` rows, the
 /// element of that row of a value with one element per row.
-pub(super) fn reads_row_value(access: &Access, shape: &[usize], rows: usize) -> bool {
+pub(crate) fn reads_row_value(access: &Access, shape: &[usize], rows: usize) -> bool {
     let Access::Strided(strides) = access else { return false };
     // Leading axes index the row (row-major over them), trailing ones are
     // broadcast; axes of length 1 are indexed by 0 whatever their stride.

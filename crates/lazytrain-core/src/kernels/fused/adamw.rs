@@ -155,7 +155,10 @@ impl AdamWUpdate {
                 Op::Compare { dst, .. }
                 | Op::Select { dst, .. }
                 | Op::ToBool { dst, .. }
-                | Op::RoundBf16 { dst, .. } => (dst, Expr::Other),
+                | Op::RoundBf16 { dst, .. }
+                | Op::RowValue { dst, .. }
+                | Op::ColumnValues { dst, .. } => (dst, Expr::Other),
+                Op::ReduceStore { .. } => return None,
                 Op::Store { src, out } => {
                     stored.push((out, values[src].clone()));
                     continue;

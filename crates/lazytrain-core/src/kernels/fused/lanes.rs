@@ -3,31 +3,40 @@
 //! The interpreter makes one pass per instruction over tile-sized registers
 //! in memory: a program of twenty instructions reads and writes its tiles
 //! twenty times, and copies each input into a tile and each output out of
-//! one. A program whose loads read their inputs at the program's
-//! own positions or read one value, whose instructions are plain IEEE
-//! arithmetic, comparisons and selections, and which stores every output at
-//! its own positions (the optimizer's update: AdamW's twenty instructions
-//! over four inputs and three outputs) runs here instead: every instruction
-//! on [`LANES`] elements, then every instruction on the next, its values in
+//! one. A program whose loads read their inputs at the program's own
+//! positions, read one value, or read one value per row, whose instructions
+//! are plain IEEE arithmetic, comparisons and selections, and which stores
+//! every output at its own positions or reduces it over rows (the
+//! optimizer's update: AdamW's twenty instructions over four inputs and
+//! three outputs; LayerNorm's passes, which also read a value per column)
+//! runs here instead: every instruction on [`LANES`] elements, then every instruction on the next, its values in
 //! a register file of a few vectors that never leaves the L1 cache, each
 //! input read straight from its buffer once (a value loaded twice is read
-//! once) and each output written once, in order, as the hardware prefetchers
-//! like; immediates and single-value loads are registers set once per run.
-//! Measured on a 2-core AMD Zen 4: AdamW over BERT-base's `[30522, 768]`
-//! embeddings 36 ms by tiles, 28.5 ms as a lane program (11 ms by its own
-//! loop, see [`super::adamw`]). Programs with broadcast or transposed loads,
-//! reductions or random draws stay with the interpreter: run on 64 elements
-//! at a time their index maps and reduction lanes cost more than on tiles.
+//! once) and each output written once, in order, as the hardware
+//! prefetchers like; immediates and single-value loads are registers set
+//! once per run. Measured on a 2-core AMD Zen 4: AdamW over BERT-base's
+//! `[30522, 768]` embeddings 36 ms by tiles, 28.5 ms as a lane program (11
+//! ms by its own loop, see [`super::adamw`]). Rows of row values and
+//! reductions must be whole vectors long (every vector then lies in one
+//! row, whose value is one broadcast and whose reduction lanes take the
+//! vector whole): a LayerNorm-like program over rows of 128 ran 15 % faster
+//! than by tiles. Other broadcasts, transposed loads and column sums stay
+//! with the interpreter, whose index maps cost less on tiles, and so do
+//! `exp`, `erf`, `log`, `tanh` and random draws, whose loops over whole
+//! tiles cost less than a call per vector (a program of exp, erf, a random
+//! draw and row reductions ran 7 % slower as lanes).
 //!
 //! The operations are the interpreter's own, one for one and in the same
-//! order (no contracted multiply-adds), so the results are the same bits
-//! (unit tests below).
+//! order (no contracted multiply-adds; row reductions in the same lanes),
+//! so the results are the same bits (unit tests below).
 
 use super::adamw::AdamWUpdate;
 use super::{round_bf16, to_bool, Instr, OutView, Source, Src};
-use crate::ir::{BinaryOp, CmpOp, UnaryOp};
+use crate::ir::{BinaryOp, CmpOp, ReduceOp, UnaryOp};
 use crate::kernels::elementwise::{compare_lanes, float_binary, float_unary, select_lanes};
 use crate::kernels::numeric::{bf16_from_f32, bf16_to_f32};
+use crate::kernels::reduce::RowLanes;
+use crate::schedule::chain::reads_row_value;
 use crate::schedule::{Access, Load};
 use crate::storage::HostData;
 use half::bf16;
@@ -68,6 +77,15 @@ pub(super) enum Op {
     RoundBf16 { src: usize, dst: usize },
     /// `output[out] = src` at the vector's positions.
     Store { src: usize, out: usize },
+    /// `dst` = the value of load `load` for the row the vector lies in
+    /// (one value per row, broadcast along it).
+    RowValue { load: usize, dst: usize },
+    /// `dst` = load `load`'s values for the vector's columns (one value
+    /// per column, the same in every row: a bias, a LayerNorm's weight).
+    ColumnValues { load: usize, dst: usize },
+    /// Reduce `src` into the total of the row the vector lies in, written
+    /// to `output[out]` when the row ends.
+    ReduceStore { op: ReduceOp, src: usize, out: usize },
 }
 
 /// A fused program compiled to run a vector at a time.
@@ -78,6 +96,10 @@ pub(crate) struct LaneProgram {
     immediates: Vec<(usize, f32)>,
     /// `(register, load)`: registers holding the one value a load reads.
     single_values: Vec<(usize, usize)>,
+    /// The row length of the program's row values and reductions (a whole
+    /// number of vectors), 0 when it has neither: every vector then lies
+    /// in one row.
+    row_width: usize,
     /// When the program is AdamW's update, which then runs as one loop
     /// with its values in vector registers.
     adamw: Option<Box<AdamWUpdate>>,
@@ -86,6 +108,10 @@ pub(crate) struct LaneProgram {
 /// Assembles a [`LaneProgram`] from a program's instructions.
 struct Compiler<'a> {
     loads: &'a [Load],
+    /// The program's shape.
+    shape: &'a [usize],
+    /// The row length of its reductions (0: none).
+    reduce_inner: usize,
     next_register: usize,
     /// The register whose value register `r` holds, if it holds a copy:
     /// an immediate's, a load's (each load is read once per vector, into a
@@ -135,10 +161,22 @@ impl Compiler<'_> {
             Some(r) => r,
             None => {
                 let r = self.fresh_register();
-                match self.loads[load].access {
+                match &self.loads[load].access {
                     Access::Contiguous => self.program.ops.push(Op::Load { load, dst: r }),
                     Access::Splat => self.program.single_values.push((r, load)),
-                    Access::Strided(_) => return None,
+                    access @ Access::Strided(strides) => {
+                        let width = self.shape.last().copied().unwrap_or(0);
+                        let rows = self.shape.iter().product::<usize>() / width.max(1);
+                        let columns = strides.split_last().is_some_and(|(&last, lead)| {
+                            last == 1 && lead.iter().zip(self.shape).all(|(&s, &d)| s == 0 || d == 1)
+                        });
+                        self.row_width(width)?;
+                        match (reads_row_value(access, self.shape, rows), columns) {
+                            (true, _) => self.program.ops.push(Op::RowValue { load, dst: r }),
+                            (false, true) => self.program.ops.push(Op::ColumnValues { load, dst: r }),
+                            (false, false) => return None,
+                        }
+                    }
                 }
                 self.loaded[load] = Some(r);
                 r
@@ -148,6 +186,21 @@ impl Compiler<'_> {
         Some(())
     }
 
+    /// Rows of `width` elements for the program's row values and
+    /// reductions: `None` when they are not a whole number of vectors, or
+    /// differ from rows already taken.
+    fn row_width(&mut self, width: usize) -> Option<()> {
+        let fits = width > 0 && width.is_multiple_of(LANES);
+        match self.program.row_width {
+            _ if !fits => None,
+            0 => {
+                self.program.row_width = width;
+                Some(())
+            }
+            taken => (taken == width).then_some(()),
+        }
+    }
+
     /// Compile `instr`; `None` when the lane loop does not run it.
     fn instr(&mut self, instr: &Instr) -> Option<()> {
         match *instr {
@@ -155,7 +208,8 @@ impl Compiler<'_> {
             Instr::Unary { op, src, dst } => {
                 match op {
                     UnaryOp::Neg | UnaryOp::Sqrt | UnaryOp::Rsqrt | UnaryOp::Abs | UnaryOp::Recip => {}
-                    // The interpreter's own polynomial loops compute these.
+                    // The interpreter's polynomial loops over whole tiles
+                    // compute these faster than on a vector at a time.
                     UnaryOp::Exp | UnaryOp::Log | UnaryOp::Tanh | UnaryOp::Erf => return None,
                 }
                 let src = self.read(src);
@@ -189,7 +243,12 @@ impl Compiler<'_> {
                 let src = self.read(src);
                 self.program.ops.push(Op::Store { src, out });
             }
-            Instr::Random { .. } | Instr::ReduceStore { .. } | Instr::ColumnSum { .. } => return None,
+            Instr::ReduceStore { op, src, out } => {
+                self.row_width(self.reduce_inner)?;
+                let src = self.read(src);
+                self.program.ops.push(Op::ReduceStore { op, src, out });
+            }
+            Instr::Random { .. } | Instr::ColumnSum { .. } => return None,
         }
         Some(())
     }
@@ -197,14 +256,31 @@ impl Compiler<'_> {
 
 impl LaneProgram {
     /// The lane form of a program of `instrs` over `registers` registers
-    /// reading `loads`, if it is a straight-line program this loop runs.
-    pub(crate) fn compile(instrs: &[Instr], loads: &[Load], registers: usize) -> Option<LaneProgram> {
+    /// reading `loads`, computing `shape` with reductions over rows of
+    /// `reduce_inner` (0: none), if this loop runs it: a straight-line
+    /// program whose row values and reductions (if any) are over rows of a
+    /// whole number of vectors, summing no columns.
+    pub(crate) fn compile(
+        instrs: &[Instr],
+        loads: &[Load],
+        registers: usize,
+        shape: &[usize],
+        reduce_inner: usize,
+    ) -> Option<LaneProgram> {
         let mut compiler = Compiler {
             loads,
+            shape,
+            reduce_inner,
             next_register: registers,
             copy_of: vec![None; registers],
             loaded: vec![None; loads.len()],
-            program: LaneProgram { ops: Vec::new(), immediates: Vec::new(), single_values: Vec::new(), adamw: None },
+            program: LaneProgram {
+                ops: Vec::new(),
+                immediates: Vec::new(),
+                single_values: Vec::new(),
+                row_width: 0,
+                adamw: None,
+            },
         };
         for instr in instrs {
             compiler.instr(instr)?;
@@ -241,22 +317,40 @@ impl LaneProgram {
             };
             registers[r] = Vector([value; LANES]);
         }
+        let view_stream = |view: &OutView| match view {
+            OutView::F32(p) => Stream::F32(p.cast_const()),
+            OutView::BF16(p) => Stream::BF16(p.cast_const()),
+            OutView::Bool(p) => Stream::Bool(p.cast_const()),
+        };
+        let row_value = |l: usize| {
+            self.ops
+                .iter()
+                .any(|op| matches!(op, Op::RowValue { load, .. } | Op::ColumnValues { load, .. } if *load == l))
+        };
         let streams = loads
             .iter()
-            .map(|load| match (&load.access, inputs.get(load.input)?) {
+            .enumerate()
+            .map(|(l, load)| match (&load.access, inputs.get(load.input)?) {
                 (Access::Contiguous, Source::Data(HostData::F32(x))) => Some(Stream::F32(x.as_ptr())),
                 (Access::Contiguous, Source::Data(HostData::BF16(x))) => Some(Stream::BF16(x.as_ptr())),
                 (Access::Contiguous, Source::Data(HostData::Bool(x))) => Some(Stream::Bool(x.as_ptr())),
-                (Access::Contiguous, Source::Output(k)) => Some(match outs.get(*k)? {
-                    OutView::F32(p) => Stream::F32(p.cast_const()),
-                    OutView::BF16(p) => Stream::BF16(p.cast_const()),
-                    OutView::Bool(p) => Stream::Bool(p.cast_const()),
-                }),
+                (Access::Contiguous, Source::Output(k)) => Some(view_stream(outs.get(*k)?)),
+                (Access::Contiguous, Source::Chained { view, per_row: 1 }) => Some(view_stream(view)),
                 (Access::Contiguous, Source::Data(_) | Source::Chained { .. }) => None,
+                // A row value's stream holds one value per row, a column
+                // value's one row.
+                (Access::Strided(_), source) if row_value(l) => match source {
+                    Source::Data(HostData::F32(x)) => Some(Stream::F32(x.as_ptr())),
+                    Source::Data(HostData::BF16(x)) => Some(Stream::BF16(x.as_ptr())),
+                    Source::Data(HostData::Bool(x)) => Some(Stream::Bool(x.as_ptr())),
+                    Source::Chained { view, per_row } if *per_row == self.row_width => Some(view_stream(view)),
+                    Source::Data(_) | Source::Chained { .. } | Source::Output(_) => None,
+                },
                 (Access::Splat | Access::Strided(_), _) => Some(Stream::Unread),
             })
             .collect::<Option<Vec<_>>>()?;
-        Some(BoundLanes { program: self, registers, streams, outs })
+        let rows = vec![RowLanes::default(); outs.len()];
+        Some(BoundLanes { program: self, registers, streams, outs, rows })
     }
 }
 
@@ -286,6 +380,20 @@ impl Stream {
             Stream::Unread => unreachable!("compiled loads read contiguous streams"),
         }
     }
+
+    /// Element `at` (a row's value).
+    ///
+    /// # Safety
+    /// As for [`Stream::read`].
+    #[inline(always)]
+    pub(super) unsafe fn value(self, at: usize) -> f32 {
+        match self {
+            Stream::F32(p) => p.add(at).read(),
+            Stream::BF16(p) => bf16_to_f32(p.add(at).read()),
+            Stream::Bool(p) => f32::from(u8::from(p.add(at).read())),
+            Stream::Unread => unreachable!("compiled row values read streams"),
+        }
+    }
 }
 
 /// Write `values` at elements `at..at + LANES` of `out`.
@@ -308,6 +416,8 @@ pub(crate) struct BoundLanes<'a> {
     registers: [Vector; MAX_REGISTERS],
     streams: Vec<Stream>,
     outs: &'a [OutView],
+    /// The running reduction of each output's current row.
+    rows: Vec<RowLanes<f32>>,
 }
 
 #[inline(always)]
@@ -372,6 +482,13 @@ impl BoundLanes<'_> {
         if let Some(update) = &self.program.adamw {
             return update.run(&self.streams, &self.registers, self.outs, start, end);
         }
+        // Rows are run whole, from a row's start (the interpreter runs the rest).
+        let width = self.program.row_width;
+        let end = match width {
+            0 => end,
+            _ if !start.is_multiple_of(width) => return start,
+            _ => start + (end - start) / width * width,
+        };
         let regs = &mut self.registers;
         let mut at = start;
         while at + LANES <= end {
@@ -385,6 +502,18 @@ impl BoundLanes<'_> {
                     Op::ToBool { src, dst } => regs[dst] = map(&regs[src], to_bool),
                     Op::RoundBf16 { src, dst } => regs[dst] = map(&regs[src], round_bf16),
                     Op::Store { src, out } => write(self.outs[out], at, &regs[src]),
+                    Op::RowValue { load, dst } => regs[dst] = Vector([self.streams[load].value(at / width); LANES]),
+                    Op::ColumnValues { load, dst } => regs[dst] = self.streams[load].read(at % width),
+                    Op::ReduceStore { op, src, out } => {
+                        let (col, lanes) = (at % width, &mut self.rows[out]);
+                        if col == 0 {
+                            *lanes = RowLanes::default();
+                        }
+                        lanes.add(op, col, &regs[src].0);
+                        if col + LANES == width {
+                            self.outs[out].write(at / width, &[lanes.total(op)]);
+                        }
+                    }
                 }
             }
             at += LANES;
@@ -425,7 +554,7 @@ pub(super) mod tests {
             })
             .max()
             .unwrap_or(0);
-        let compiled = LaneProgram::compile(&instrs, &loads, registers);
+        let compiled = LaneProgram::compile(&instrs, &loads, registers, &[shape], 0);
         assert!(compiled.is_some(), "a straight-line program compiles to lanes");
         FusedProgram {
             shape: vec![shape],
@@ -529,20 +658,102 @@ pub(super) mod tests {
     }
 
     #[test]
-    fn only_straight_line_programs_compile_to_lanes() {
+    fn programs_over_rows_of_whole_vectors_compile_to_lanes() {
         let contiguous = [Load { input: 0, access: Access::Contiguous }];
-        let strided = [Load { input: 0, access: Access::Strided(vec![0]) }];
+        let transposed = [Load { input: 0, access: Access::Strided(vec![1, 8]) }];
+        let row_values = [Load { input: 0, access: Access::Strided(vec![1, 0]) }];
         let exp = [Read { load: 0, dst: 0 }, Unary { op: UnaryOp::Exp, src: 0, dst: 1 }, Store { src: 1, out: 0 }];
         let neg = [Read { load: 0, dst: 0 }, Unary { op: UnaryOp::Neg, src: 0, dst: 1 }, Store { src: 1, out: 0 }];
-        let row_sum = [Read { load: 0, dst: 0 }, Instr::ReduceStore { op: crate::ir::ReduceOp::Sum, src: 0, out: 0 }];
-        assert!(LaneProgram::compile(&neg, &contiguous, 2).is_some());
-        assert!(LaneProgram::compile(&exp, &contiguous, 2).is_none(), "exp keeps the interpreter's polynomial");
-        assert!(LaneProgram::compile(&neg, &strided, 2).is_none(), "a strided load");
-        assert!(LaneProgram::compile(&row_sum, &contiguous, 1).is_none(), "a reduction");
+        let random = [Instr::Random { input: 0, stream: 1, dst: 0 }, Store { src: 0, out: 0 }];
+        let row_sum = [Read { load: 0, dst: 0 }, Instr::ReduceStore { op: ReduceOp::Sum, src: 0, out: 0 }];
+        let column_sum = [Read { load: 0, dst: 0 }, Instr::ColumnSum { src: 0, out: 0 }];
+        let compile = |instrs: &[Instr], loads: &[Load], width: usize, reduce_inner: usize| {
+            LaneProgram::compile(instrs, loads, 2, &[8, width], reduce_inner)
+        };
+        assert!(compile(&neg, &contiguous, 8, 0).is_some());
+        assert!(compile(&exp, &contiguous, 8, 0).is_none(), "exp keeps the interpreter's loop");
+        assert!(compile(&random, &[], 8, 0).is_none(), "a random draw keeps the interpreter's loop");
+        assert!(compile(&neg, &row_values, 2 * LANES, 0).is_some(), "a value per row of whole vectors");
+        assert!(compile(&neg, &row_values, LANES + 8, 0).is_none(), "rows that split vectors");
+        assert!(compile(&neg, &transposed, 8, 0).is_none(), "a transposed load");
+        let columns = [Load { input: 0, access: Access::Strided(vec![0, 1]) }];
+        assert!(compile(&neg, &columns, 2 * LANES, 0).is_some(), "a value per column, rows of whole vectors");
+        assert!(compile(&row_sum, &contiguous, 2 * LANES, 2 * LANES).is_some(), "a row sum");
+        assert!(compile(&row_sum, &contiguous, 24, 24).is_none(), "a row sum over part of a vector");
+        assert!(compile(&column_sum, &contiguous, 2 * LANES, 0).is_none(), "a column sum");
         let many: Vec<Instr> = std::iter::once(Read { load: 0, dst: 0 })
             .chain((1..MAX_REGISTERS).map(|k| Binary { op: BinaryOp::Add, a: Reg(k - 1), b: Imm(k as f32), dst: k }))
             .chain(std::iter::once(Store { src: MAX_REGISTERS - 1, out: 0 }))
             .collect();
-        assert!(LaneProgram::compile(&many, &contiguous, MAX_REGISTERS).is_none(), "too many registers");
+        assert!(LaneProgram::compile(&many, &contiguous, MAX_REGISTERS, &[8], 0).is_none(), "too many registers");
+    }
+
+    /// A LayerNorm-like program over `rows` rows of `width`: a value per
+    /// row subtracted, a comparison selected on, a value per column
+    /// multiplied, a row sum and a row maximum; by lanes or the
+    /// interpreter, its inputs as buffers or (but the column values) as a
+    /// chain's views.
+    fn run_rows(rows: usize, width: usize, lanes: bool, chained: bool) -> Vec<Vec<u32>> {
+        let bin = |op, a, b, dst| Binary { op, a, b, dst };
+        let instrs = vec![
+            Read { load: 0, dst: 0 },
+            Read { load: 1, dst: 1 },
+            bin(BinaryOp::Sub, Reg(0), Reg(1), 2),
+            bin(BinaryOp::Mul, Reg(2), Imm(0.5), 3),
+            Compare { op: CmpOp::Ge, a: Reg(3), b: Imm(0.1), dst: 4 },
+            Select { c: Reg(4), a: Reg(3), b: Imm(0.0), dst: 5 },
+            Store { src: 5, out: 0 },
+            Instr::ReduceStore { op: ReduceOp::Sum, src: 3, out: 1 },
+            Read { load: 2, dst: 7 },
+            bin(BinaryOp::Mul, Reg(3), Reg(7), 6),
+            Instr::ReduceStore { op: ReduceOp::Max, src: 6, out: 2 },
+        ];
+        let loads = vec![
+            Load { input: 0, access: Access::Contiguous },
+            Load { input: 1, access: Access::Strided(vec![1, 0]) },
+            Load { input: 2, access: Access::Strided(vec![0, 1]) },
+        ];
+        let shape = [rows, width];
+        let compiled = LaneProgram::compile(&instrs, &loads, 8, &shape, width);
+        assert!(compiled.is_some(), "rows of whole vectors compile to lanes");
+        let program = FusedProgram {
+            shape: shape.to_vec(),
+            loads,
+            instrs,
+            registers: 8,
+            output_dtypes: vec![DType::F32; 3],
+            reduce_inner: width,
+            column_len: 0,
+            gelu: None,
+            lanes: compiled.filter(|_| lanes),
+        };
+        let (mut x, mut row) = (HostData::F32(values(rows * width, 1)), HostData::F32(values(rows, 2)));
+        // Finite and nonzero: a product of infinity and zero is the CPU's
+        // negative NaN, and which of two NaNs a row maximum keeps depends on
+        // where its runs start (as the sign of a zero maximum does).
+        let column = HostData::F32((0..width).map(|i| 0.5 + i as f32 / width as f32).collect());
+        let mut outs =
+            [HostData::F32(vec![0.0; rows * width]), HostData::F32(vec![0.0; rows]), HostData::F32(vec![0.0; rows])];
+        let views = [OutView::of(&mut x).unwrap(), OutView::of(&mut row).unwrap()];
+        let inputs = match chained {
+            true => [
+                Source::Chained { view: views[0], per_row: 1 },
+                Source::Chained { view: views[1], per_row: width },
+                Source::Data(&column),
+            ],
+            false => [Source::Data(&x), Source::Data(&row), Source::Data(&column)],
+        };
+        program.run(&inputs, &mut outs).unwrap();
+        outs.iter().map(bits).collect()
+    }
+
+    #[test]
+    fn lane_programs_over_rows_give_the_interpreters_bits() {
+        // Two threads' halves of 1 024 rows; one thread's 37 rows.
+        for (rows, width) in [(1024, 2 * LANES), (37, 4 * LANES)] {
+            let interpreted = run_rows(rows, width, false, false);
+            assert_eq!(run_rows(rows, width, true, false), interpreted, "{rows} x {width}");
+            assert_eq!(run_rows(rows, width, true, true), interpreted, "{rows} x {width}, chained");
+        }
     }
 }
