@@ -1,7 +1,7 @@
 //! Running a head chain (see [`crate::schedule::heads`]): the members'
 //! output buffers are taken out of their slots, members read earlier
-//! members' values through views of them, and each of two threads runs its
-//! half of the heads, every member in turn on one head before the next
+//! members' values through views of them, and two threads take the heads a
+//! few at a time, running every member in turn on one head before the next
 //! head, so that a head's values are read back from cache.
 
 use super::executable::{operand, RunBuffers};
@@ -12,6 +12,11 @@ use crate::kernels::fused::{FusedProgram, OutView, Source, TileWork};
 use crate::kernels::{self};
 use crate::schedule::{HeadRead, Operand};
 use crate::storage::HostData;
+use std::sync::atomic::{AtomicUsize, Ordering};
+
+/// Heads a thread takes at a time: few enough that the threads finish
+/// together, enough that the next head's operands are usually its own.
+const HEADS_PER_TAKE: usize = 4;
 
 /// What one member computes for each head.
 enum Member<'a> {
@@ -179,29 +184,47 @@ impl CpuExecutable {
                     }
                 });
             }
-            let half = |lo: usize, hi: usize| -> Result<(), String> {
+            // Threads take the heads a few at a time, the next few when
+            // done, so neither waits for the other at the end.
+            let next = AtomicUsize::new(0);
+            let grab = || {
+                let first = next.fetch_add(HEADS_PER_TAKE, Ordering::Relaxed);
+                (first < *batch).then(|| first..(first + HEADS_PER_TAKE).min(*batch))
+            };
+            let worker = || -> Result<(), String> {
                 let mut work: Vec<TileWork> = runners.iter().map(|_| TileWork::default()).collect();
-                for i in lo..hi {
-                    // The next head's operands from before the chain come
-                    // from memory while this head computes.
-                    if i + 1 < hi {
-                        runners.iter().for_each(|r| r.prefetch(i + 1, *batch));
+                let mut taken = grab();
+                while let Some(heads) = taken {
+                    let mut following = None;
+                    for i in heads.clone() {
+                        // The next head's operands from before the chain
+                        // come from memory while this head computes.
+                        let next_head = match i + 1 < heads.end {
+                            true => Some(i + 1),
+                            false => {
+                                following = grab();
+                                following.as_ref().map(|h| h.start)
+                            }
+                        };
+                        if let Some(n) = next_head {
+                            runners.iter().for_each(|r| r.prefetch(n, *batch));
+                        }
+                        for (runner, work) in runners.iter().zip(&mut work) {
+                            // SAFETY: this thread took head i (no other
+                            // thread touches it), and the members run in order.
+                            unsafe { runner.run(i, work)? };
+                        }
                     }
-                    for (runner, work) in runners.iter().zip(&mut work) {
-                        // SAFETY: this thread owns heads lo..hi of every
-                        // member's outputs, and the members run in order.
-                        unsafe { runner.run(i, work)? };
-                    }
+                    taken = following;
                 }
                 Ok(())
             };
-            let mid = batch / 2;
             match rayon::current_num_threads() > 1 {
                 true => {
-                    let (a, b) = rayon::join(|| half(0, mid), || half(mid, *batch));
+                    let (a, b) = rayon::join(worker, worker);
                     a.and(b)
                 }
-                false => half(0, *batch),
+                false => worker(),
             }
         });
         for (s, buffer) in slots.into_iter().zip(buffers) {
