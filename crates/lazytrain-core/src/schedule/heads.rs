@@ -110,6 +110,16 @@ impl Seen {
         self.written.iter().rev().find(|w| w.slot == slot).copied()
     }
 
+    /// The slot a member's input `op` reads (`Some(None)`: none, a graph
+    /// input), or `None` when a deferred step writes it: the member would
+    /// read what runs only after the chain.
+    fn member_input(&self, op: &Operand) -> Option<Option<usize>> {
+        match slot_of(op) {
+            Some(s) if self.deferred_writes.contains(&s) => None,
+            slot => Some(slot),
+        }
+    }
+
     /// True when a member may write `slot` as a new value: no step of the
     /// chain has read or written it.
     fn fresh(&self, slot: usize) -> bool {
@@ -179,13 +189,10 @@ fn admit_product(graph: &Graph, step: &Step, batch: usize, seen: &mut Seen) -> O
     let node_ref = &graph.nodes[*node];
     let mut reads = Vec::with_capacity(inputs.len());
     for (j, op) in inputs.iter().enumerate() {
-        let Some(s) = slot_of(op) else {
+        let Some(s) = seen.member_input(op)? else {
             reads.push(HeadRead::Before);
             continue;
         };
-        if seen.deferred_writes.contains(&s) {
-            return None;
-        }
         match seen.written(s) {
             // A member's value, read as whole contiguous matrices of its heads.
             Some(w) => {
@@ -216,7 +223,7 @@ fn admit_product(graph: &Graph, step: &Step, batch: usize, seen: &mut Seen) -> O
 fn admit_unary(graph: &Graph, step: &Step, batch: usize, seen: &mut Seen) -> Option<Vec<HeadRead>> {
     let Step::Node { node, inputs, views, slot, in_place, splat: false } = step else { return None };
     let numel = graph.nodes[*node].shape.numel();
-    let input = slot_of(inputs.first()?)?;
+    let input = seen.member_input(inputs.first()?)??;
     let written = seen.written(input)?;
     if views[0].is_some() || !numel.is_multiple_of(batch) || written.per_head != numel / batch {
         return None;
@@ -254,13 +261,10 @@ fn admit_group(
     let width = group.shape.last().copied().unwrap_or(1).max(1);
     let mut reads = Vec::with_capacity(inputs.len());
     for (j, op) in inputs.iter().enumerate() {
-        let Some(s) = slot_of(op) else {
+        let Some(s) = seen.member_input(op)? else {
             reads.push(HeadRead::Before);
             continue;
         };
-        if seen.deferred_writes.contains(&s) {
-            return None;
-        }
         let loads = || group.loads.iter().filter(move |l| l.input == j);
         let read = match seen.written(s) {
             None => HeadRead::Before,

@@ -7,9 +7,9 @@
 use super::executable::{operand, RunBuffers};
 use super::{CpuExecutable, Kernel, Step};
 use crate::ir::{Op, UnaryOp};
+use crate::kernels;
 use crate::kernels::dot::{HeadProducts, RawOperand};
 use crate::kernels::fused::{FusedProgram, OutView, Source, TileWork};
-use crate::kernels::{self};
 use crate::schedule::{HeadRead, Operand};
 use crate::storage::HostData;
 use std::sync::atomic::{AtomicUsize, Ordering};
