@@ -5,7 +5,7 @@
 //! that defers a step (a permute of the value gradient's heads into tokens)
 //! runs it after its last head with the values it had in order.
 
-use lazytrain_core::backend::{Backend, CpuBackend, ExecutableStats, RecordingBackend, ReferenceBackend};
+use lazytrain_core::backend::{Backend, CpuBackend, Executable, ExecutableStats, RecordingBackend, ReferenceBackend};
 use lazytrain_core::cache::CompileCache;
 use lazytrain_core::compile::optimize;
 use lazytrain_core::ir::{GraphBuilder, Node, Op};
@@ -89,43 +89,71 @@ fn attention_keeps_its_bits_run_a_head_at_a_time() {
     }
 }
 
+/// Products of `[batch, heads, seq, width]` heads: `q kᵀ`, a permute of it
+/// into tokens (deferred in a chain), and `(q kᵀ) k`.
+fn deferring_graph(seq: usize, width: usize) -> lazytrain_core::ir::Graph {
+    let mut b = GraphBuilder::new();
+    let node = |b: &mut GraphBuilder, op: Op, inputs, dims: &[usize]| {
+        b.push(Node { op, inputs, shape: Shape::new(dims), dtype: DType::F32 })
+    };
+    let q = node(&mut b, Op::Parameter(0), vec![], &[B, H, seq, width]);
+    let k = node(&mut b, Op::Parameter(1), vec![], &[B, H, seq, width]);
+    let scores = node(&mut b, Op::Dot { lhs_t: false, rhs_t: true }, vec![q, k], &[B, H, seq, seq]);
+    let tokens = node(&mut b, Op::Permute(vec![0, 2, 1, 3]), vec![scores], &[B, seq, H, seq]);
+    let mixed = node(&mut b, Op::Dot { lhs_t: false, rhs_t: false }, vec![scores, k], &[B, H, seq, width]);
+    b.finish(vec![tokens, mixed], 2)
+}
+
+/// The outputs' bits of `exe` (a [`deferring_graph`]) run on this thread's
+/// pool, and how many head chains it has.
+fn run_graph((seq, width): (usize, usize), exe: Arc<dyn Executable>) -> (usize, Vec<Vec<u32>>) {
+    let inputs =
+        [1, 2].iter().map(|&salt| Arc::new(Buffer::new(HostData::F32(values(B * H * seq * width, salt, 1.0)))));
+    let outs = exe.run(inputs.collect(), &Default::default()).unwrap();
+    let values = outs
+        .iter()
+        .map(|o| match o.wait().unwrap() {
+            HostData::F32(v) => v.iter().map(|x| x.to_bits()).collect(),
+            other => panic!("unexpected {}", other.dtype()),
+        })
+        .collect();
+    (exe.stats().head_chains, values)
+}
+
 /// A batched product, a step over its output that cannot run by heads
 /// (a permute into tokens), then a product reading the first one's heads:
 /// the permute is deferred and the chain reads the product's heads in place.
 #[test]
 fn a_step_between_members_is_deferred() {
-    let mut b = GraphBuilder::new();
-    let node = |b: &mut GraphBuilder, op: Op, inputs, dims: &[usize]| {
-        b.push(Node { op, inputs, shape: Shape::new(dims), dtype: DType::F32 })
-    };
-    let q = node(&mut b, Op::Parameter(0), vec![], &[B, H, S, D]);
-    let k = node(&mut b, Op::Parameter(1), vec![], &[B, H, S, D]);
-    let scores = node(&mut b, Op::Dot { lhs_t: false, rhs_t: true }, vec![q, k], &[B, H, S, S]);
-    let tokens = node(&mut b, Op::Permute(vec![0, 2, 1, 3]), vec![scores], &[B, S, H, S]);
-    let mixed = node(&mut b, Op::Dot { lhs_t: false, rhs_t: false }, vec![scores, k], &[B, H, S, D]);
-    let graph = b.finish(vec![tokens, mixed], 2);
+    let graph = deferring_graph(S, D);
     let capabilities = Capabilities { fuse: true, splat: true, in_place: true };
     let schedule = Schedule::new(&graph, &capabilities);
     assert_eq!(schedule.head_chains.len(), 1, "{:?}", schedule.head_chains);
     let chain = &schedule.head_chains[0];
     assert_eq!((chain.batch, chain.members.len(), chain.deferred.len()), (B * H, 2, 1));
     assert_eq!(chain.reads[1], [HeadRead::Heads, HeadRead::Before]);
-
-    let outputs = |backend: CpuBackend| {
-        let exe = backend.compile(&optimize(&graph, None).unwrap()).unwrap();
-        let inputs = [1, 2].iter().map(|&salt| Arc::new(Buffer::new(HostData::F32(values(B * H * S * D, salt, 1.0)))));
-        let outs = exe.run(inputs.collect(), &Default::default()).unwrap();
-        let values: Vec<Vec<u32>> = outs
-            .iter()
-            .map(|o| match o.wait().unwrap() {
-                HostData::F32(v) => v.iter().map(|x| x.to_bits()).collect(),
-                other => panic!("unexpected {}", other.dtype()),
-            })
-            .collect();
-        (exe.stats().head_chains, values)
-    };
-    let (chains, chained) = outputs(CpuBackend::default().with_head_chains(Some(0)));
-    let (none, separate) = outputs(CpuBackend::default().with_head_chains(None));
+    let optimized = optimize(&graph, None).unwrap();
+    let compile = |backend: CpuBackend| backend.compile(&optimized).unwrap();
+    let (chains, chained) = run_graph((S, D), compile(CpuBackend::default().with_head_chains(Some(0))));
+    let (none, separate) = run_graph((S, D), compile(CpuBackend::default().with_head_chains(None)));
     assert_eq!((chains, none), (1, 0));
+    assert_eq!(chained, separate);
+}
+
+/// A chain lowered where its products' matrices each run on one thread (a
+/// one-thread pool) but run where they would be split between threads:
+/// its steps run one after the other, with their bits.
+#[test]
+fn a_chain_lowered_for_one_thread_runs_its_steps_in_order_on_more() {
+    // 128 x 128 x 128 multiply-adds per matrix: split on two threads.
+    let dims = (128, 128);
+    let graph = deferring_graph(dims.0, dims.1);
+    let optimized = optimize(&graph, None).unwrap();
+    let one_thread = rayon::ThreadPoolBuilder::new().num_threads(1).build().unwrap();
+    let chained_backend = CpuBackend::default().with_head_chains(Some(0));
+    let lowered = one_thread.install(|| chained_backend.compile(&optimized).unwrap());
+    let (chains, chained) = run_graph(dims, lowered);
+    let (_, separate) = run_graph(dims, CpuBackend::default().with_head_chains(None).compile(&optimized).unwrap());
+    assert_eq!(chains, 1, "lowered as a chain");
     assert_eq!(chained, separate);
 }

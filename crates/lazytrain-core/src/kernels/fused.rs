@@ -122,9 +122,9 @@ pub(crate) enum Source<'a> {
     Data(&'a HostData),
     /// The buffer of output `k`, holding this input on entry.
     Output(usize),
-    /// A buffer an earlier kernel of a row chain is writing: element `i`
-    /// reads element `i / per_row` (1: the reader's own positions; the row
-    /// length: one value per row, broadcast along it).
+    /// A buffer an earlier kernel of a row chain or head chain is writing:
+    /// element `i` reads element `i / per_row` (1: the reader's own
+    /// positions; the row length: one value per row, broadcast along it).
     Chained {
         /// The buffer.
         view: OutView,

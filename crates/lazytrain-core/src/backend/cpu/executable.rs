@@ -92,6 +92,16 @@ impl CpuExecutable {
 
     /// Run one step (recorded in the profile when it is on).
     pub(super) fn run_step(&self, step: &Step, run: &mut RunBuffers, context: &RunContext) -> Result<()> {
+        if let Kernel::Heads { members, deferred, .. } = &step.kernel {
+            if !super::heads::runs_by_heads_here(members) {
+                // A pool with more threads than the one that lowered the
+                // chain splits its products: run the steps in order.
+                for part in members.iter().chain(deferred) {
+                    self.run_step(part, run, context)?;
+                }
+                return Ok(());
+            }
+        }
         let started = profile::enabled().then(|| (std::time::Instant::now(), profile::idle_nanos()));
         let (result, kind) = match &step.kernel {
             Kernel::Primitive { node, .. } => {

@@ -365,23 +365,19 @@ const HEAD_CHAINS_FROM: usize = 1 << 20;
 
 /// True when the CPU runs head chain `c` a head at a time: its matmuls and
 /// unary ops are f32, each of its matmuls' matrices runs on one thread (as
-/// it does outside the chain), and one of its matmuls computes at least
-/// `from` elements.
+/// it does outside the chain; checked again when it runs, on the pool that
+/// runs it), and one of its matmuls computes at least `from` elements.
 fn runs_by_heads(schedule: &Schedule, c: &schedule::HeadChain, from: usize) -> bool {
     let graph = schedule.graph;
     let mut largest = 0;
     for &m in &c.members {
         let schedule::Step::Node { node, .. } = &schedule.steps[m] else { continue };
         let node = &graph.nodes[*node];
-        let dims = node.shape.dims();
         if node.dtype != crate::dtype::DType::F32 {
             return false;
         }
-        if let crate::ir::Op::Dot { lhs_t, .. } = node.op {
-            let lhs = graph.node(node.inputs[0]).shape.dims();
-            let (rows, columns) = (dims[dims.len() - 2], dims[dims.len() - 1]);
-            let shared = if lhs_t { lhs[lhs.len() - 2] } else { lhs[lhs.len() - 1] };
-            if !crate::kernels::dot::matrices_run_alone(rows * shared * columns) {
+        if let Some(macs) = heads::matrix_macs(node, graph.node(node.inputs[0]).shape.dims()) {
+            if !crate::kernels::dot::matrices_run_alone(macs) {
                 return false;
             }
             largest = largest.max(node.shape.numel());

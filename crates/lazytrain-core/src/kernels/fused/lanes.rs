@@ -301,7 +301,8 @@ impl LaneProgram {
     }
 
     /// The program bound to one run's inputs and outputs, or `None` when an
-    /// input is not one the loop reads (a row chain's, or of another dtype):
+    /// input is not one the loop reads (of another dtype, or a chain's value
+    /// read other than at its own positions or as the program's row values):
     /// the interpreter then runs every tile.
     pub(crate) fn bind<'a>(&'a self, loads: &[Load], inputs: &[Source], outs: &'a [OutView]) -> Option<BoundLanes<'a>> {
         let mut registers = [Vector([0f32; LANES]); MAX_REGISTERS];
@@ -471,8 +472,9 @@ fn select(c: &Vector, a: &Vector, b: &Vector) -> Vector {
 }
 
 impl BoundLanes<'_> {
-    /// Run the whole vectors of elements `start..end`; returns where the
-    /// rest (fewer than [`LANES`] elements) starts.
+    /// Run the whole vectors of elements `start..end` (of a program over
+    /// rows: the whole rows from `start`, a row's first element, else
+    /// nothing); returns where the rest, for the interpreter, starts.
     ///
     /// # Safety
     /// `start..end` is in bounds of every input and output, and this thread
