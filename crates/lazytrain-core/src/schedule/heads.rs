@@ -308,9 +308,10 @@ fn admit_group(
         }
     }
     for (&o, &s) in group.outputs.iter().zip(outputs) {
+        // A reduction writes one value per row of the head.
         let reduced = matches!(graph.nodes[o].op, Op::Reduce { .. });
-        let per_row = if reduced { per_head / group.reduce_inner.max(1) } else { per_head };
-        seen.written.push(Written { slot: s, per_head: per_row });
+        let elements = if reduced { per_head / group.reduce_inner.max(1) } else { per_head };
+        seen.written.push(Written { slot: s, per_head: elements });
     }
     Some(reads)
 }
