@@ -79,15 +79,7 @@ pub(crate) use widest;
 #[inline(always)]
 pub(crate) fn prefetch<T>(first: *const T, len: usize) {
     #[cfg(target_arch = "x86_64")]
-    {
-        let line = (64 / std::mem::size_of::<T>().max(1)).max(1);
-        for k in (0..len).step_by(line) {
-            // SAFETY: a prefetch is only a hint and never faults.
-            unsafe {
-                std::arch::x86_64::_mm_prefetch::<{ std::arch::x86_64::_MM_HINT_T0 }>(first.wrapping_add(k).cast())
-            };
-        }
-    }
+    prefetch_lines::<T, { std::arch::x86_64::_MM_HINT_T0 }>(first, len);
     #[cfg(not(target_arch = "x86_64"))]
     let _ = (first, len);
 }
@@ -97,17 +89,20 @@ pub(crate) fn prefetch<T>(first: *const T, len: usize) {
 #[inline(always)]
 pub(crate) fn prefetch_l2<T>(first: *const T, len: usize) {
     #[cfg(target_arch = "x86_64")]
-    {
-        let line = (64 / std::mem::size_of::<T>().max(1)).max(1);
-        for k in (0..len).step_by(line) {
-            // SAFETY: a prefetch is only a hint and never faults.
-            unsafe {
-                std::arch::x86_64::_mm_prefetch::<{ std::arch::x86_64::_MM_HINT_T1 }>(first.wrapping_add(k).cast())
-            };
-        }
-    }
+    prefetch_lines::<T, { std::arch::x86_64::_MM_HINT_T1 }>(first, len);
     #[cfg(not(target_arch = "x86_64"))]
     let _ = (first, len);
+}
+
+/// A prefetch with hint `HINT` of every cache line of the `len` values from `first`.
+#[cfg(target_arch = "x86_64")]
+#[inline(always)]
+fn prefetch_lines<T, const HINT: i32>(first: *const T, len: usize) {
+    let line = (64 / std::mem::size_of::<T>().max(1)).max(1);
+    for k in (0..len).step_by(line) {
+        // SAFETY: a prefetch is only a hint and never faults.
+        unsafe { std::arch::x86_64::_mm_prefetch::<HINT>(first.wrapping_add(k).cast()) };
+    }
 }
 
 /// The 16 x 16 block of 32-bit words in `rows`, transposed: word `i` of
