@@ -157,11 +157,26 @@ fn gemm_batches<T: Real + Send + Sync + 'static>(
         unsafe {
             let a = GemmOperand { ptr: a.as_ptr().add(la.offsets[bi]), rs: la.rs, cs: la.cs };
             let b = GemmOperand { ptr: b.as_ptr().add(lb.offsets[bi]), rs: lb.rs, cs: lb.cs };
-            if head_product((d.m, d.k, d.n), a, b, o, parallelism) {
-                continue;
-            }
-            with_compact_columns(b, (d.k, d.n), |b| gemm_into((d.m, d.k, d.n), a, b, o, parallelism));
+            one_matrix((d.m, d.k, d.n), a, b, o, parallelism);
         }
+    }
+}
+
+/// One matrix of a batched product: on the attention-head kernel when it
+/// applies, else through `gemm` (a compact copy of a small strided right
+/// operand first).
+///
+/// # Safety
+/// As for [`gemm_into`].
+unsafe fn one_matrix<T: Real + Send + Sync + 'static>(
+    dims: (usize, usize, usize),
+    a: GemmOperand<T>,
+    b: GemmOperand<T>,
+    o: &mut [T],
+    parallelism: gemm::Parallelism,
+) {
+    if !head_product(dims, a, b, o, parallelism) {
+        with_compact_columns(b, (dims.1, dims.2), |b| gemm_into(dims, a, b, o, parallelism));
     }
 }
 
@@ -296,10 +311,7 @@ impl HeadProducts {
         let (d, (pa, la), (pb, lb)) = (self.d, &self.a, &self.b);
         let a = GemmOperand { ptr: pa.add(la.offsets[i]), rs: la.rs, cs: la.cs };
         let b = GemmOperand { ptr: pb.add(lb.offsets[i]), rs: lb.rs, cs: lb.cs };
-        let none = gemm::Parallelism::None;
-        if !head_product((d.m, d.k, d.n), a, b, out, none) {
-            with_compact_columns(b, (d.k, d.n), |b| gemm_into((d.m, d.k, d.n), a, b, out, none));
-        }
+        one_matrix((d.m, d.k, d.n), a, b, out, gemm::Parallelism::None);
     }
 }
 

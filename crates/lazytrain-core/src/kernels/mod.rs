@@ -149,6 +149,14 @@ pub(crate) fn dot_panels<'a>(
     dot::RowPanels::new(dims, operand(0), operand(1))
 }
 
+/// Multiply-adds of one matrix of matmul `node` whose left operand has
+/// shape `lhs` (`None`: not a matmul).
+pub(crate) fn dot_matrix_macs(node: &Node, lhs: &[usize]) -> Option<usize> {
+    let Op::Dot { lhs_t, rhs_t } = node.op else { return None };
+    let d = dot_dims(node.shape.dims(), lhs, lhs_t, rhs_t);
+    Some(d.m * d.k * d.n)
+}
+
 /// The products of a batched f32 matmul `node` computed a matrix at a time
 /// (see [`dot::HeadProducts`]), or `None` when its matrices do not each run
 /// on one thread.

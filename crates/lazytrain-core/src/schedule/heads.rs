@@ -120,13 +120,15 @@ impl Seen {
         }
     }
 
+    /// True when no deferred step reads or writes `slot`.
+    fn untouched_by_deferred(&self, slot: usize) -> bool {
+        !self.deferred_reads.contains(&slot) && !self.deferred_writes.contains(&slot)
+    }
+
     /// True when a member may write `slot` as a new value: no step of the
     /// chain has read or written it.
     fn fresh(&self, slot: usize) -> bool {
-        self.written(slot).is_none()
-            && !self.read_before.contains(&slot)
-            && !self.deferred_reads.contains(&slot)
-            && !self.deferred_writes.contains(&slot)
+        self.written(slot).is_none() && !self.read_before.contains(&slot) && self.untouched_by_deferred(slot)
     }
 }
 
@@ -228,9 +230,8 @@ fn admit_unary(graph: &Graph, step: &Step, batch: usize, seen: &mut Seen) -> Opt
     if views[0].is_some() || !numel.is_multiple_of(batch) || written.per_head != numel / batch {
         return None;
     }
-    let unread_by_deferred = !seen.deferred_reads.contains(slot) && !seen.deferred_writes.contains(slot);
     match in_place {
-        Some(0) if *slot == input && unread_by_deferred => {}
+        Some(0) if *slot == input && seen.untouched_by_deferred(*slot) => {}
         None if seen.fresh(*slot) => {}
         _ => return None,
     }
@@ -285,10 +286,9 @@ fn admit_group(
         // head by head after the head's reads: a member's value, or one
         // from before the chain that no other step of the chain reads.
         let over = alias.iter().position(|a| *a == Some(k));
-        let unread_by_deferred = !seen.deferred_reads.contains(&s) && !seen.deferred_writes.contains(&s);
         let replaces = over.is_some_and(|j| {
             own_positions(j)
-                && unread_by_deferred
+                && seen.untouched_by_deferred(s)
                 && match reads[j] {
                     HeadRead::Heads => true,
                     HeadRead::Before => !seen.read_before.contains(&s),

@@ -6,7 +6,7 @@
 
 use super::executable::{operand, RunBuffers};
 use super::{CpuExecutable, Kernel, Step};
-use crate::ir::{Node, Op, UnaryOp};
+use crate::ir::{Op, UnaryOp};
 use crate::kernels;
 use crate::kernels::dot::{HeadProducts, RawOperand};
 use crate::kernels::fused::{FusedProgram, OutView, Source, TileWork};
@@ -71,23 +71,13 @@ impl Member<'_> {
     }
 }
 
-/// Multiply-adds of one matrix of matmul `node` whose left operand has
-/// shape `lhs` (`None`: not a matmul).
-pub(super) fn matrix_macs(node: &Node, lhs: &[usize]) -> Option<usize> {
-    let Op::Dot { lhs_t, .. } = node.op else { return None };
-    let dims = node.shape.dims();
-    let (rows, columns) = (dims[dims.len() - 2], dims[dims.len() - 1]);
-    let shared = if lhs_t { lhs[lhs.len() - 2] } else { lhs[lhs.len() - 1] };
-    Some(rows * shared * columns)
-}
-
 /// True when every matmul member's matrices run on one thread each in the
 /// current pool (the chain then gives their bits); otherwise the members
 /// run one after the other.
 pub(super) fn runs_by_heads_here(members: &[Step]) -> bool {
     members.iter().all(|m| match &m.kernel {
         Kernel::Primitive { node, input_shapes, .. } => {
-            matrix_macs(node, &input_shapes[0]).is_none_or(kernels::dot::matrices_run_alone)
+            kernels::dot_matrix_macs(node, &input_shapes[0]).is_none_or(kernels::dot::matrices_run_alone)
         }
         Kernel::Fused { .. } | Kernel::Epilogue { .. } | Kernel::Chain { .. } | Kernel::Heads { .. } => true,
     })

@@ -359,8 +359,8 @@ const ROW_CHAINS_FROM: usize = 1 << 21;
 
 /// Head chains run a head at a time only where a matmul of the chain
 /// computes at least this many elements: attention's `[batch, heads, seq,
-/// seq]` scores and their gradients (2 Mi elements in BERT-mini, whose
-/// steps then no longer fit the caches).
+/// seq]` scores and their gradients (1 Mi elements in BERT-tiny, 2 Mi in
+/// BERT-mini and -small, whose steps then no longer fit the caches).
 const HEAD_CHAINS_FROM: usize = 1 << 20;
 
 /// True when the CPU runs head chain `c` a head at a time: its matmuls and
@@ -376,7 +376,7 @@ fn runs_by_heads(schedule: &Schedule, c: &schedule::HeadChain, from: usize) -> b
         if node.dtype != crate::dtype::DType::F32 {
             return false;
         }
-        if let Some(macs) = heads::matrix_macs(node, graph.node(node.inputs[0]).shape.dims()) {
+        if let Some(macs) = crate::kernels::dot_matrix_macs(node, graph.node(node.inputs[0]).shape.dims()) {
             if !crate::kernels::dot::matrices_run_alone(macs) {
                 return false;
             }

@@ -318,12 +318,7 @@ impl LaneProgram {
             };
             registers[r] = Vector([value; LANES]);
         }
-        let view_stream = |view: &OutView| match view {
-            OutView::F32(p) => Stream::F32(p.cast_const()),
-            OutView::BF16(p) => Stream::BF16(p.cast_const()),
-            OutView::Bool(p) => Stream::Bool(p.cast_const()),
-        };
-        let row_value = |l: usize| {
+        let broadcast = |l: usize| {
             self.ops
                 .iter()
                 .any(|op| matches!(op, Op::RowValue { load, .. } | Op::ColumnValues { load, .. } if *load == l))
@@ -332,20 +327,16 @@ impl LaneProgram {
             .iter()
             .enumerate()
             .map(|(l, load)| match (&load.access, inputs.get(load.input)?) {
-                (Access::Contiguous, Source::Data(HostData::F32(x))) => Some(Stream::F32(x.as_ptr())),
-                (Access::Contiguous, Source::Data(HostData::BF16(x))) => Some(Stream::BF16(x.as_ptr())),
-                (Access::Contiguous, Source::Data(HostData::Bool(x))) => Some(Stream::Bool(x.as_ptr())),
-                (Access::Contiguous, Source::Output(k)) => Some(view_stream(outs.get(*k)?)),
-                (Access::Contiguous, Source::Chained { view, per_row: 1 }) => Some(view_stream(view)),
-                (Access::Contiguous, Source::Data(_) | Source::Chained { .. }) => None,
+                (Access::Contiguous, Source::Data(x)) => Stream::of_data(x),
+                (Access::Contiguous, Source::Output(k)) => Some(Stream::of_view(outs.get(*k)?)),
+                (Access::Contiguous, Source::Chained { view, per_row: 1 }) => Some(Stream::of_view(view)),
+                (Access::Contiguous, Source::Chained { .. }) => None,
                 // A row value's stream holds one value per row, a column
                 // value's one row.
-                (Access::Strided(_), source) if row_value(l) => match source {
-                    Source::Data(HostData::F32(x)) => Some(Stream::F32(x.as_ptr())),
-                    Source::Data(HostData::BF16(x)) => Some(Stream::BF16(x.as_ptr())),
-                    Source::Data(HostData::Bool(x)) => Some(Stream::Bool(x.as_ptr())),
-                    Source::Chained { view, per_row } if *per_row == self.row_width => Some(view_stream(view)),
-                    Source::Data(_) | Source::Chained { .. } | Source::Output(_) => None,
+                (Access::Strided(_), source) if broadcast(l) => match source {
+                    Source::Data(x) => Stream::of_data(x),
+                    Source::Chained { view, per_row } if *per_row == self.row_width => Some(Stream::of_view(view)),
+                    Source::Chained { .. } | Source::Output(_) => None,
                 },
                 (Access::Splat | Access::Strided(_), _) => Some(Stream::Unread),
             })
@@ -366,6 +357,25 @@ pub(super) enum Stream {
 }
 
 impl Stream {
+    /// The stream of a buffer's elements (`None`: a dtype the loop does not read).
+    fn of_data(data: &HostData) -> Option<Stream> {
+        match data {
+            HostData::F32(x) => Some(Stream::F32(x.as_ptr())),
+            HostData::BF16(x) => Some(Stream::BF16(x.as_ptr())),
+            HostData::Bool(x) => Some(Stream::Bool(x.as_ptr())),
+            HostData::F64(_) | HostData::F16(_) | HostData::I64(_) | HostData::I32(_) | HostData::U8(_) => None,
+        }
+    }
+
+    /// The stream of an output's (or a chain value's) elements.
+    fn of_view(view: &OutView) -> Stream {
+        match view {
+            OutView::F32(p) => Stream::F32(p.cast_const()),
+            OutView::BF16(p) => Stream::BF16(p.cast_const()),
+            OutView::Bool(p) => Stream::Bool(p.cast_const()),
+        }
+    }
+
     /// Elements `at..at + LANES`.
     ///
     /// # Safety
