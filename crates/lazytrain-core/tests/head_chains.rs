@@ -8,7 +8,7 @@
 use lazytrain_core::backend::{Backend, CpuBackend, Executable, ExecutableStats, RecordingBackend, ReferenceBackend};
 use lazytrain_core::cache::CompileCache;
 use lazytrain_core::compile::optimize;
-use lazytrain_core::ir::{GraphBuilder, Node, Op};
+use lazytrain_core::ir::{BinaryOp, GraphBuilder, Node, Op};
 use lazytrain_core::schedule::{Capabilities, HeadRead, Schedule};
 use lazytrain_core::{grad, Buffer, DType, Device, HostData, Shape, Tensor};
 use std::sync::Arc;
@@ -104,7 +104,7 @@ fn deferring_graph(seq: usize, width: usize) -> lazytrain_core::ir::Graph {
     b.finish(vec![tokens, mixed], 2)
 }
 
-/// The outputs' bits of `exe` (a [`deferring_graph`]) run on this thread's
+/// The outputs' bits of `exe` (a graph of two `[B, H, seq, width]` inputs) run on this thread's
 /// pool, and how many head chains it has.
 fn run_graph((seq, width): (usize, usize), exe: Arc<dyn Executable>) -> (usize, Vec<Vec<u32>>) {
     let inputs =
@@ -132,6 +132,38 @@ fn a_step_between_members_is_deferred() {
     let chain = &schedule.head_chains[0];
     assert_eq!((chain.batch, chain.members.len(), chain.deferred.len()), (B * H, 2, 1));
     assert_eq!(chain.reads[1], [HeadRead::Heads, HeadRead::Before]);
+    let optimized = optimize(&graph, None).unwrap();
+    let compile = |backend: CpuBackend| backend.compile(&optimized).unwrap();
+    let (chains, chained) = run_graph((S, D), compile(CpuBackend::default().with_head_chains(Some(0))));
+    let (none, separate) = run_graph((S, D), compile(CpuBackend::default().with_head_chains(None)));
+    assert_eq!((chains, none), (1, 0));
+    assert_eq!(chained, separate);
+}
+
+/// `(2 q) kᵀ v` over `[batch, heads, seq, width]` heads: `2 q` is last read
+/// by the first product, whose buffer the memory plan would give the second
+/// product's output (of the same size) were the chain not keeping it.
+#[test]
+fn a_chain_keeps_the_buffers_its_members_read() {
+    let mut b = GraphBuilder::new();
+    let node = |b: &mut GraphBuilder, op: Op, inputs, dims: &[usize]| {
+        b.push(Node { op, inputs, shape: Shape::new(dims), dtype: DType::F32 })
+    };
+    let heads = [B, H, S, D];
+    let q = node(&mut b, Op::Parameter(0), vec![], &heads);
+    let k = node(&mut b, Op::Parameter(1), vec![], &heads);
+    let doubled = node(&mut b, Op::Binary(BinaryOp::Add), vec![q, q], &heads);
+    let scores = node(&mut b, Op::Dot { lhs_t: false, rhs_t: true }, vec![doubled, k], &[B, H, S, S]);
+    let mixed = node(&mut b, Op::Dot { lhs_t: false, rhs_t: false }, vec![scores, k], &heads);
+    let graph = b.finish(vec![mixed], 2);
+    let capabilities = Capabilities { fuse: true, splat: true, in_place: true };
+    let schedule = Schedule::new(&graph, &capabilities);
+    let slot = |id: lazytrain_core::ir::NodeId| schedule.memory.operands[id.index()];
+    assert_ne!(slot(doubled), slot(mixed));
+    assert_eq!(schedule.head_chains.len(), 1, "{:?}", schedule.head_chains);
+    let chain = &schedule.head_chains[0];
+    assert_eq!(chain.members.len(), 2);
+    assert_eq!(chain.reads, [[HeadRead::Before, HeadRead::Before], [HeadRead::Heads, HeadRead::Before]]);
     let optimized = optimize(&graph, None).unwrap();
     let compile = |backend: CpuBackend| backend.compile(&optimized).unwrap();
     let (chains, chained) = run_graph((S, D), compile(CpuBackend::default().with_head_chains(Some(0))));

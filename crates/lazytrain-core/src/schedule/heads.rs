@@ -79,6 +79,29 @@ pub fn head_chains(graph: &Graph, fusion: &Fusion, steps: &[Step]) -> Vec<HeadCh
     chains
 }
 
+/// For each node of `graph`, the last node of a head chain among `steps`
+/// that reads its value while it must stay where it is (0 where none): a
+/// value from before the chain that a member reads, or one a deferred step
+/// reads. A memory plan that keeps these values alive until then reuses no
+/// buffer a chain still reads, so the chains of its steps are as long as
+/// these.
+pub fn kept_until(graph: &Graph, fusion: &Fusion, steps: &[Step]) -> Vec<usize> {
+    let mut kept = vec![0; graph.nodes.len()];
+    for chain in head_chains(graph, fusion, steps) {
+        let (Some(&first), Some(&last)) = (chain.members.first(), chain.members.last()) else { continue };
+        let (first, last) = (steps[first].runs_at(fusion), steps[last].runs_at(fusion));
+        for k in chain.span() {
+            let deferred = chain.deferred.contains(&k);
+            for x in fusion.reads(graph, steps[k].runs_at(fusion)) {
+                if x < first || deferred {
+                    kept[x] = kept[x].max(last);
+                }
+            }
+        }
+    }
+    kept
+}
+
 /// The matrices of a batched matmul step: the product of the output's
 /// leading (batch) axes, when there are at least two.
 fn batched_product(graph: &Graph, step: &Step) -> Option<usize> {

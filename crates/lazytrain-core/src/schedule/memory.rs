@@ -65,12 +65,25 @@ impl MemoryPlan {
     /// outputs are placed together at its last member; one may take over
     /// the slot of an input it reads at the same positions (in place).
     /// Elementwise nodes write in place only where `capabilities` allow it.
-    pub fn new(graph: &Graph, lengths: &[usize], fusion: &Fusion, capabilities: &Capabilities) -> MemoryPlan {
+    ///
+    /// `kept_until[i]` (where given) keeps node `i`'s value alive at least
+    /// until node `kept_until[i]` has run, as if that node read it: a head
+    /// chain's members read their inputs head by head until its last member.
+    pub fn new(
+        graph: &Graph,
+        lengths: &[usize],
+        fusion: &Fusion,
+        capabilities: &Capabilities,
+        kept_until: &[usize],
+    ) -> MemoryPlan {
         let mut last_use = vec![0usize; graph.nodes.len()];
         for i in 0..graph.nodes.len() {
             for x in fusion.reads(graph, i) {
                 last_use[x] = last_use[x].max(i);
             }
+        }
+        for (last, &kept) in last_use.iter_mut().zip(kept_until) {
+            *last = (*last).max(kept);
         }
         for id in &graph.outputs {
             last_use[id.index()] = usize::MAX;

@@ -93,6 +93,16 @@ pub struct Schedule<'g> {
     pub outputs: Vec<Operand>,
 }
 
+impl Step {
+    /// The node this step runs at: its node, or its group's.
+    pub fn runs_at(&self, fusion: &Fusion) -> usize {
+        match self {
+            Step::Node { node, .. } => *node,
+            Step::Group { group, .. } => fusion.groups[*group].runs_at,
+        }
+    }
+}
+
 impl<'g> Schedule<'g> {
     /// Schedule `graph` for a backend with `capabilities`.
     pub fn new(graph: &'g Graph, capabilities: &Capabilities) -> Schedule<'g> {
@@ -114,7 +124,18 @@ impl<'g> Schedule<'g> {
                 (false, true) => n.shape.numel(),
             })
             .collect();
-        let memory = MemoryPlan::new(graph, &lengths, &fusion, capabilities);
+        let kept_until = match capabilities.fuse {
+            true => {
+                // Head chains as they would be if no buffer were reused keep
+                // their inputs alive to their ends: a slot reused inside a
+                // chain would end it there.
+                let last = graph.nodes.len().saturating_sub(1);
+                let unshared = MemoryPlan::new(graph, &lengths, &fusion, capabilities, &vec![last; graph.nodes.len()]);
+                heads::kept_until(graph, &fusion, &steps(graph, &splat, &fusion, &unshared))
+            }
+            false => Vec::new(),
+        };
+        let memory = MemoryPlan::new(graph, &lengths, &fusion, capabilities, &kept_until);
         let steps = steps(graph, &splat, &fusion, &memory);
         let epilogues = matmul_epilogues(graph, &fusion, &steps);
         let row_chains = row_chains(graph, &fusion, &steps);
