@@ -72,14 +72,14 @@ impl HostData {
     /// can be resized up to that without reallocating.
     pub fn with_capacity(dtype: DType, capacity: usize) -> HostData {
         match dtype {
-            DType::F32 => HostData::F32(Vec::with_capacity(capacity)),
-            DType::F64 => HostData::F64(Vec::with_capacity(capacity)),
-            DType::BF16 => HostData::BF16(Vec::with_capacity(capacity)),
-            DType::F16 => HostData::F16(Vec::with_capacity(capacity)),
-            DType::I64 => HostData::I64(Vec::with_capacity(capacity)),
-            DType::I32 => HostData::I32(Vec::with_capacity(capacity)),
-            DType::U8 => HostData::U8(Vec::with_capacity(capacity)),
-            DType::Bool => HostData::Bool(Vec::with_capacity(capacity)),
+            DType::F32 => HostData::F32(allocation(capacity)),
+            DType::F64 => HostData::F64(allocation(capacity)),
+            DType::BF16 => HostData::BF16(allocation(capacity)),
+            DType::F16 => HostData::F16(allocation(capacity)),
+            DType::I64 => HostData::I64(allocation(capacity)),
+            DType::I32 => HostData::I32(allocation(capacity)),
+            DType::U8 => HostData::U8(allocation(capacity)),
+            DType::Bool => HostData::Bool(allocation(capacity)),
         }
     }
 
@@ -161,9 +161,40 @@ impl HostData {
 /// cannot be folded into a zeroed allocation that leaves the pages unmapped
 /// (see [`HostData::zeros`]).
 fn written_zeros<T: Copy + Default>(len: usize) -> Vec<T> {
-    let mut values: Vec<T> = Vec::with_capacity(len);
+    let mut values: Vec<T> = allocation(len);
     std::hint::black_box(values.as_mut_ptr());
     values.resize(len, T::default());
+    values
+}
+
+/// The smallest allocation (in bytes) backed by huge pages where the
+/// system allows it: a step's activations and gradients (megabytes each)
+/// are read and written in strides across many pages, and 2 MiB pages keep
+/// their addresses in the TLB (Linux's transparent huge pages, in the
+/// usual `madvise` mode only for memory that asks).
+const HUGE_PAGES_FROM: usize = 4 << 20;
+
+/// An empty vector with room for `capacity` values, its pages not yet
+/// touched; a large one asks the kernel for huge pages (a hint: without
+/// them nothing changes).
+fn allocation<T>(capacity: usize) -> Vec<T> {
+    let values: Vec<T> = Vec::with_capacity(capacity);
+    let bytes = capacity * std::mem::size_of::<T>();
+    #[cfg(target_os = "linux")]
+    if bytes >= HUGE_PAGES_FROM {
+        // The pages the allocation touches, whole: a large allocation is a
+        // mapping of its own, which then stays one mapping.
+        const PAGE: usize = 4096;
+        let start = values.as_ptr() as usize / PAGE * PAGE;
+        let end = (values.as_ptr() as usize + bytes).next_multiple_of(PAGE);
+        // SAFETY: the range covers the vector's allocation and at most the
+        // rest of its first and last pages; MADV_HUGEPAGE only changes how
+        // pages are backed, never their contents. A refusal (a system
+        // without transparent huge pages) leaves the memory as it was.
+        unsafe { libc::madvise(start as *mut libc::c_void, end - start, libc::MADV_HUGEPAGE) };
+    }
+    #[cfg(not(target_os = "linux"))]
+    let _ = bytes;
     values
 }
 
@@ -409,9 +440,9 @@ impl Drop for Buffer {
 mod tests {
     use super::*;
 
-    /// Kibibytes resident of the memory mapping that holds `address`
-    /// (`/proc/self/smaps`), if one does.
-    fn resident_kib_of_mapping(address: usize) -> Option<u64> {
+    /// The rest of the line of `field` (such as `Rss:`) of the memory
+    /// mapping that holds `address` (`/proc/self/smaps`), if one does.
+    fn mapping_field(address: usize, field: &str) -> Option<String> {
         let smaps = std::fs::read_to_string("/proc/self/smaps").ok()?;
         let mut inside = false;
         for line in smaps.lines() {
@@ -419,11 +450,34 @@ mod tests {
             if let Some((start, end)) = first.split_once('-').filter(|(s, _)| !s.ends_with(':')) {
                 let (start, end) = (usize::from_str_radix(start, 16), usize::from_str_radix(end, 16));
                 inside = matches!((start, end), (Ok(s), Ok(e)) if (s..e).contains(&address));
-            } else if inside && first == "Rss:" {
-                return line.split_whitespace().nth(1)?.parse().ok();
+            } else if inside && first == field {
+                return Some(line[first.len()..].trim().to_string());
             }
         }
         None
+    }
+
+    /// Kibibytes resident of the memory mapping that holds `address`.
+    fn resident_kib_of_mapping(address: usize) -> Option<u64> {
+        mapping_field(address, "Rss:")?.split_whitespace().next()?.parse().ok()
+    }
+
+    /// A large buffer's mapping asks for huge pages (where the system has
+    /// transparent huge pages).
+    #[test]
+    fn large_buffers_ask_for_huge_pages() {
+        if !std::path::Path::new("/sys/kernel/mm/transparent_hugepage/enabled").exists() {
+            eprintln!("skipped: this system has no transparent huge pages");
+            return;
+        }
+        let asks = |data: &HostData| {
+            let HostData::F32(v) = data else { unreachable!("f32 buffers") };
+            let flags = mapping_field(v.as_ptr() as usize, "VmFlags:").expect("the buffer lies in a mapping");
+            flags.split_whitespace().any(|f| f == "hg")
+        };
+        let large = HostData::with_capacity(DType::F32, HUGE_PAGES_FROM / 4);
+        let zeros = HostData::zeros(DType::F32, 3 * HUGE_PAGES_FROM / 4);
+        assert!(asks(&large) && asks(&zeros));
     }
 
     /// A large zero buffer is resident in full before anything writes to it
