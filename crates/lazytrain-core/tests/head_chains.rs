@@ -126,7 +126,7 @@ fn run_graph((seq, width): (usize, usize), exe: Arc<dyn Executable>) -> (usize, 
 #[test]
 fn a_step_between_members_is_deferred() {
     let graph = deferring_graph(S, D);
-    let capabilities = Capabilities { fuse: true, splat: true, in_place: true };
+    let capabilities = Capabilities { fuse: true, splat: true, in_place: true, permuted_products: true };
     let schedule = Schedule::new(&graph, &capabilities);
     assert_eq!(schedule.head_chains.len(), 1, "{:?}", schedule.head_chains);
     let chain = &schedule.head_chains[0];
@@ -156,7 +156,7 @@ fn a_chain_keeps_the_buffers_its_members_read() {
     let scores = node(&mut b, Op::Dot { lhs_t: false, rhs_t: true }, vec![doubled, k], &[B, H, S, S]);
     let mixed = node(&mut b, Op::Dot { lhs_t: false, rhs_t: false }, vec![scores, k], &heads);
     let graph = b.finish(vec![mixed], 2);
-    let capabilities = Capabilities { fuse: true, splat: true, in_place: true };
+    let capabilities = Capabilities { fuse: true, splat: true, in_place: true, permuted_products: true };
     let schedule = Schedule::new(&graph, &capabilities);
     let slot = |id: lazytrain_core::ir::NodeId| schedule.memory.operands[id.index()];
     assert_ne!(slot(doubled), slot(mixed));

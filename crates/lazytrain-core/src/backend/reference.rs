@@ -48,7 +48,7 @@ impl Backend for ReferenceBackend {
             .steps
             .iter()
             .map(|step| match step {
-                Step::Node { node, inputs, views, slot, in_place: None, splat: false }
+                Step::Node { node, inputs, views, slot, in_place: None, splat: false, out_strides: None }
                     if views.iter().all(Option::is_none) =>
                 {
                     let n = &graph.nodes[*node];

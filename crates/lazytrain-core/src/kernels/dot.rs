@@ -111,14 +111,48 @@ impl MatrixLayout {
     }
 }
 
+/// Where a product's output matrices go: the buffer's first element and
+/// each matrix's place in it (rows of `n` contiguous values, `rs` apart).
+#[derive(Clone, Copy)]
+struct OutMatrices<'l, T> {
+    ptr: *mut T,
+    layout: &'l MatrixLayout,
+}
+
+// SAFETY: the threads of one product write disjoint matrices of the output.
+unsafe impl<T> Send for OutMatrices<'_, T> {}
+// SAFETY: as above.
+unsafe impl<T> Sync for OutMatrices<'_, T> {}
+
+impl<T> OutMatrices<'_, T> {
+    /// Matrix `bi`'s first element and row stride.
+    ///
+    /// # Safety
+    /// `bi` is a matrix of the layout, which lies inside the buffer.
+    unsafe fn matrix(&self, bi: usize) -> (*mut T, usize) {
+        (self.ptr.add(self.layout.offsets[bi]), self.layout.rs)
+    }
+}
+
+/// `o = a x b` through `gemm` (or the attention-head kernel), the output's
+/// matrices placed by `out` in `o` (checked by [`MatrixLayout::new`]).
 fn gemm_native<T: Real + Send + Sync + 'static>(
     d: DotDims,
     a: (&[T], &MatrixLayout),
     b: (&[T], &MatrixLayout),
-    o: &mut [T],
+    (o, out): (&mut [T], &MatrixLayout),
 ) {
+    let out = OutMatrices { ptr: o.as_mut_ptr(), layout: out };
     if d.k == 0 {
-        o.fill(T::ZERO);
+        for bi in 0..d.batch {
+            for r in 0..d.m {
+                // SAFETY: the layout's matrices lie inside `o`.
+                unsafe {
+                    let (first, rs) = out.matrix(bi);
+                    std::slice::from_raw_parts_mut(first.add(r * rs), d.n).fill(T::ZERO);
+                }
+            }
+        }
         return;
     }
     let parallelism = matmul_parallelism(d.m * d.n * d.k);
@@ -131,53 +165,70 @@ fn gemm_native<T: Real + Send + Sync + 'static>(
         // Many small matrices (attention heads): split the batch between two
         // threads, each running its matrices one after another.
         let half = d.batch / 2;
-        let (o1, o2) = o.split_at_mut(half * d.m * d.n);
         rayon::join(
-            || gemm_batches(d, a, b, o1, 0..half, gemm::Parallelism::None),
-            || gemm_batches(d, a, b, o2, half..d.batch, gemm::Parallelism::None),
+            || gemm_batches(d, a, b, out, 0..half, gemm::Parallelism::None),
+            || gemm_batches(d, a, b, out, half..d.batch, gemm::Parallelism::None),
         );
         return;
     }
-    gemm_batches(d, a, b, o, 0..d.batch, parallelism);
+    gemm_batches(d, a, b, out, 0..d.batch, parallelism);
 }
 
-/// Batches `range` of the product into `o` (which holds exactly them).
+/// Batches `range` of the product into their places in `out`.
 fn gemm_batches<T: Real + Send + Sync + 'static>(
     d: DotDims,
     (a, la): (&[T], &MatrixLayout),
     (b, lb): (&[T], &MatrixLayout),
-    o: &mut [T],
+    out: OutMatrices<T>,
     range: std::ops::Range<usize>,
     parallelism: gemm::Parallelism,
 ) {
-    for (slot, bi) in range.enumerate() {
-        let o = &mut o[slot * d.m * d.n..(slot + 1) * d.m * d.n];
+    for bi in range {
         // SAFETY: `MatrixLayout::new` checked that every matrix lies inside
-        // its buffer; `o` holds exactly m*n elements and aliases neither input.
+        // its buffer; the output's matrices are disjoint (a permutation of
+        // a contiguous layout) and alias neither input.
         unsafe {
             let a = GemmOperand { ptr: a.as_ptr().add(la.offsets[bi]), rs: la.rs, cs: la.cs };
             let b = GemmOperand { ptr: b.as_ptr().add(lb.offsets[bi]), rs: lb.rs, cs: lb.cs };
-            one_matrix((d.m, d.k, d.n), a, b, o, parallelism);
+            one_matrix((d.m, d.k, d.n), a, b, out.matrix(bi), parallelism);
         }
     }
 }
 
-/// One matrix of a batched product: on the attention-head kernel when it
-/// applies, else through `gemm` (a compact copy of a small strided right
-/// operand first).
+thread_local! {
+    /// This thread's row-major copy of a product whose rows go further
+    /// apart than their length, kept between products.
+    static SPACED_ROWS: std::cell::RefCell<Vec<u64>> = const { std::cell::RefCell::new(Vec::new()) };
+}
+
+/// One matrix of a batched product into rows of `n` values `rs` apart from
+/// `out`: on the attention-head kernel when it applies, else through
+/// `gemm` (a compact copy of a small strided right operand first; into a
+/// row-major scratch matrix copied into place when the rows are spaced).
 ///
 /// # Safety
-/// As for [`gemm_into`].
+/// As for [`gemm_into`], with `out`'s rows inside a live buffer that
+/// nobody else touches there meanwhile.
 unsafe fn one_matrix<T: Real + Send + Sync + 'static>(
-    dims: (usize, usize, usize),
+    (m, k, n): (usize, usize, usize),
     a: GemmOperand<T>,
     b: GemmOperand<T>,
-    o: &mut [T],
+    (out, rs): (*mut T, usize),
     parallelism: gemm::Parallelism,
 ) {
-    if !head_product(dims, a, b, o, parallelism) {
-        with_compact_columns(b, (dims.1, dims.2), |b| gemm_into(dims, a, b, o, parallelism));
+    if m * n == 0 || head_product((m, k, n), a, b, (out, rs), parallelism) {
+        return;
     }
+    let product = |o: &mut [T]| with_compact_columns(b, (k, n), |b| gemm_into((m, k, n), a, b, o, parallelism));
+    if rs == n {
+        return product(std::slice::from_raw_parts_mut(out, m * n));
+    }
+    with_scratch(&SPACED_ROWS, m * n, |rows: &mut [T]| {
+        product(rows);
+        for (r, row) in rows.chunks_exact(n).enumerate() {
+            std::ptr::copy_nonoverlapping(row.as_ptr(), out.add(r * rs), n);
+        }
+    })
 }
 
 /// Compute one matrix of an f32 product on this thread with the
@@ -190,7 +241,7 @@ unsafe fn head_product<T: 'static>(
     dims: (usize, usize, usize),
     a: GemmOperand<T>,
     b: GemmOperand<T>,
-    o: &mut [T],
+    (out, rs): (*mut T, usize),
     parallelism: gemm::Parallelism,
 ) -> bool {
     #[cfg(target_arch = "x86_64")]
@@ -200,12 +251,11 @@ unsafe fn head_product<T: 'static>(
     {
         let f32_operand = |x: GemmOperand<T>| GemmOperand { ptr: x.ptr.cast::<f32>(), rs: x.rs, cs: x.cs };
         // SAFETY: `T` is f32 (checked above), so the buffers hold f32 values.
-        let o = std::slice::from_raw_parts_mut(o.as_mut_ptr().cast::<f32>(), o.len());
-        super::dot_heads::product(dims, f32_operand(a), f32_operand(b), o);
+        super::dot_heads::product(dims, f32_operand(a), f32_operand(b), (out.cast::<f32>(), rs));
         return true;
     }
     #[cfg(not(target_arch = "x86_64"))]
-    let _ = (dims, a, b, o, parallelism);
+    let _ = (dims, a, b, out, rs, parallelism);
     false
 }
 
@@ -237,6 +287,7 @@ pub(crate) struct HeadProducts {
     d: DotDims,
     a: (*const f32, MatrixLayout),
     b: (*const f32, MatrixLayout),
+    out: MatrixLayout,
 }
 
 // SAFETY: the operands are only read; `compute`'s caller keeps them alive
@@ -244,10 +295,17 @@ pub(crate) struct HeadProducts {
 unsafe impl Sync for HeadProducts {}
 
 impl HeadProducts {
-    /// The products `a x b` of geometry `d`, or `None` when a matrix of
-    /// this product would not run on one thread in [`dot`] (where it then
-    /// may have other bits).
-    pub(crate) fn new(d: DotDims, a: RawOperand, b: RawOperand) -> Result<Option<HeadProducts>, String> {
+    /// The products `a x b` of geometry `d` into an output buffer of
+    /// `out.len` elements holding the `out.shape` product as `out.strides`
+    /// say (`None`: contiguous), or `None` when a matrix of this product
+    /// would not run on one thread in [`dot`] (where it then may have other
+    /// bits).
+    pub(crate) fn new(
+        d: DotDims,
+        a: RawOperand,
+        b: RawOperand,
+        out: RawOperand,
+    ) -> Result<Option<HeadProducts>, String> {
         if !matrices_run_alone(d.m * d.n * d.k) {
             return Ok(None);
         }
@@ -256,7 +314,8 @@ impl HeadProducts {
             None => MatrixLayout::contiguous(x.shape, transposed, x.len),
         };
         let (la, lb) = (layout(&a, d.lhs_t)?, layout(&b, d.rhs_t)?);
-        if la.offsets.len() != d.batch || lb.offsets.len() != d.batch {
+        let out = output_layout(out.shape, out.strides, out.len)?;
+        if la.offsets.len() != d.batch || lb.offsets.len() != d.batch || out.offsets.len() != d.batch {
             return Err(format!(
                 "a product of {} matrices read as {} and {}",
                 d.batch,
@@ -264,17 +323,12 @@ impl HeadProducts {
                 lb.offsets.len()
             ));
         }
-        Ok(Some(HeadProducts { d, a: (a.ptr, la), b: (b.ptr, lb) }))
+        Ok(Some(HeadProducts { d, a: (a.ptr, la), b: (b.ptr, lb), out }))
     }
 
     /// Matrices in the batch.
     pub(crate) fn batch(&self) -> usize {
         self.d.batch
-    }
-
-    /// Elements of one output matrix.
-    pub(crate) fn matrix_len(&self) -> usize {
-        self.d.m * self.d.n
     }
 
     /// Ask the CPU to bring matrix `i` of both operands into its L2 cache
@@ -299,19 +353,19 @@ impl HeadProducts {
         }
     }
 
-    /// Compute matrix `i` into `out`.
+    /// Compute matrix `i` into its place in the output buffer starting at
+    /// `out` (of the length given to [`HeadProducts::new`]).
     ///
     /// # Safety
     /// `i < batch`; the operands' buffers are alive and nobody writes the
-    /// elements of matrix `i` meanwhile; `out` holds [`matrix_len`]
-    /// elements that nobody else touches meanwhile.
-    ///
-    /// [`matrix_len`]: HeadProducts::matrix_len
-    pub(crate) unsafe fn compute(&self, i: usize, out: &mut [f32]) {
+    /// elements of matrix `i` meanwhile; nobody else touches output matrix
+    /// `i` meanwhile.
+    pub(crate) unsafe fn compute(&self, i: usize, out: *mut f32) {
         let (d, (pa, la), (pb, lb)) = (self.d, &self.a, &self.b);
         let a = GemmOperand { ptr: pa.add(la.offsets[i]), rs: la.rs, cs: la.cs };
         let b = GemmOperand { ptr: pb.add(lb.offsets[i]), rs: lb.rs, cs: lb.cs };
-        one_matrix((d.m, d.k, d.n), a, b, out, gemm::Parallelism::None);
+        let out = OutMatrices { ptr: out, layout: &self.out };
+        one_matrix((d.m, d.k, d.n), a, b, out.matrix(i), gemm::Parallelism::None);
     }
 }
 
@@ -409,6 +463,27 @@ fn gemm_widened<T: FloatLike<Math = f32>>(
     });
 }
 
+/// Where the matrices of a product of shape `shape` go in its output buffer
+/// of `len` elements: contiguous, or by element `strides` that lay the
+/// buffer out as a permutation of its axes whose rows stay contiguous (a
+/// batched product stored straight into the permute that reads it).
+fn output_layout(shape: &[usize], strides: Option<&[usize]>, len: usize) -> Result<MatrixLayout, String> {
+    let numel: usize = shape.iter().product();
+    if numel != len {
+        return Err(format!("a product of {numel} elements into a buffer of {len}"));
+    }
+    let Some(strides) = strides else { return MatrixLayout::contiguous(shape, false, len) };
+    let mut axes: Vec<usize> = (0..shape.len()).collect();
+    axes.sort_by_key(|&a| std::cmp::Reverse(strides[a]));
+    let permuted: Vec<usize> = axes.iter().map(|&a| shape[a]).collect();
+    let expected = crate::shape::contiguous_strides(&permuted);
+    let is_permutation = axes.iter().zip(&expected).all(|(&a, &s)| strides[a] == s || shape[a] == 1);
+    if strides.len() != shape.len() || !is_permutation || strides.last() != Some(&1) {
+        return Err(format!("a product of shape {shape:?} stored with strides {strides:?}"));
+    }
+    MatrixLayout::new(shape, strides, false, len)
+}
+
 /// A matmul operand: its buffer, stored shape, and element strides when it
 /// is a strided view of the buffer (`None`: contiguous).
 #[derive(Clone, Copy)]
@@ -418,13 +493,15 @@ pub(crate) struct DotOperand<'a> {
     pub strides: Option<&'a [usize]>,
 }
 
-/// `out = lhs x rhs` with the given geometry.
+/// `out = lhs x rhs` with the given geometry, the product of shape
+/// `out_shape` laid out in `out` by `out_strides` (`None`: contiguous; see
+/// [`output_layout`]: `gemm`'s f32 and f64 products only).
 pub(crate) fn dot(
     kernel: MatmulKernel,
     d: DotDims,
     a: DotOperand,
     b: DotOperand,
-    out: &mut HostData,
+    (out, out_shape, out_strides): (&mut HostData, &[usize], Option<&[usize]>),
 ) -> Result<(), String> {
     let layout = |x: &DotOperand, transposed: bool| match x.strides {
         Some(s) => MatrixLayout::new(x.shape, s, transposed, x.data.len()),
@@ -434,17 +511,20 @@ pub(crate) fn dot(
         return Err("the reference matmul reads contiguous operands only".into());
     }
     let (la, lb) = (layout(&a, d.lhs_t)?, layout(&b, d.rhs_t)?);
+    let lo = output_layout(out_shape, out_strides, out.len())?;
+    let spaced = out_strides.is_some();
     match (kernel, a.data, b.data, out) {
+        (MatmulKernel::Gemm, HostData::F32(a), HostData::F32(b), HostData::F32(o)) => {
+            gemm_native(d, (a, &la), (b, &lb), (o, &lo))
+        }
+        (MatmulKernel::Gemm, HostData::F64(a), HostData::F64(b), HostData::F64(o)) => {
+            gemm_native(d, (a, &la), (b, &lb), (o, &lo))
+        }
+        (_, _, _, out) if spaced => return Err(format!("a {} product stored through strides", out.dtype())),
         (MatmulKernel::Naive, HostData::F32(a), HostData::F32(b), HostData::F32(o)) => naive_typed(d, a, b, o),
         (MatmulKernel::Naive, HostData::F64(a), HostData::F64(b), HostData::F64(o)) => naive_typed(d, a, b, o),
         (MatmulKernel::Naive, HostData::BF16(a), HostData::BF16(b), HostData::BF16(o)) => naive_typed(d, a, b, o),
         (MatmulKernel::Naive, HostData::F16(a), HostData::F16(b), HostData::F16(o)) => naive_typed(d, a, b, o),
-        (MatmulKernel::Gemm, HostData::F32(a), HostData::F32(b), HostData::F32(o)) => {
-            gemm_native(d, (a, &la), (b, &lb), o)
-        }
-        (MatmulKernel::Gemm, HostData::F64(a), HostData::F64(b), HostData::F64(o)) => {
-            gemm_native(d, (a, &la), (b, &lb), o)
-        }
         (MatmulKernel::Gemm, HostData::BF16(a), HostData::BF16(b), HostData::BF16(o)) => {
             if super::dot_bf16::available() {
                 gemm_bf16(d, (a, &la), (b, &lb), o)
@@ -617,7 +697,10 @@ mod tests {
                 let pool = rayon::ThreadPoolBuilder::new().num_threads(threads).build().unwrap();
                 let mut out = HostData::BF16(vec![bf16::ZERO; d.batch * d.m * d.n]);
                 let operand = |data, shape| DotOperand { data, shape, strides: None };
-                pool.install(|| dot(kernel, d, operand(&a, &a_shape), operand(&b, &b_shape), &mut out)).unwrap();
+                pool.install(|| {
+                    dot(kernel, d, operand(&a, &a_shape), operand(&b, &b_shape), (&mut out, &[d.batch, d.m, d.n], None))
+                })
+                .unwrap();
                 match out {
                     HostData::BF16(v) => v,
                     _ => unreachable!("the output is bf16"),
@@ -659,6 +742,23 @@ mod tests {
         assert!(fast.iter().zip(&fallback).filter(|(x, y)| x == y).count() > fast.len() / 2);
     }
 
+    /// A product's output layout: contiguous, or a permutation of its axes
+    /// that keeps rows contiguous; strides that overlap, leave gaps or
+    /// spread a row are refused.
+    #[test]
+    fn outputs_are_stored_as_permutations_of_their_axes() {
+        let shape = [2, 3, 4, 5];
+        let tokens = [60, 5, 15, 1];
+        let layout = output_layout(&shape, Some(&tokens), 120).unwrap();
+        assert_eq!((layout.rs, layout.cs), (15, 1));
+        assert_eq!(layout.offsets, [0, 5, 10, 60, 65, 70]);
+        assert_eq!(output_layout(&shape, None, 120).unwrap().offsets, [0, 20, 40, 60, 80, 100]);
+        for bad in [[60, 5, 5, 1], [60, 20, 15, 1], [60, 1, 15, 3], [120, 5, 15, 1]] {
+            assert!(output_layout(&shape, Some(&bad), 120).is_err(), "{bad:?}");
+        }
+        assert!(output_layout(&shape, Some(&tokens), 119).is_err());
+    }
+
     /// Attention-shaped products whose operands are head views of `[batch,
     /// seq, heads, head_dim]` buffers (rows a token's width apart;
     /// `with_compact_columns` copies the transposed keys): the same bits
@@ -697,7 +797,7 @@ mod tests {
                 let mut out = HostData::F32(vec![0f32; d.batch * d.m * d.n]);
                 let lhs = DotOperand { data: lhs, shape: &lhs_shape, strides: lhs_strides };
                 let rhs = DotOperand { data: rhs, shape: &view_shape, strides: rhs_strides };
-                dot(MatmulKernel::Gemm, d, lhs, rhs, &mut out).unwrap();
+                dot(MatmulKernel::Gemm, d, lhs, rhs, (&mut out, &[d.batch, d.m, d.n], None)).unwrap();
                 match out {
                     HostData::F32(v) => v,
                     _ => unreachable!("the output is f32"),
@@ -726,7 +826,7 @@ mod tests {
             DotOperand { data: &w, shape: &w_shape, strides: None },
         );
         let mut whole = HostData::F32(vec![0f32; d.m * d.n]);
-        dot(MatmulKernel::Gemm, d, x_op, w_op, &mut whole).unwrap();
+        dot(MatmulKernel::Gemm, d, x_op, w_op, (&mut whole, &[d.m, d.n], None)).unwrap();
         let panels = RowPanels::new(d, x_op, w_op).unwrap().expect("an f32 product runs by panels");
         assert!(panels.rhs_copy.is_some(), "the weight is copied once for all panels");
         let mut by_panels = vec![f32::NAN; d.m * d.n];
@@ -776,7 +876,7 @@ mod tests {
                     // SAFETY: `by_panels` holds m x n values.
                     unsafe { panels.compute(0, d.m, PanelOut::F32(by_panels.as_mut_ptr())) };
                     let mut whole = HostData::F32(vec![0f32; d.m * d.n]);
-                    dot(MatmulKernel::Gemm, d, a_op, b_op, &mut whole).unwrap();
+                    dot(MatmulKernel::Gemm, d, a_op, b_op, (&mut whole, &[d.m, d.n], None)).unwrap();
                     let HostData::F32(whole) = whole else { unreachable!("the output is f32") };
                     assert!(whole.iter().zip(&by_panels).all(|(x, y)| x.to_bits() == y.to_bits()));
                 }
@@ -808,7 +908,7 @@ mod tests {
         let mut out = HostData::F32(vec![0f32; d.batch * d.m * d.n]);
         let lhs = DotOperand { data: lhs, shape: lhs_shape, strides: None };
         let rhs = DotOperand { data: rhs, shape: rhs_shape, strides: None };
-        dot(MatmulKernel::Naive, d, lhs, rhs, &mut out).unwrap();
+        dot(MatmulKernel::Naive, d, lhs, rhs, (&mut out, &[d.batch, d.m, d.n], None)).unwrap();
         match out {
             HostData::F32(v) => v,
             _ => unreachable!("the output is f32"),

@@ -60,18 +60,20 @@ pub(crate) fn applies((m, k, n): (usize, usize, usize)) -> bool {
     false
 }
 
-/// `out = a x b` for an `m x k` and a `k x n` f32 matrix, `out` row-major
-/// (overwritten, not read), on the calling thread.
+/// `out = a x b` for an `m x k` and a `k x n` f32 matrix, on the calling
+/// thread: `out` is the output's first element and its rows (of `n`
+/// contiguous elements, overwritten, not read) lie `out_rs` apart.
 ///
 /// # Safety
 /// [`applies`] holds for the dimensions; `a` and `b` address every element
-/// of their matrices inside live buffers; `out` holds `m * n` elements.
+/// of their matrices inside live buffers; `out`'s rows lie inside a live
+/// buffer that nobody else touches there meanwhile.
 #[cfg(target_arch = "x86_64")]
 pub(crate) unsafe fn product(
     (m, k, n): (usize, usize, usize),
     a: GemmOperand<f32>,
     b: GemmOperand<f32>,
-    out: &mut [f32],
+    out: (*mut f32, usize),
 ) {
     if b.cs == 1 {
         return product_row_major_rhs((m, k, n), a, (b.ptr, b.rs), out);
@@ -101,10 +103,9 @@ unsafe fn product_row_major_rhs(
     (m, k, n): (usize, usize, usize),
     a: GemmOperand<f32>,
     (b, b_rs): (*const f32, usize),
-    out: &mut [f32],
+    (o, out_rs): (*mut f32, usize),
 ) {
     let width = VECTORS * 16;
-    let o = out.as_mut_ptr();
     for i in (0..m).step_by(ROWS) {
         let rows = ROWS.min(m - i);
         for j in (0..n).step_by(width) {
@@ -120,8 +121,8 @@ unsafe fn product_row_major_rhs(
                 a_strides: (a.rs, a.cs),
                 b: b.add(j),
                 b_rs,
-                out: o.add(i * n + j),
-                out_rs: n,
+                out: o.add(i * out_rs + j),
+                out_rs,
                 last,
             };
             macro_rules! dispatch {
@@ -247,11 +248,21 @@ mod tests {
                         let last_a = (m - 1) * ars + (k - 1) * acs;
                         let last_b = (k - 1) * brs + (n - 1) * bcs;
                         assert!(last_a < a_buf.len() && last_b < b_buf.len());
-                        product((m, k, n), a, b, &mut ours);
+                        product((m, k, n), a, b, (ours.as_mut_ptr(), n));
                         gemm_into((m, k, n), a, b, &mut theirs, gemm::Parallelism::None);
                     }
                     let differ = ours.iter().zip(&theirs).position(|(x, y)| x.to_bits() != y.to_bits());
                     assert_eq!(differ, None, "{m} x {k} x {n}, a {:?}, b {:?}", (ars, acs), (brs, bcs));
+                    // Rows further apart (a head's rows among a token's
+                    // heads): the same rows, nothing written between them.
+                    let out_rs = 2 * n + 3;
+                    let mut spaced = vec![f32::NAN; m * out_rs];
+                    // SAFETY: as above; `spaced` holds m rows out_rs apart.
+                    unsafe { product((m, k, n), a, b, (spaced.as_mut_ptr(), out_rs)) };
+                    for (row, theirs) in spaced.chunks(out_rs).zip(theirs.chunks(n)) {
+                        assert!(row[..n].iter().zip(theirs).all(|(x, y)| x.to_bits() == y.to_bits()));
+                        assert!(row[n..].iter().all(|x| x.is_nan()));
+                    }
                 }
             }
         }

@@ -109,7 +109,7 @@ pub(crate) fn eval_with_views(
         Op::Dot { lhs_t, rhs_t } => {
             let dims = dot_dims(out_shape, shapes[0], *lhs_t, *rhs_t);
             let operand = |i: usize| dot::DotOperand { data: inputs[i], shape: shapes[i], strides: views[i] };
-            dot::dot(matmul, dims, operand(0), operand(1), out)?;
+            dot::dot(matmul, dims, operand(0), operand(1), (out, out_shape, None))?;
         }
     }
     Ok(())
@@ -158,12 +158,35 @@ pub(crate) fn dot_matrix_macs(node: &Node, lhs: &[usize]) -> Option<usize> {
 }
 
 /// The products of a batched f32 matmul `node` computed a matrix at a time
-/// (see [`dot::HeadProducts`]), or `None` when its matrices do not each run
-/// on one thread.
-pub(crate) fn head_products(node: &Node, inputs: [dot::RawOperand; 2]) -> Result<Option<dot::HeadProducts>, String> {
+/// into `out` (see [`dot::HeadProducts`]), or `None` when its matrices do
+/// not each run on one thread.
+pub(crate) fn head_products(
+    node: &Node,
+    inputs: [dot::RawOperand; 2],
+    out: dot::RawOperand,
+) -> Result<Option<dot::HeadProducts>, String> {
     let Op::Dot { lhs_t, rhs_t } = node.op else { return Ok(None) };
     let dims = dot_dims(node.shape.dims(), inputs[0].shape, lhs_t, rhs_t);
-    dot::HeadProducts::new(dims, inputs[0], inputs[1])
+    dot::HeadProducts::new(dims, inputs[0], inputs[1], out)
+}
+
+/// Matmul `node` into `out`, its product laid out there by element
+/// `out_strides` (a permutation of its axes that keeps rows contiguous: a
+/// batched product stored straight into the permute reading it), its
+/// operands as for [`eval_with_views`].
+pub(crate) fn dot_into_strides(
+    node: &Node,
+    inputs: &[&HostData],
+    shapes: &InputShapes,
+    views: &[Option<&[usize]>],
+    out_strides: &[usize],
+    out: &mut HostData,
+) -> Result<(), String> {
+    let Op::Dot { lhs_t, rhs_t } = node.op else { return Err(format!("{} stored through strides", node.op.name())) };
+    let out_shape = node.shape.dims();
+    let dims = dot_dims(out_shape, shapes[0], lhs_t, rhs_t);
+    let operand = |i: usize| dot::DotOperand { data: inputs[i], shape: shapes[i], strides: views[i] };
+    dot::dot(MatmulKernel::Gemm, dims, operand(0), operand(1), (out, out_shape, Some(out_strides)))
 }
 
 /// Compute `node` in place: `out` holds input `position` on entry and the

@@ -39,7 +39,7 @@ pub struct Epilogue {
 pub fn matmul_epilogues(graph: &Graph, fusion: &Fusion, steps: &[Step]) -> Vec<Epilogue> {
     let mut pairs = Vec::new();
     for (k, window) in steps.windows(2).enumerate() {
-        let [Step::Node { node: d, inputs: dot_inputs, splat: false, in_place: None, .. }, Step::Group { group, outputs, .. }] =
+        let [Step::Node { node: d, inputs: dot_inputs, splat: false, in_place: None, out_strides: None, .. }, Step::Group { group, outputs, .. }] =
             window
         else {
             continue;

@@ -103,12 +103,72 @@ pub struct Fusion {
     pub view: Vec<Option<View>>,
     /// Constants read only as immediates of fused kernels (no kernel, no buffer).
     pub inlined: Vec<bool>,
+    /// Products stored straight into the buffer of the permute that is
+    /// their only reader (no buffer of their own): the permute, and the
+    /// element strides of the product's axes in its buffer.
+    pub stored_permuted: Vec<Option<View>>,
+    /// Permutes whose buffer their product computes (no kernel of their own).
+    pub computed_by: Vec<Option<usize>>,
 }
 
 impl Fusion {
     /// No fusion: every node runs its own kernel.
     pub fn none(nodes: usize) -> Fusion {
-        Fusion { group_of: vec![None; nodes], groups: Vec::new(), view: vec![None; nodes], inlined: vec![false; nodes] }
+        Fusion {
+            group_of: vec![None; nodes],
+            groups: Vec::new(),
+            view: vec![None; nodes],
+            inlined: vec![false; nodes],
+            stored_permuted: vec![None; nodes],
+            computed_by: vec![None; nodes],
+        }
+    }
+
+    /// Store each f32 batched matmul whose only reader is a permute that
+    /// keeps the trailing axis in place straight into that permute's
+    /// buffer, its rows `n` contiguous values a stride apart: an
+    /// attention's `[batch, heads, seq, head_dim]` products land in the
+    /// `[batch, seq, heads, head_dim]` layout of the projections that read
+    /// them, without a copy between. Graph outputs and splats keep their
+    /// own buffers.
+    pub fn store_products_permuted(&mut self, graph: &Graph, splat: &[bool]) {
+        let mut readers = vec![0usize; graph.nodes.len()];
+        for node in &graph.nodes {
+            for id in &node.inputs {
+                readers[id.index()] += 1;
+            }
+        }
+        for id in &graph.outputs {
+            readers[id.index()] += 1;
+        }
+        for (p, node) in graph.nodes.iter().enumerate() {
+            let Op::Permute(perm) = &node.op else { continue };
+            let d = node.inputs[0].index();
+            let product = &graph.nodes[d];
+            let rank = perm.len();
+            let f32_operands = product.inputs.iter().all(|id| graph.node(*id).dtype == DType::F32);
+            let stays_last = rank >= 3 && perm[rank - 1] == rank - 1;
+            if !matches!(product.op, Op::Dot { .. })
+                || product.dtype != DType::F32
+                || !f32_operands
+                || !stays_last
+                || readers[d] != 1
+                || splat[d]
+                || splat[p]
+                || !self.materialised(p)
+                || self.group_of[d].is_some()
+            {
+                continue;
+            }
+            // Axis `perm[j]` of the product is axis `j` of the permute.
+            let contiguous = contiguous_strides(node.shape.dims());
+            let mut strides = vec![0; rank];
+            for (j, &axis) in perm.iter().enumerate() {
+                strides[axis] = contiguous[j];
+            }
+            self.stored_permuted[d] = Some(View { base: p, strides });
+            self.computed_by[p] = Some(d);
+        }
     }
 
     /// Where node `i`'s value is produced: where its group runs, or itself.
@@ -120,6 +180,7 @@ impl Fusion {
     pub fn materialised(&self, i: usize) -> bool {
         self.view[i].is_none()
             && !self.inlined[i]
+            && self.stored_permuted[i].is_none()
             && self.group_of[i].is_none_or(|g| self.groups[g].outputs.contains(&i))
     }
 
@@ -129,9 +190,10 @@ impl Fusion {
     }
 
     /// The nodes whose buffers executing node `i` reads (empty for group
-    /// members other than the last, which reads all of the group's inputs).
+    /// members other than the last, which reads all of the group's inputs,
+    /// and for a permute whose buffer its product computes).
     pub fn reads(&self, graph: &Graph, i: usize) -> Vec<usize> {
-        if self.view[i].is_some() || self.inlined[i] {
+        if self.view[i].is_some() || self.inlined[i] || self.computed_by[i].is_some() {
             return Vec::new();
         }
         match self.group_of[i] {
@@ -223,7 +285,7 @@ pub fn plan(graph: &Graph, splat: &[bool]) -> Fusion {
         is_output[id.index()] = true;
     }
     let view = plan_views(graph, splat, &fusible, &consumers, &is_output);
-    let mut fusion = Fusion { group_of: vec![None; n], groups: Vec::new(), view, inlined: vec![false; n] };
+    let mut fusion = Fusion { view, ..Fusion::none(n) };
     // Back to front: a node joins the group of its readers when they all
     // belong to that one group; otherwise it roots a group of its own.
     // A cheap node of stored values read by several groups is recomputed

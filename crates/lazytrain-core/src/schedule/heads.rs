@@ -56,7 +56,9 @@ pub enum HeadRead {
     RowValue,
 }
 
-/// A slot a chain member wrote, with the elements per head of its value.
+/// A slot a chain member wrote, with the elements per head of its value
+/// (0 where its heads are not laid out one after the other: a product
+/// stored into a permute's layout, which no member reads).
 #[derive(Clone, Copy)]
 struct Written {
     slot: usize,
@@ -207,7 +209,7 @@ fn chain_from(graph: &Graph, fusion: &Fusion, steps: &[Step], first: usize) -> O
 /// How matmul step `step` reads its operands as a member of a chain over
 /// `batch` matrices, recording what it writes; `None` when it cannot join.
 fn admit_product(graph: &Graph, step: &Step, batch: usize, seen: &mut Seen) -> Option<Vec<HeadRead>> {
-    let Step::Node { node, inputs, views, slot, .. } = step else { return None };
+    let Step::Node { node, inputs, views, slot, out_strides, .. } = step else { return None };
     if batched_product(graph, step)? != batch || !seen.fresh(*slot) {
         return None;
     }
@@ -238,7 +240,11 @@ fn admit_product(graph: &Graph, step: &Step, batch: usize, seen: &mut Seen) -> O
         }
     }
     let dims = node_ref.shape.dims();
-    seen.written.push(Written { slot: *slot, per_head: dims[dims.len() - 2] * dims[dims.len() - 1] });
+    let per_head = match out_strides {
+        None => dims[dims.len() - 2] * dims[dims.len() - 1],
+        Some(_) => 0,
+    };
+    seen.written.push(Written { slot: *slot, per_head });
     Some(reads)
 }
 
@@ -246,7 +252,9 @@ fn admit_product(graph: &Graph, step: &Step, batch: usize, seen: &mut Seen) -> O
 /// over `batch` matrices (a row sum's reciprocal, in place or not): only a
 /// member's value, at its own positions; `None` when it cannot join.
 fn admit_unary(graph: &Graph, step: &Step, batch: usize, seen: &mut Seen) -> Option<Vec<HeadRead>> {
-    let Step::Node { node, inputs, views, slot, in_place, splat: false } = step else { return None };
+    let Step::Node { node, inputs, views, slot, in_place, splat: false, out_strides: None } = step else {
+        return None;
+    };
     let numel = graph.nodes[*node].shape.numel();
     let input = seen.member_input(inputs.first()?)??;
     let written = seen.written(input)?;

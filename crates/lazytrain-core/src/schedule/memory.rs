@@ -63,7 +63,8 @@ impl MemoryPlan {
     /// `lengths[i]` is the number of elements node `i` physically holds (1
     /// for a splat the backend keeps as a single element). A fused group's
     /// outputs are placed together at its last member; one may take over
-    /// the slot of an input it reads at the same positions (in place).
+    /// the slot of an input it reads at the same positions (in place). A
+    /// permute computed by its product gets its slot where the product runs.
     /// Elementwise nodes write in place only where `capabilities` allow it.
     ///
     /// `kept_until[i]` (where given) keeps node `i`'s value alive at least
@@ -102,7 +103,21 @@ impl MemoryPlan {
                     continue;
                 }
             }
-            if fusion.view[i].is_some() || fusion.inlined[i] {
+            if fusion.view[i].is_some() || fusion.inlined[i] || fusion.computed_by[i].is_some() {
+                continue;
+            }
+            if let Some(store) = &fusion.stored_permuted[i] {
+                // The product computes its permute's value: the permute's
+                // slot is taken here, where it is written.
+                let p = store.base;
+                let permuted = &graph.nodes[p];
+                unplanned_bytes += lengths[p] * permuted.dtype.size_in_bytes();
+                let slot = take_slot(&mut free, &mut slots, permuted.dtype, lengths[p]);
+                operands[p] = Operand::Slot(slot);
+                if last_use[p] != usize::MAX {
+                    dying[last_use[p].max(i)].push(slot);
+                }
+                release(&mut dying[i], &mut free);
                 continue;
             }
             if let Some(g) = fusion.group_of[i] {

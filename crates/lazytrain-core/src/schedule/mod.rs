@@ -32,11 +32,16 @@ pub struct Capabilities {
     pub splat: bool,
     /// Elementwise kernels that write over an input whose last reader they are.
     pub in_place: bool,
+    /// f32 batched matmuls that store their product straight into the
+    /// layout of a permute that is its only reader, with rows still
+    /// contiguous (see [`Fusion::store_products_permuted`]).
+    pub permuted_products: bool,
 }
 
 impl Capabilities {
     /// Every value computed by its own kernel into its own planned slot.
-    pub const UNFUSED: Capabilities = Capabilities { fuse: false, splat: false, in_place: false };
+    pub const UNFUSED: Capabilities =
+        Capabilities { fuse: false, splat: false, in_place: false, permuted_products: false };
 }
 
 /// One kernel call of a schedule, in execution order.
@@ -56,6 +61,10 @@ pub enum Step {
         in_place: Option<usize>,
         /// The node is a splat: computed as its single element.
         splat: bool,
+        /// Element strides the output is stored with, where it is not
+        /// contiguous: a product stored in the layout of the permute that
+        /// reads it, whose slot `slot` is.
+        out_strides: Option<Vec<usize>>,
     },
     /// Group `group` of [`Fusion::groups`] computed by one kernel.
     Group {
@@ -110,10 +119,13 @@ impl<'g> Schedule<'g> {
             true => splat_nodes(graph),
             false => vec![false; graph.nodes.len()],
         };
-        let fusion = match capabilities.fuse {
+        let mut fusion = match capabilities.fuse {
             true => fusion::plan(graph, &splat),
             false => Fusion::none(graph.nodes.len()),
         };
+        if capabilities.permuted_products {
+            fusion.store_products_permuted(graph, &splat);
+        }
         let lengths: Vec<usize> = graph
             .nodes
             .iter()
@@ -167,7 +179,9 @@ impl<'g> Schedule<'g> {
 }
 
 /// The kernel calls: a group where it runs, every other computed node that
-/// has a buffer where it is; parameters, views and inlined constants need none.
+/// has a buffer where it is, a product stored into its permute's buffer
+/// where the product is; parameters, views, inlined constants and permutes
+/// their products compute need none.
 fn steps(graph: &Graph, splat: &[bool], fusion: &Fusion, memory: &MemoryPlan) -> Vec<Step> {
     let mut steps = Vec::new();
     for (i, node) in graph.nodes.iter().enumerate() {
@@ -198,18 +212,34 @@ fn steps(graph: &Graph, splat: &[bool], fusion: &Fusion, memory: &MemoryPlan) ->
             steps.push(Step::Group { group: g, inputs, outputs, alias });
             continue;
         }
-        if let Operand::Slot(slot) = memory.operands[i] {
+        let inputs = || node.inputs.iter().map(|id| memory.operands[fusion.resolve(id.index())]).collect();
+        let views =
+            || node.inputs.iter().map(|id| fusion.view[id.index()].as_ref().map(|v| v.strides.clone())).collect();
+        if let Some(store) = &fusion.stored_permuted[i] {
+            let Operand::Slot(slot) = memory.operands[store.base] else {
+                unreachable!("a permute computed by its product has a slot")
+            };
+            let out_strides = Some(store.strides.clone());
             steps.push(Step::Node {
                 node: i,
-                inputs: node.inputs.iter().map(|id| memory.operands[fusion.resolve(id.index())]).collect(),
-                views: node
-                    .inputs
-                    .iter()
-                    .map(|id| fusion.view[id.index()].as_ref().map(|v| v.strides.clone()))
-                    .collect(),
+                inputs: inputs(),
+                views: views(),
+                slot,
+                in_place: None,
+                splat: false,
+                out_strides,
+            });
+            continue;
+        }
+        if let (Operand::Slot(slot), None) = (memory.operands[i], fusion.computed_by[i]) {
+            steps.push(Step::Node {
+                node: i,
+                inputs: inputs(),
+                views: views(),
                 slot,
                 in_place: memory.in_place[i],
                 splat: splat[i],
+                out_strides: None,
             });
         }
     }

@@ -174,7 +174,7 @@ impl CpuExecutable {
         run: &mut RunBuffers,
         context: &RunContext,
     ) -> std::result::Result<(), String> {
-        let Kernel::Primitive { node, input_shapes, views, slot, in_place } = &step.kernel else {
+        let Kernel::Primitive { node, input_shapes, views, slot, in_place, out_strides } = &step.kernel else {
             unreachable!("called for primitive kernels")
         };
         let mut out = run.slots[*slot].take().unwrap_or_else(|| self.fresh_slot(*slot, &mut run.spare));
@@ -191,7 +191,10 @@ impl CpuExecutable {
             Some(position) => kernels::eval_in_place(node, *position, &operands, &shapes, &views, &mut out),
             None => {
                 out.reset(node.dtype, node.shape.numel());
-                kernels::eval_with_views(node, &operands, &shapes, &views, &mut out, MatmulKernel::Gemm)
+                match out_strides {
+                    Some(strides) => kernels::dot_into_strides(node, &operands, &shapes, &views, strides, &mut out),
+                    None => kernels::eval_with_views(node, &operands, &shapes, &views, &mut out, MatmulKernel::Gemm),
+                }
             }
         };
         let result = match (result, &node.op) {

@@ -54,10 +54,7 @@ impl Member<'_> {
     /// members before this one have computed head `i`.
     unsafe fn run(&self, i: usize, work: &mut TileWork) -> Result<(), String> {
         match self {
-            Member::Product { products, out } => {
-                let len = products.matrix_len();
-                products.compute(i, std::slice::from_raw_parts_mut(out.add(i * len), len));
-            }
+            Member::Product { products, out } => products.compute(i, *out),
             Member::Unary { op, input, out, per_head } => {
                 let out = std::slice::from_raw_parts_mut(out.add(i * per_head), *per_head);
                 let input = input.map(|x| std::slice::from_raw_parts(x.add(i * per_head), *per_head));
@@ -133,7 +130,7 @@ impl CpuExecutable {
             let mut runners = Vec::with_capacity(members.len());
             for (member, member_reads) in members.iter().zip(reads) {
                 runners.push(match &member.kernel {
-                    Kernel::Primitive { node, input_shapes, views: strides, slot, in_place } => {
+                    Kernel::Primitive { node, input_shapes, views: strides, slot, in_place, out_strides } => {
                         let (out, out_len) = f32_view(&Operand::Slot(*slot))?;
                         match node.op {
                             Op::Dot { .. } => {
@@ -152,9 +149,15 @@ impl CpuExecutable {
                                     };
                                     Ok(RawOperand { ptr, len, shape: &input_shapes[j], strides: strides[j].as_deref() })
                                 };
-                                let products = kernels::head_products(node, [raw(0)?, raw(1)?])?
+                                let stored = RawOperand {
+                                    ptr: out.cast_const(),
+                                    len: out_len,
+                                    shape: node.shape.dims(),
+                                    strides: out_strides.as_deref(),
+                                };
+                                let products = kernels::head_products(node, [raw(0)?, raw(1)?], stored)?
                                     .ok_or("a head chain's product does not run a matrix per thread")?;
-                                if products.batch() != *batch || products.batch() * products.matrix_len() != out_len {
+                                if products.batch() != *batch {
                                     return Err(format!(
                                         "{} matrices of a product in a chain of {batch}",
                                         products.batch()

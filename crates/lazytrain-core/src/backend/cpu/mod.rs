@@ -41,6 +41,9 @@ pub struct CpuBackend {
     /// matmul of the chain computes at least this many elements
     /// (`usize::MAX`: never).
     head_chains_from: usize,
+    /// Store batched products straight into the permute that reads them
+    /// (see [`schedule::Fusion::store_products_permuted`]).
+    permuted_products: bool,
     /// The kernel threads (`None`: rayon's global pool, all cores).
     pool: Option<Arc<rayon::ThreadPool>>,
     /// Keep the pool's threads awake while a run lasts (see [`warm`]).
@@ -53,8 +56,8 @@ impl std::fmt::Debug for CpuBackend {
         let threads = self.pool.as_ref().map_or(rayon::current_num_threads(), |p| p.current_num_threads());
         write!(
             f,
-            "CpuBackend {{ fuse: {}, epilogues: {}, row_chains_from: {}, head_chains_from: {}, fast_paths: {}, threads: {threads} }}",
-            self.fuse, self.epilogues, self.row_chains_from, self.head_chains_from, self.fast_paths
+            "CpuBackend {{ fuse: {}, epilogues: {}, row_chains_from: {}, head_chains_from: {}, permuted_products: {}, fast_paths: {}, threads: {threads} }}",
+            self.fuse, self.epilogues, self.row_chains_from, self.head_chains_from, self.permuted_products, self.fast_paths
         )
     }
 }
@@ -63,7 +66,8 @@ impl Default for CpuBackend {
     /// Fusion on, unless `LAZYTRAIN_FUSION=0`, matmul epilogues on, unless
     /// `LAZYTRAIN_EPILOGUES=0`, row chains on, unless
     /// `LAZYTRAIN_ROW_CHAINS=0`, head chains on, unless
-    /// `LAZYTRAIN_HEAD_CHAINS=0`, and the recognised programs' own loops on,
+    /// `LAZYTRAIN_HEAD_CHAINS=0`, products stored into their permutes, unless
+    /// `LAZYTRAIN_PERMUTED_PRODUCTS=0`, and the recognised programs' own loops on,
     /// unless `LAZYTRAIN_FAST_PATHS=0` (all for A/B measurements); the
     /// kernels run in rayon's global pool.
     fn default() -> CpuBackend {
@@ -71,6 +75,7 @@ impl Default for CpuBackend {
             .with_epilogues(switched_on("LAZYTRAIN_EPILOGUES"))
             .with_row_chains(switched_on("LAZYTRAIN_ROW_CHAINS").then_some(ROW_CHAINS_FROM))
             .with_head_chains(switched_on("LAZYTRAIN_HEAD_CHAINS").then_some(HEAD_CHAINS_FROM))
+            .with_permuted_products(switched_on("LAZYTRAIN_PERMUTED_PRODUCTS"))
             .with_fast_paths(switched_on("LAZYTRAIN_FAST_PATHS"))
     }
 }
@@ -90,6 +95,7 @@ impl CpuBackend {
             epilogues: fuse,
             row_chains_from,
             head_chains_from: if fuse { HEAD_CHAINS_FROM } else { usize::MAX },
+            permuted_products: fuse,
             fast_paths: fuse,
             pool: None,
             keep_warm: false,
@@ -143,6 +149,13 @@ impl CpuBackend {
         CpuBackend { head_chains_from: from.filter(|_| self.fuse).unwrap_or(usize::MAX), ..self }
     }
 
+    /// The same backend storing batched products straight into the layout
+    /// of the permute that reads them, or computing each permute by a copy
+    /// (the same bits either way; with fusion off, always a copy).
+    pub fn with_permuted_products(self, permuted_products: bool) -> CpuBackend {
+        CpuBackend { permuted_products: permuted_products && self.fuse, ..self }
+    }
+
     /// The same backend running the fused programs the kernels recognise
     /// (GELU's, AdamW's) by their own loops and straight-line programs as
     /// lane programs, or every program instruction by instruction over
@@ -167,6 +180,9 @@ pub(super) enum Kernel {
         views: Vec<Option<Vec<usize>>>,
         slot: usize,
         in_place: Option<usize>,
+        /// Element strides a product is stored with in its permute's slot
+        /// (`None`: contiguous).
+        out_strides: Option<Vec<usize>>,
     },
     /// A fused group: input `j` is read from output `alias[j]` when that
     /// output overwrites it in place.
@@ -226,7 +242,7 @@ impl Backend for CpuBackend {
     }
 
     fn capabilities(&self) -> Capabilities {
-        Capabilities { fuse: self.fuse, splat: true, in_place: true }
+        Capabilities { fuse: self.fuse, splat: true, in_place: true, permuted_products: self.permuted_products }
     }
 
     fn execute(
@@ -420,20 +436,31 @@ fn lower_step(graph: &Graph, schedule: &Schedule, step: &schedule::Step, fast_pa
                 inputs: inputs.clone(),
             }
         }
-        schedule::Step::Node { node: i, inputs, views, slot, in_place, splat } => {
+        schedule::Step::Node { node: i, inputs, views, slot, in_place, splat, out_strides } => {
             let node = &graph.nodes[*i];
             let lowered = if *splat { Node { shape: Shape::scalar(), ..node.clone() } } else { node.clone() };
             let input_dims: Vec<String> =
                 node.inputs.iter().map(|id| format!("{:?}", graph.node(*id).shape.dims())).collect();
+            let stored = match &schedule.fusion.stored_permuted[*i] {
+                Some(store) => format!(" stored as {:?}", graph.nodes[store.base].shape.dims()),
+                None => String::new(),
+            };
             Step {
                 node_index: *i,
-                label: format!("{} {} -> {:?} {}", node.op.name(), input_dims.join(" "), node.shape.dims(), node.dtype),
+                label: format!(
+                    "{} {} -> {:?} {}{stored}",
+                    node.op.name(),
+                    input_dims.join(" "),
+                    node.shape.dims(),
+                    node.dtype
+                ),
                 kernel: Kernel::Primitive {
                     node: lowered,
                     input_shapes: node.inputs.iter().map(|id| graph.node(*id).shape.dims().to_vec()).collect(),
                     views: views.clone(),
                     slot: *slot,
                     in_place: *in_place,
+                    out_strides: out_strides.clone(),
                 },
                 inputs: inputs.clone(),
             }
