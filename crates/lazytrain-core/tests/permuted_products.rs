@@ -5,12 +5,17 @@
 //! computes a matrix (the attention-head kernel, `gemm` through a row-major
 //! scratch copy) and however the matrices are shared between threads.
 
+use common::{node, param};
 use lazytrain_core::backend::{Backend, CpuBackend, Executable, ReferenceBackend};
 use lazytrain_core::compile::optimize;
-use lazytrain_core::ir::{Graph, GraphBuilder, Node, Op};
+use lazytrain_core::ir::{Graph, GraphBuilder, Op};
 use lazytrain_core::schedule::{Capabilities, Operand, Schedule, Step, View};
-use lazytrain_core::{Buffer, DType, HostData, Shape};
+use lazytrain_core::{Buffer, HostData};
 use std::sync::Arc;
+
+// The shared graph helpers, not all of which this test uses.
+#[allow(dead_code)]
+mod common;
 
 /// Batch and heads (9 matrices: uneven halves on two threads).
 const B: usize = 3;
@@ -31,16 +36,13 @@ const TRANSPOSED: usize = 6;
 /// (`[B, seq, H, width]`), and `k qᵀ` with its last two axes swapped.
 fn products(seq: usize, width: usize) -> Graph {
     let mut b = GraphBuilder::new();
-    let node = |b: &mut GraphBuilder, op: Op, inputs, dims: &[usize]| {
-        b.push(Node { op, inputs, shape: Shape::new(dims), dtype: DType::F32 })
-    };
-    let q = node(&mut b, Op::Parameter(0), vec![], &[B, H, seq, width]);
-    let k = node(&mut b, Op::Parameter(1), vec![], &[B, H, seq, width]);
-    let scores = node(&mut b, Op::Dot { lhs_t: false, rhs_t: true }, vec![q, k], &[B, H, seq, seq]);
-    let context = node(&mut b, Op::Dot { lhs_t: false, rhs_t: false }, vec![scores, k], &[B, H, seq, width]);
-    let tokens = node(&mut b, Op::Permute(vec![0, 2, 1, 3]), vec![context], &[B, seq, H, width]);
-    let again = node(&mut b, Op::Dot { lhs_t: false, rhs_t: true }, vec![k, q], &[B, H, seq, seq]);
-    let transposed = node(&mut b, Op::Permute(vec![0, 1, 3, 2]), vec![again], &[B, H, seq, seq]);
+    let q = param(&mut b, 0, &[B, H, seq, width]);
+    let k = param(&mut b, 1, &[B, H, seq, width]);
+    let scores = node(&mut b, Op::Dot { lhs_t: false, rhs_t: true }, vec![q, k]);
+    let context = node(&mut b, Op::Dot { lhs_t: false, rhs_t: false }, vec![scores, k]);
+    let tokens = node(&mut b, Op::Permute(vec![0, 2, 1, 3]), vec![context]);
+    let again = node(&mut b, Op::Dot { lhs_t: false, rhs_t: true }, vec![k, q]);
+    let transposed = node(&mut b, Op::Permute(vec![0, 1, 3, 2]), vec![again]);
     assert_eq!((context.index(), tokens.index()), (CONTEXT, TOKENS));
     assert_eq!((again.index(), transposed.index()), (SCORES, TRANSPOSED));
     b.finish(vec![tokens, transposed], 2)
