@@ -182,8 +182,11 @@ fn allocation<T>(capacity: usize) -> Vec<T> {
     let bytes = capacity * std::mem::size_of::<T>();
     #[cfg(target_os = "linux")]
     if bytes >= HUGE_PAGES_FROM {
-        // The pages the allocation touches, whole: a large allocation is a
-        // mapping of its own, which then stays one mapping.
+        // The pages the allocation touches, whole: an allocation mapped on
+        // its own then stays one mapping. One that the C allocator serves
+        // from its heap (after freeing large blocks it maps fewer) marks at
+        // most the edge pages it shares with its neighbours, whose values
+        // the advice leaves alone.
         const PAGE: usize = 4096;
         let start = values.as_ptr() as usize / PAGE * PAGE;
         let end = (values.as_ptr() as usize + bytes).next_multiple_of(PAGE);

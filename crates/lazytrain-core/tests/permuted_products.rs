@@ -84,6 +84,9 @@ fn a_product_read_only_by_a_permute_is_stored_in_its_layout() {
     let copied = schedule(&graph, false);
     assert!(node_steps(&copied).contains(&TOKENS));
     assert!(copied.fusion.stored_permuted.iter().all(Option::is_none));
+    // An empty product keeps its own (empty) buffer.
+    let empty = products(0, width);
+    assert!(schedule(&empty, true).fusion.stored_permuted.iter().all(Option::is_none));
 }
 
 /// The outputs' bits of `products(seq, width)` compiled for `backend`, run

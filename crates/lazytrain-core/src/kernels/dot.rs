@@ -120,9 +120,9 @@ struct OutMatrices<'l, T> {
 }
 
 // SAFETY: the threads of one product write disjoint matrices of the output.
-unsafe impl<T> Send for OutMatrices<'_, T> {}
+unsafe impl<T: Send> Send for OutMatrices<'_, T> {}
 // SAFETY: as above.
-unsafe impl<T> Sync for OutMatrices<'_, T> {}
+unsafe impl<T: Send> Sync for OutMatrices<'_, T> {}
 
 impl<T> OutMatrices<'_, T> {
     /// Matrix `bi`'s first element and row stride.
@@ -135,7 +135,7 @@ impl<T> OutMatrices<'_, T> {
 }
 
 /// `o = a x b` through `gemm` (or the attention-head kernel), the output's
-/// matrices placed by `out` in `o` (checked by [`MatrixLayout::new`]).
+/// matrices placed by `out` in `o` (checked by [`output_layout`]).
 fn gemm_native<T: Real + Send + Sync + 'static>(
     d: DotDims,
     a: (&[T], &MatrixLayout),
@@ -317,10 +317,11 @@ impl HeadProducts {
         let out = output_layout(out.shape, out.strides, out.len)?;
         if la.offsets.len() != d.batch || lb.offsets.len() != d.batch || out.offsets.len() != d.batch {
             return Err(format!(
-                "a product of {} matrices read as {} and {}",
+                "a product of {} matrices read as {} and {}, stored as {}",
                 d.batch,
                 la.offsets.len(),
-                lb.offsets.len()
+                lb.offsets.len(),
+                out.offsets.len()
             ));
         }
         Ok(Some(HeadProducts { d, a: (a.ptr, la), b: (b.ptr, lb), out }))
@@ -473,12 +474,15 @@ fn output_layout(shape: &[usize], strides: Option<&[usize]>, len: usize) -> Resu
         return Err(format!("a product of {numel} elements into a buffer of {len}"));
     }
     let Some(strides) = strides else { return MatrixLayout::contiguous(shape, false, len) };
+    if strides.len() != shape.len() {
+        return Err(format!("a product of shape {shape:?} stored with strides {strides:?}"));
+    }
     let mut axes: Vec<usize> = (0..shape.len()).collect();
     axes.sort_by_key(|&a| std::cmp::Reverse(strides[a]));
     let permuted: Vec<usize> = axes.iter().map(|&a| shape[a]).collect();
     let expected = crate::shape::contiguous_strides(&permuted);
     let is_permutation = axes.iter().zip(&expected).all(|(&a, &s)| strides[a] == s || shape[a] == 1);
-    if strides.len() != shape.len() || !is_permutation || strides.last() != Some(&1) {
+    if !is_permutation || strides.last() != Some(&1) {
         return Err(format!("a product of shape {shape:?} stored with strides {strides:?}"));
     }
     MatrixLayout::new(shape, strides, false, len)
@@ -756,6 +760,7 @@ mod tests {
         for bad in [[60, 5, 5, 1], [60, 20, 15, 1], [60, 1, 15, 3], [120, 5, 15, 1]] {
             assert!(output_layout(&shape, Some(&bad), 120).is_err(), "{bad:?}");
         }
+        assert!(output_layout(&shape, Some(&[15, 1]), 120).is_err());
         assert!(output_layout(&shape, Some(&tokens), 119).is_err());
     }
 

@@ -129,8 +129,8 @@ impl Fusion {
     /// buffer, its rows `n` contiguous values a stride apart: an
     /// attention's `[batch, heads, seq, head_dim]` products land in the
     /// `[batch, seq, heads, head_dim]` layout of the projections that read
-    /// them, without a copy between. Graph outputs and splats keep their
-    /// own buffers.
+    /// them, without a copy between. Graph outputs, splats and empty
+    /// products keep their own buffers.
     pub fn store_products_permuted(&mut self, graph: &Graph, splat: &[bool]) {
         let mut readers = vec![0usize; graph.nodes.len()];
         for node in &graph.nodes {
@@ -152,6 +152,7 @@ impl Fusion {
                 || product.dtype != DType::F32
                 || !f32_operands
                 || !stays_last
+                || node.shape.numel() == 0
                 || readers[d] != 1
                 || splat[d]
                 || splat[p]
