@@ -5,13 +5,18 @@
 //! that defers a step (a permute of the value gradient's heads into tokens)
 //! runs it after its last head with the values it had in order.
 
+use common::{node, param};
 use lazytrain_core::backend::{Backend, CpuBackend, Executable, ExecutableStats, RecordingBackend, ReferenceBackend};
 use lazytrain_core::cache::CompileCache;
 use lazytrain_core::compile::optimize;
-use lazytrain_core::ir::{BinaryOp, GraphBuilder, Node, Op};
+use lazytrain_core::ir::{BinaryOp, Graph, GraphBuilder, NodeId, Op};
 use lazytrain_core::schedule::{Capabilities, HeadRead, Schedule};
 use lazytrain_core::{grad, Buffer, DType, Device, HostData, Shape, Tensor};
 use std::sync::Arc;
+
+// The shared graph helpers, not all of which this test uses.
+#[allow(dead_code)]
+mod common;
 
 /// Batch, heads (9 heads: uneven halves on two threads), sequence, head width.
 const B: usize = 3;
@@ -91,17 +96,30 @@ fn attention_keeps_its_bits_run_a_head_at_a_time() {
 
 /// Products of `[batch, heads, seq, width]` heads: `q kᵀ`, a permute of it
 /// into tokens (deferred in a chain), and `(q kᵀ) k`.
-fn deferring_graph(seq: usize, width: usize) -> lazytrain_core::ir::Graph {
+fn deferring_graph(seq: usize, width: usize) -> Graph {
     let mut b = GraphBuilder::new();
-    let node = |b: &mut GraphBuilder, op: Op, inputs, dims: &[usize]| {
-        b.push(Node { op, inputs, shape: Shape::new(dims), dtype: DType::F32 })
-    };
-    let q = node(&mut b, Op::Parameter(0), vec![], &[B, H, seq, width]);
-    let k = node(&mut b, Op::Parameter(1), vec![], &[B, H, seq, width]);
-    let scores = node(&mut b, Op::Dot { lhs_t: false, rhs_t: true }, vec![q, k], &[B, H, seq, seq]);
-    let tokens = node(&mut b, Op::Permute(vec![0, 2, 1, 3]), vec![scores], &[B, seq, H, seq]);
-    let mixed = node(&mut b, Op::Dot { lhs_t: false, rhs_t: false }, vec![scores, k], &[B, H, seq, width]);
+    let q = param(&mut b, 0, &[B, H, seq, width]);
+    let k = param(&mut b, 1, &[B, H, seq, width]);
+    let scores = node(&mut b, Op::Dot { lhs_t: false, rhs_t: true }, vec![q, k]);
+    let tokens = node(&mut b, Op::Permute(vec![0, 2, 1, 3]), vec![scores]);
+    let mixed = node(&mut b, Op::Dot { lhs_t: false, rhs_t: false }, vec![scores, k]);
     b.finish(vec![tokens, mixed], 2)
+}
+
+/// The fused CPU schedule of `graph`.
+fn fused_schedule(graph: &Graph) -> Schedule<'_> {
+    Schedule::new(graph, &Capabilities { fuse: true, splat: true, in_place: true, permuted_products: true })
+}
+
+/// `graph` (two `[B, H, S, D]` inputs) runs one head chain on the CPU
+/// backend, with the bits it has run step by step.
+fn runs_one_chain_with_the_bits_of_its_steps(graph: &Graph) {
+    let optimized = optimize(graph, None).unwrap();
+    let compile = |backend: CpuBackend| backend.compile(&optimized).unwrap();
+    let (chains, chained) = run_graph((S, D), compile(CpuBackend::default().with_head_chains(Some(0))));
+    let (none, separate) = run_graph((S, D), compile(CpuBackend::default().with_head_chains(None)));
+    assert_eq!((chains, none), (1, 0));
+    assert_eq!(chained, separate);
 }
 
 /// The outputs' bits of `exe` (a graph of two `[B, H, seq, width]` inputs) run on this thread's
@@ -126,18 +144,12 @@ fn run_graph((seq, width): (usize, usize), exe: Arc<dyn Executable>) -> (usize, 
 #[test]
 fn a_step_between_members_is_deferred() {
     let graph = deferring_graph(S, D);
-    let capabilities = Capabilities { fuse: true, splat: true, in_place: true, permuted_products: true };
-    let schedule = Schedule::new(&graph, &capabilities);
+    let schedule = fused_schedule(&graph);
     assert_eq!(schedule.head_chains.len(), 1, "{:?}", schedule.head_chains);
     let chain = &schedule.head_chains[0];
     assert_eq!((chain.batch, chain.members.len(), chain.deferred.len()), (B * H, 2, 1));
     assert_eq!(chain.reads[1], [HeadRead::Heads, HeadRead::Before]);
-    let optimized = optimize(&graph, None).unwrap();
-    let compile = |backend: CpuBackend| backend.compile(&optimized).unwrap();
-    let (chains, chained) = run_graph((S, D), compile(CpuBackend::default().with_head_chains(Some(0))));
-    let (none, separate) = run_graph((S, D), compile(CpuBackend::default().with_head_chains(None)));
-    assert_eq!((chains, none), (1, 0));
-    assert_eq!(chained, separate);
+    runs_one_chain_with_the_bits_of_its_steps(&graph);
 }
 
 /// `(2 q) kᵀ v` over `[batch, heads, seq, width]` heads: `2 q` is last read
@@ -146,30 +158,20 @@ fn a_step_between_members_is_deferred() {
 #[test]
 fn a_chain_keeps_the_buffers_its_members_read() {
     let mut b = GraphBuilder::new();
-    let node = |b: &mut GraphBuilder, op: Op, inputs, dims: &[usize]| {
-        b.push(Node { op, inputs, shape: Shape::new(dims), dtype: DType::F32 })
-    };
-    let heads = [B, H, S, D];
-    let q = node(&mut b, Op::Parameter(0), vec![], &heads);
-    let k = node(&mut b, Op::Parameter(1), vec![], &heads);
-    let doubled = node(&mut b, Op::Binary(BinaryOp::Add), vec![q, q], &heads);
-    let scores = node(&mut b, Op::Dot { lhs_t: false, rhs_t: true }, vec![doubled, k], &[B, H, S, S]);
-    let mixed = node(&mut b, Op::Dot { lhs_t: false, rhs_t: false }, vec![scores, k], &heads);
+    let q = param(&mut b, 0, &[B, H, S, D]);
+    let k = param(&mut b, 1, &[B, H, S, D]);
+    let doubled = node(&mut b, Op::Binary(BinaryOp::Add), vec![q, q]);
+    let scores = node(&mut b, Op::Dot { lhs_t: false, rhs_t: true }, vec![doubled, k]);
+    let mixed = node(&mut b, Op::Dot { lhs_t: false, rhs_t: false }, vec![scores, k]);
     let graph = b.finish(vec![mixed], 2);
-    let capabilities = Capabilities { fuse: true, splat: true, in_place: true, permuted_products: true };
-    let schedule = Schedule::new(&graph, &capabilities);
-    let slot = |id: lazytrain_core::ir::NodeId| schedule.memory.operands[id.index()];
+    let schedule = fused_schedule(&graph);
+    let slot = |id: NodeId| schedule.memory.operands[id.index()];
     assert_ne!(slot(doubled), slot(mixed));
     assert_eq!(schedule.head_chains.len(), 1, "{:?}", schedule.head_chains);
     let chain = &schedule.head_chains[0];
     assert_eq!(chain.members.len(), 2);
     assert_eq!(chain.reads, [[HeadRead::Before, HeadRead::Before], [HeadRead::Heads, HeadRead::Before]]);
-    let optimized = optimize(&graph, None).unwrap();
-    let compile = |backend: CpuBackend| backend.compile(&optimized).unwrap();
-    let (chains, chained) = run_graph((S, D), compile(CpuBackend::default().with_head_chains(Some(0))));
-    let (none, separate) = run_graph((S, D), compile(CpuBackend::default().with_head_chains(None)));
-    assert_eq!((chains, none), (1, 0));
-    assert_eq!(chained, separate);
+    runs_one_chain_with_the_bits_of_its_steps(&graph);
 }
 
 /// A chain lowered where its products' matrices each run on one thread (a

@@ -9,12 +9,12 @@
 //! every output at its own positions or reduces it over rows (the
 //! optimizer's update: AdamW's twenty instructions over four inputs and
 //! three outputs; LayerNorm's passes, which also read a value per column)
-//! runs here instead: every instruction on [`LANES`] elements, then every instruction on the next, its values in
-//! a register file of a few vectors that never leaves the L1 cache, each
-//! input read straight from its buffer once (a value loaded twice is read
-//! once) and each output written once, in order, as the hardware
-//! prefetchers like; immediates and single-value loads are registers set
-//! once per run. Measured on a 2-core AMD Zen 4: AdamW over BERT-base's
+//! runs here instead: every instruction on [`LANES`] elements, then every
+//! instruction on the next, its values in a register file of a few vectors
+//! that never leaves the L1 cache, each input read straight from its buffer
+//! once (a value loaded twice is read once) and each output written once,
+//! in order, as the hardware prefetchers like; immediates and single-value
+//! loads are registers set once per run. Measured on a 2-core AMD Zen 4: AdamW over BERT-base's
 //! `[30522, 768]` embeddings 36 ms by tiles, 28.5 ms as a lane program (11
 //! ms by its own loop, see [`super::adamw`]). Rows of row values and
 //! reductions must be whole vectors long (every vector then lies in one
