@@ -204,3 +204,29 @@ fn residual_add_after_a_copied_weight() {
     let sum = node(&mut b, Op::Binary(BinaryOp::Add), vec![y, residual]);
     check("residual add after a copied weight", &b.finish(vec![sum], 4), DType::F32, dims);
 }
+
+/// Autocast's feed-forward expansion: a bf16 product, its bias added in
+/// f32 and rounded to bf16 (the value the backward pass reads, a graph
+/// output here), then GELU of it rounded to bf16. The rounded value is its
+/// own only copy, so the bias add, both roundings and the GELU are one
+/// kernel, the product's epilogue, storing both values.
+#[test]
+fn bf16_expansion_with_its_gelu() {
+    let mut b = GraphBuilder::new();
+    let biased = linear(&mut b, DType::BF16, DIMS);
+    let h = shaped(&mut b, Op::Cast, biased, &[ROWS, N], DType::BF16);
+    let wide = shaped(&mut b, Op::Cast, h, &[ROWS, N], DType::F32);
+    let half = scalar(&mut b, 0.5, &[ROWS, N]);
+    let inv_sqrt2 = scalar(&mut b, std::f64::consts::FRAC_1_SQRT_2, &[ROWS, N]);
+    let one = scalar(&mut b, 1.0, &[ROWS, N]);
+    let scaled = node(&mut b, Op::Binary(BinaryOp::Mul), vec![wide, inv_sqrt2]);
+    let erf = node(&mut b, Op::Unary(UnaryOp::Erf), vec![scaled]);
+    let shifted = node(&mut b, Op::Binary(BinaryOp::Add), vec![erf, one]);
+    let cdf = node(&mut b, Op::Binary(BinaryOp::Mul), vec![shifted, half]);
+    let gelu = node(&mut b, Op::Binary(BinaryOp::Mul), vec![wide, cdf]);
+    let y = shaped(&mut b, Op::Cast, gelu, &[ROWS, N], DType::BF16);
+    let graph = b.finish(vec![y, h], 3);
+    let stats = CpuBackend::default().compile(&optimize(&graph, None).unwrap()).unwrap().stats();
+    assert_eq!((stats.kernels, stats.fused_kernels), (2, 1), "the product and one fused kernel: {stats:?}");
+    check("bf16 expansion with its GELU", &graph, DType::BF16, DIMS);
+}

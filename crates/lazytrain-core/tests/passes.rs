@@ -440,6 +440,61 @@ fn product_readers_move_ahead_of_matmuls_only() {
 }
 
 /// `len` f32 values drawn uniformly from [0, 1) with `seed`.
+/// Under autocast a bf16 weight gradient is copied to f32 for the
+/// optimizer right after it is computed: the input gradient's readers move
+/// ahead of that copy as they move ahead of the weight gradient itself
+/// (never ahead of a cast of anything but the matmuls they overtake).
+/// Values keep their bits.
+#[test]
+fn product_readers_move_ahead_of_a_weight_gradient_and_its_f32_copy() {
+    // A weight of 90 000 elements: not small, so its copy stays where traced.
+    let (rows, k, n) = (64, 300, 300);
+    let mut b = GraphBuilder::new();
+    let bf16_param = |b: &mut GraphBuilder, index: usize, dims: &[usize]| {
+        let p = param(b, index, dims);
+        b.push(Node { op: Op::Cast, inputs: vec![p], shape: Shape::new(dims), dtype: DType::BF16 })
+    };
+    let cast = |b: &mut GraphBuilder, x: NodeId, dtype: DType| {
+        let shape = b.node(x).shape.clone();
+        b.push(Node { op: Op::Cast, inputs: vec![x], shape, dtype })
+    };
+    let x = bf16_param(&mut b, 0, &[rows, k]);
+    let w = bf16_param(&mut b, 1, &[n, k]);
+    let g = bf16_param(&mut b, 2, &[rows, n]);
+    let dx = node(&mut b, Op::Dot { lhs_t: false, rhs_t: false }, vec![g, w]);
+    let dw = node(&mut b, Op::Dot { lhs_t: true, rhs_t: false }, vec![g, x]);
+    let dw_f32 = cast(&mut b, dw, DType::F32);
+    let dx_f32 = cast(&mut b, dx, DType::F32);
+    let squared = node(&mut b, Op::Binary(BinaryOp::Mul), vec![dx_f32, dx_f32]);
+    let graph = b.finish(vec![dw_f32, squared], 3);
+
+    let hoisted = hoist_product_readers(&graph);
+    verify(&hoisted).unwrap();
+    let at = |g: &Graph, pick: &dyn Fn(&Node) -> bool| g.nodes.iter().position(pick).expect("present");
+    let weight_gradient = |g: &Graph| at(g, &|n: &Node| n.op == Op::Dot { lhs_t: true, rhs_t: false });
+    let squared_at = |g: &Graph| at(g, &|n: &Node| n.op == Op::Binary(BinaryOp::Mul));
+    assert!(squared_at(&graph) > weight_gradient(&graph) + 1, "traced after the copy:\n{graph}");
+    assert!(squared_at(&hoisted) < weight_gradient(&hoisted), "the reader first:\n{hoisted}");
+
+    // A cast of anything else between them is not overtaken.
+    let mut b = GraphBuilder::new();
+    let x = bf16_param(&mut b, 0, &[rows, k]);
+    let w = bf16_param(&mut b, 1, &[n, k]);
+    let g = bf16_param(&mut b, 2, &[rows, n]);
+    let dx = node(&mut b, Op::Dot { lhs_t: false, rhs_t: false }, vec![g, w]);
+    let dw = node(&mut b, Op::Dot { lhs_t: true, rhs_t: false }, vec![g, x]);
+    let w_f32 = cast(&mut b, w, DType::F32);
+    let dx_f32 = cast(&mut b, dx, DType::F32);
+    let squared = node(&mut b, Op::Binary(BinaryOp::Mul), vec![dx_f32, dx_f32]);
+    let blocked = b.finish(vec![dw, w_f32, squared], 3);
+    let kept = hoist_product_readers(&blocked);
+    assert!(squared_at(&kept) > weight_gradient(&kept), "kept after the other cast:\n{kept}");
+
+    let params = [uniform_input(1, rows * k), uniform_input(2, n * k), uniform_input(3, rows * n)];
+    let refs: Vec<&HostData> = params.iter().collect();
+    assert_eq!(interpret(&hoisted, &refs).unwrap(), interpret(&graph, &refs).unwrap());
+}
+
 fn uniform_input(seed: u64, len: usize) -> HostData {
     let mut v = vec![0f32; len];
     lazytrain_core::random::uniform_f32(seed, 0, &mut v);

@@ -42,6 +42,39 @@ fn overtakable(op: &Op) -> bool {
     matches!(op, Op::Dot { .. } | Op::Constant(_) | Op::Iota { .. } | Op::Reshape | Op::Permute(_) | Op::Expand)
 }
 
+/// True when every node of `range` not placed yet and not among `moved`
+/// may be overtaken: a matmul, a constant or view, or a cast of the range's
+/// matmuls (the f32 copy of a bf16 weight gradient traced between an input
+/// gradient and its readers).
+fn overtakes_only_matmuls(
+    graph: &Graph,
+    placed: &[bool],
+    moved: &BTreeSet<usize>,
+    range: std::ops::Range<usize>,
+) -> bool {
+    // The range's matmuls and the values computed from them there.
+    let mut of_matmuls = BTreeSet::new();
+    for k in range {
+        if placed[k] || moved.contains(&k) {
+            continue;
+        }
+        let node = &graph.nodes[k];
+        let reads_matmuls = node.inputs.iter().any(|x| of_matmuls.contains(&x.index()));
+        let reads_only_those = node
+            .inputs
+            .iter()
+            .all(|x| placed[x.index()] || moved.contains(&x.index()) || of_matmuls.contains(&x.index()));
+        let reader = node.op == Op::Cast && reads_matmuls && reads_only_those;
+        if !overtakable(&node.op) && !reader {
+            return false;
+        }
+        if matches!(node.op, Op::Dot { .. }) || reads_matmuls {
+            of_matmuls.insert(k);
+        }
+    }
+    true
+}
+
 /// The nodes not placed yet that node `c` needs computed first (its
 /// inputs, theirs, ...), ascending, when all of them can move: elementwise
 /// ops, reductions, views and constants (`None` otherwise).
@@ -96,11 +129,12 @@ pub fn hoist_product_readers(graph: &Graph) -> Graph {
                 continue;
             }
             let Some(inputs) = inputs_to_move(graph, &placed, c) else { continue };
-            // Only matmuls (and constants and views) are overtaken: anything
-            // else keeps its place relative to the readers, which must not,
-            // say, start computing backward-pass values in the forward pass
-            // and keep them alive in between.
-            if !(i + 1..c).all(|k| placed[k] || inputs.contains(&k) || overtakable(&graph.nodes[k].op)) {
+            // Only matmuls (and constants and views) are overtaken, and
+            // what reads nothing but them (a bf16 weight gradient's f32
+            // copy): anything else keeps its place relative to the readers,
+            // which must not, say, start computing backward-pass values in
+            // the forward pass and keep them alive in between.
+            if !overtakes_only_matmuls(graph, &placed, &inputs, i + 1..c) {
                 continue;
             }
             for x in inputs.into_iter().chain([c]) {

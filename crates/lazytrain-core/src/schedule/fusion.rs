@@ -299,6 +299,11 @@ pub fn plan(graph: &Graph, splat: &[bool]) -> Fusion {
     let narrow_copy = crate::compile::narrow_copies(graph);
     let facts =
         NodeFacts { fusible: &fusible, consumers: &consumers, is_output: &is_output, narrow_copy: &narrow_copy };
+    // A narrow copy that is its wide value's only reader (a bf16 matmul's
+    // output under autocast, biased and rounded) keeps no wide value alive:
+    // it may be computed by the group of its first reader, as one more of
+    // that group's outputs, like any other value.
+    let kept_narrow = |i: usize| narrow_copy[i] && consumers[graph.nodes[i].inputs[0].index()] != [i];
     for i in (0..n).rev() {
         if !fusible[i] {
             continue;
@@ -317,7 +322,7 @@ pub fn plan(graph: &Graph, splat: &[bool]) -> Fusion {
                 _ => groups = None,
             }
         }
-        let groups = groups.filter(|_| !narrow_copy[i]).map(|mut gs| {
+        let groups = groups.filter(|_| !kept_narrow(i)).map(|mut gs| {
             gs.sort_unstable();
             gs.dedup();
             gs
@@ -345,7 +350,7 @@ pub fn plan(graph: &Graph, splat: &[bool]) -> Fusion {
                     }
                     copies_in[i] = gs;
                 }
-                _ => match first_reader_group(&fusion, &members, &consumers[i], &copies_in, narrow_copy[i]) {
+                _ => match first_reader_group(&fusion, &members, &consumers[i], &copies_in, kept_narrow(i)) {
                     Some(g) => {
                         members[g].push(i);
                         fusion.group_of[i] = Some(g);
@@ -358,7 +363,6 @@ pub fn plan(graph: &Graph, splat: &[bool]) -> Fusion {
             },
         }
     }
-    let duplicated: Vec<bool> = copies_in.iter().map(|gs| !gs.is_empty()).collect();
     for group in members.iter_mut() {
         group.reverse();
     }
@@ -377,7 +381,7 @@ pub fn plan(graph: &Graph, splat: &[bool]) -> Fusion {
         if group.len() == 1 && !reads_view {
             continue;
         }
-        let mut built = describe_group(graph, &fusion, &group, &consumers, &is_output, &duplicated, splat);
+        let mut built = describe_group(graph, &fusion, &group, &consumers, &is_output, &copies_in, splat);
         built.runs_at = runs_at;
         built.reduce_inner = reduce_inner;
         built.column_len = column_len;
@@ -404,7 +408,9 @@ pub fn plan(graph: &Graph, splat: &[bool]) -> Fusion {
 /// more (e.g. a GELU's saved CDF, computed beside the activation that uses
 /// it; a dropout mask, drawn beside the forward product that applies it).
 /// `members[g]` lists group `g` back to front (its root, where it runs,
-/// first). None for views' readers, recomputed readers and narrow copies.
+/// first); a reader that groups compute again counts as read by each of
+/// them. None for views' readers and narrow copies kept for later readers
+/// (`narrow_copy`).
 fn first_reader_group(
     fusion: &Fusion,
     members: &[Vec<usize>],
@@ -412,14 +418,21 @@ fn first_reader_group(
     copies_in: &[Vec<usize>],
     narrow_copy: bool,
 ) -> Option<usize> {
-    if narrow_copy || readers.iter().any(|&c| fusion.view[c].is_some() || !copies_in[c].is_empty()) {
+    if narrow_copy || readers.iter().any(|&c| fusion.view[c].is_some()) {
         return None;
     }
     let root = |g: usize| members[g][0];
-    let first = readers.iter().filter_map(|&c| fusion.group_of[c]).min_by_key(|&g| root(g))?;
-    let runs_after = |c: usize| match fusion.group_of[c] {
-        Some(g) => g == first || root(g) > root(first),
-        None => c > root(first),
+    // The groups that compute each reader: its own, or each group that
+    // computes it again (a widening cast of a bf16 value, say).
+    let groups_of = |c: usize| match copies_in[c].is_empty() {
+        true => fusion.group_of[c].into_iter().collect::<Vec<_>>(),
+        false => copies_in[c].clone(),
+    };
+    let first = readers.iter().flat_map(|&c| groups_of(c)).min_by_key(|&g| root(g))?;
+    let runs_after = |c: usize| match (copies_in[c].is_empty(), fusion.group_of[c]) {
+        (false, _) => copies_in[c].iter().all(|&g| g == first || root(g) > root(first)),
+        (true, Some(g)) => g == first || root(g) > root(first),
+        (true, None) => c > root(first),
     };
     readers.iter().all(|&c| runs_after(c)).then_some(first)
 }
@@ -746,7 +759,7 @@ fn describe_group(
     members: &[usize],
     consumers: &[Vec<usize>],
     is_output: &[bool],
-    duplicated: &[bool],
+    copies_in: &[Vec<usize>],
     splat: &[bool],
 ) -> Group {
     let member = |x: usize| members.binary_search(&x).is_ok();
@@ -789,8 +802,11 @@ fn describe_group(
                 .collect()
         };
         reads.push(operands);
-        // A recomputed member's readers in other groups compute it themselves.
-        let read_outside = !duplicated[m] && (consumers[m].iter().any(|&c| !member(c)) || is_output[m]);
+        // A recomputed member's readers in other groups compute it
+        // themselves; a reader recomputed by other groups too reads the
+        // member there.
+        let read_elsewhere = |c: usize| !member(c) || copies_in[c].len() > 1;
+        let read_outside = copies_in[m].is_empty() && (consumers[m].iter().any(|&c| read_elsewhere(c)) || is_output[m]);
         if read_outside {
             outputs.push(m);
         }

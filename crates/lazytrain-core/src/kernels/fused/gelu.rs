@@ -55,6 +55,11 @@ pub(crate) enum Gelu {
     /// Its gradient, rounded to bf16: loads `x` and `g` into registers 0
     /// and 3; stores `dx` and its column sums from register 1.
     BackwardBf16,
+    /// [`Gelu::ForwardBf16`] with the bias add before it (a bf16 product's
+    /// epilogue under autocast): loads the product `x` into register 0 and
+    /// the bias into 1; stores `h = x + b` rounded to bf16 (the expansion
+    /// its gradient reads) from register 1 and `y = gelu(h)` rounded from 0.
+    ForwardBf16Biased,
 }
 
 impl Gelu {
@@ -75,6 +80,8 @@ impl Gelu {
             Some(Gelu::ForwardBf16)
         } else if instrs == backward_bf16() {
             Some(Gelu::BackwardBf16)
+        } else if instrs == forward_bf16_biased() {
+            Some(Gelu::ForwardBf16Biased)
         } else {
             None
         }
@@ -93,11 +100,13 @@ impl Gelu {
         const FORWARD_BF16_STORES: [Instr; 1] = [Store { src: 2, out: 0 }];
         const BACKWARD_BF16_LOADS: [Instr; 2] = [Load { load: 0, dst: 0 }, Load { load: 1, dst: 3 }];
         const BACKWARD_BF16_STORES: [Instr; 2] = [Store { src: 1, out: 0 }, ColumnSum { src: 1, out: 1 }];
+        const FORWARD_BF16_BIASED_STORES: [Instr; 2] = [Store { src: 1, out: 0 }, Store { src: 0, out: 1 }];
         match self {
             Gelu::Forward => (&FORWARD_LOADS, &FORWARD_STORES),
             Gelu::Backward => (&BACKWARD_LOADS, &BACKWARD_STORES),
             Gelu::ForwardBf16 => (&FORWARD_BF16_LOADS, &FORWARD_BF16_STORES),
             Gelu::BackwardBf16 => (&BACKWARD_BF16_LOADS, &BACKWARD_BF16_STORES),
+            Gelu::ForwardBf16Biased => (&FORWARD_LOADS, &FORWARD_BF16_BIASED_STORES),
         }
     }
 
@@ -126,6 +135,10 @@ impl Gelu {
                 Gelu::BackwardBf16 => {
                     let [x, dx, _, g, ..] = regs else { unreachable!("the bf16 backward program has five registers") };
                     lanes::backward_bf16(&x[..len], &g[..len], &mut dx[..len]);
+                }
+                Gelu::ForwardBf16Biased => {
+                    let [x_y, bias_h, ..] = regs else { unreachable!("the biased program has three registers") };
+                    lanes::forward_bf16_biased(&mut x_y[..len], &mut bias_h[..len]);
                 }
             }
         }
@@ -165,6 +178,9 @@ enum Operands<'a> {
     /// expansion `x`, `g` (backward; null forward) and `y` or `dx`, bf16
     /// words.
     Bf16 { x: *const u16, g: *const u16, out: *mut u16 },
+    /// [`Gelu::ForwardBf16Biased`]: the bf16 product `x`, the f32 bias (one
+    /// row, broadcast down the rows), and the bf16 outputs `h` and `y`.
+    Bf16Biased { x: *const u16, bias: &'a [f32], h: *mut u16, y: *mut u16 },
 }
 
 /// Where a contiguous load reads: f32 or bf16 elements.
@@ -190,7 +206,7 @@ impl Gelu {
         let (loads, shape) = (&program.loads, &program.shape);
         let (row_len, numel) = (*shape.last()?, shape.iter().product::<usize>());
         let column_len = match self {
-            Gelu::Forward | Gelu::ForwardBf16 => 0,
+            Gelu::Forward | Gelu::ForwardBf16 | Gelu::ForwardBf16Biased => 0,
             Gelu::Backward | Gelu::BackwardBf16 => match program.column_len {
                 0 => return None,
                 len if row_len > 0 && len % row_len == 0 => len,
@@ -222,27 +238,29 @@ impl Gelu {
             Elements::Bf16(p) => Some(p),
             Elements::F32(_) => None,
         };
+        let bias = || match (&loads.get(1)?.access, inputs.get(loads.get(1)?.input)?) {
+            (Access::Strided(strides), Source::Data(HostData::F32(b)))
+                if strides.split_last().is_some_and(|(&last, rest)| last == 1 && rest.iter().all(|&s| s == 0))
+                    && b.len() >= row_len =>
+            {
+                Some(&b[..row_len])
+            }
+            _ => None,
+        };
         let operands = match self {
             Gelu::Forward | Gelu::Backward => {
-                let bias = match (&loads.get(1)?.access, inputs.get(loads.get(1)?.input)?) {
-                    (Access::Strided(strides), Source::Data(HostData::F32(b)))
-                        if strides
-                            .split_last()
-                            .is_some_and(|(&last, rest)| last == 1 && rest.iter().all(|&s| s == 0))
-                            && b.len() >= row_len =>
-                    {
-                        &b[..row_len]
-                    }
-                    _ => return None,
-                };
                 let OutView::F32(out) = *outs.first()? else { return None };
                 let g = if self == Gelu::Backward { f32s(2)? } else { std::ptr::null() };
-                Operands::F32 { x: f32s(0)?, bias, g, out }
+                Operands::F32 { x: f32s(0)?, bias: bias()?, g, out }
             }
             Gelu::ForwardBf16 | Gelu::BackwardBf16 => {
                 let OutView::BF16(out) = *outs.first()? else { return None };
                 let g = if self == Gelu::BackwardBf16 { bf16s(1)? } else { std::ptr::null() };
                 Operands::Bf16 { x: bf16s(0)?, g, out: out.cast() }
+            }
+            Gelu::ForwardBf16Biased => {
+                let (OutView::BF16(h), OutView::BF16(y)) = (*outs.first()?, *outs.get(1)?) else { return None };
+                Operands::Bf16Biased { x: bf16s(0)?, bias: bias()?, h: h.cast(), y: y.cast() }
             }
         };
         Some(Direct { gelu: self, row_len, column_len, operands })
@@ -284,8 +302,17 @@ impl Direct<'_> {
                         .zip(dx)
                         .for_each(|(a, &w)| *a += f64::from(f32::from_bits(u32::from(w) << 16)));
                 }
-                (Gelu::Forward | Gelu::Backward, Operands::Bf16 { .. })
-                | (Gelu::ForwardBf16 | Gelu::BackwardBf16, Operands::F32 { .. }) => {
+                (Gelu::ForwardBf16Biased, &Operands::Bf16Biased { x, bias, h, y }) => {
+                    lanes::forward_bf16_biased_in_place(
+                        x.add(at),
+                        bias.as_ptr().add(column),
+                        (h.add(at), y.add(at)),
+                        len,
+                    )
+                }
+                (Gelu::Forward | Gelu::Backward, Operands::Bf16 { .. } | Operands::Bf16Biased { .. })
+                | (Gelu::ForwardBf16 | Gelu::BackwardBf16, Operands::F32 { .. } | Operands::Bf16Biased { .. })
+                | (Gelu::ForwardBf16Biased, Operands::F32 { .. } | Operands::Bf16 { .. }) => {
                     unreachable!("`bind_direct` binds each program's own operands")
                 }
             }
@@ -392,6 +419,36 @@ mod lanes {
         });
     }
 
+    /// `h[i] = x[i] + bias[i]` rounded to bf16 and `y[i] = gelu(h[i])`, as
+    /// bf16 words, for `len` elements (`h` may be `x`).
+    #[target_feature(enable = "avx512f,avx512dq,avx512bw,avx512vl")]
+    pub(super) unsafe fn forward_bf16_biased_in_place(
+        x: *const u16,
+        bias: *const f32,
+        (h, y): (*mut u16, *mut u16),
+        len: usize,
+    ) {
+        each16(len, |i, m| {
+            let biased = round_bf16_16(_mm512_add_ps(load_bf16(x.add(i), m), _mm512_maskz_loadu_ps(m, bias.add(i))));
+            let (_, cdf) = cdf(biased);
+            store_bf16(h.add(i), m, biased);
+            store_bf16(y.add(i), m, _mm512_mul_ps(biased, cdf));
+        });
+    }
+
+    /// Over registers: `x_y[i]` (the product) becomes `gelu(h[i])` and
+    /// `bias_h[i]` becomes `h[i] = x[i] + bias[i]`, both rounded to bf16.
+    #[target_feature(enable = "avx512f,avx512dq")]
+    pub(super) unsafe fn forward_bf16_biased(x_y: &mut [f32], bias_h: &mut [f32]) {
+        each16(x_y.len(), |i, m| {
+            let (x, b) = (x_y.as_mut_ptr().add(i), bias_h.as_mut_ptr().add(i));
+            let biased = round_bf16_16(_mm512_add_ps(_mm512_maskz_loadu_ps(m, x), _mm512_maskz_loadu_ps(m, b)));
+            let (_, cdf) = cdf(biased);
+            _mm512_mask_storeu_ps(b, m, biased);
+            _mm512_mask_storeu_ps(x, m, round_bf16_16(_mm512_mul_ps(biased, cdf)));
+        });
+    }
+
     /// `y[i] = gelu(x[i])` rounded to bf16.
     #[target_feature(enable = "avx512f,avx512dq")]
     pub(super) unsafe fn forward_bf16(x: &[f32], y: &mut [f32]) {
@@ -477,6 +534,26 @@ fn backward_bf16() -> Vec<Instr> {
     ]
 }
 
+/// The bf16 forward program with its bias add, as the CPU backend builds
+/// it: `h` rounded into register 1, its CDF in 0, `y` rounded into 0.
+fn forward_bf16_biased() -> Vec<Instr> {
+    use BinaryOp::{Add, Mul};
+    vec![
+        Load { load: 0, dst: 0 },
+        Load { load: 1, dst: 1 },
+        binary(Add, Reg(0), Reg(1), 2),
+        RoundBf16 { src: 2, dst: 1 },
+        binary(Mul, Reg(1), Imm(FRAC_1_SQRT_2), 2),
+        Unary { op: UnaryOp::Erf, src: 2, dst: 0 },
+        binary(Add, Reg(0), Imm(1.0), 2),
+        binary(Mul, Reg(2), Imm(0.5), 0),
+        binary(Mul, Reg(1), Reg(0), 2),
+        RoundBf16 { src: 2, dst: 0 },
+        Store { src: 1, out: 0 },
+        Store { src: 0, out: 1 },
+    ]
+}
+
 /// The forward program as the CPU backend builds it (registers allocated).
 fn forward() -> Vec<Instr> {
     let mut instrs = cdf_of_biased().to_vec();
@@ -534,12 +611,15 @@ mod tests {
             Gelu::Backward => (backward(), vec![x, Access::Strided(row), Access::Contiguous]),
             Gelu::ForwardBf16 => (forward_bf16(), vec![x]),
             Gelu::BackwardBf16 => (backward_bf16(), vec![x, Access::Contiguous]),
+            Gelu::ForwardBf16Biased => (forward_bf16_biased(), vec![x, Access::Strided(row)]),
         };
-        let bf16 = matches!(gelu, Gelu::ForwardBf16 | Gelu::BackwardBf16);
+        let bf16 = matches!(gelu, Gelu::ForwardBf16 | Gelu::BackwardBf16 | Gelu::ForwardBf16Biased);
         let backward = matches!(gelu, Gelu::Backward | Gelu::BackwardBf16);
         let mut output_dtypes = vec![if bf16 { DType::BF16 } else { DType::F32 }];
-        if backward {
-            output_dtypes.push(DType::F32);
+        match (backward, gelu == Gelu::ForwardBf16Biased) {
+            (true, _) => output_dtypes.push(DType::F32),
+            (false, true) => output_dtypes.push(DType::BF16),
+            (false, false) => {}
         }
         FusedProgram {
             shape: shape.to_vec(),
@@ -576,10 +656,13 @@ mod tests {
     #[test]
     fn programs_in_place_have_the_bits_of_the_interpreter() {
         let cases: [(&[usize], usize); 2] = [(&[1801, 37], 37), (&[6, 5, 37], 5 * 37)];
-        for gelu in [Gelu::Forward, Gelu::Backward, Gelu::ForwardBf16, Gelu::BackwardBf16] {
+        let all = [Gelu::Forward, Gelu::Backward, Gelu::ForwardBf16, Gelu::BackwardBf16, Gelu::ForwardBf16Biased];
+        for gelu in all {
             for (&(shape, column_len), strided_x) in cases.iter().flat_map(|c| [(c, false), (c, true)]) {
                 let fast = program(gelu, shape, column_len, true, strided_x);
                 if fast.gelu.is_none() {
+                    #[cfg(target_arch = "x86_64")]
+                    assert!(!crate::kernels::simd::avx512(), "{gelu:?}: its own program is not recognised");
                     eprintln!("skipped: this CPU has no AVX-512");
                     return;
                 }
@@ -601,11 +684,15 @@ mod tests {
                     Gelu::Backward => vec![x_source, Source::Data(&bias), Source::Data(&g)],
                     Gelu::ForwardBf16 => vec![x_source],
                     Gelu::BackwardBf16 => vec![x_source, Source::Data(&g)],
+                    Gelu::ForwardBf16Biased => vec![x_source, Source::Data(&bias)],
                 };
                 let fresh = |program: &FusedProgram| {
                     let mut outs = vec![x.clone()];
                     if program.column_len > 0 {
                         outs.push(HostData::F32(vec![0.0; program.column_len]));
+                    }
+                    if gelu == Gelu::ForwardBf16Biased {
+                        outs.push(data(numel, 4, 1.0));
                     }
                     outs
                 };
