@@ -157,7 +157,8 @@ impl AdamWUpdate {
                 | Op::ToBool { dst, .. }
                 | Op::RoundBf16 { dst, .. }
                 | Op::RowValue { dst, .. }
-                | Op::ColumnValues { dst, .. } => (dst, Expr::Other),
+                | Op::ColumnValues { dst, .. }
+                | Op::Random { dst, .. } => (dst, Expr::Other),
                 Op::ReduceStore { .. } => return None,
                 Op::Store { src, out } => {
                     stored.push((out, values[src].clone()));
