@@ -449,50 +449,42 @@ fn product_readers_move_ahead_of_matmuls_only() {
 fn product_readers_move_ahead_of_a_weight_gradient_and_its_f32_copy() {
     // A weight of 90 000 elements: not small, so its copy stays where traced.
     let (rows, k, n) = (64, 300, 300);
-    let mut b = GraphBuilder::new();
-    let bf16_param = |b: &mut GraphBuilder, index: usize, dims: &[usize]| {
-        let p = param(b, index, dims);
-        b.push(Node { op: Op::Cast, inputs: vec![p], shape: Shape::new(dims), dtype: DType::BF16 })
+    // The input and weight gradients, then an f32 copy of the weight
+    // gradient (or of the weight, which reads no matmul), then a reader of
+    // the input gradient.
+    let graph = |copy_of_weight_gradient: bool| {
+        let mut b = GraphBuilder::new();
+        let cast = |b: &mut GraphBuilder, x: NodeId, dtype: DType| {
+            let shape = b.node(x).shape.clone();
+            b.push(Node { op: Op::Cast, inputs: vec![x], shape, dtype })
+        };
+        let mut bf16_param = |index: usize, dims: &[usize]| {
+            let p = param(&mut b, index, dims);
+            cast(&mut b, p, DType::BF16)
+        };
+        let (x, w, g) = (bf16_param(0, &[rows, k]), bf16_param(1, &[n, k]), bf16_param(2, &[rows, n]));
+        let dx = node(&mut b, Op::Dot { lhs_t: false, rhs_t: false }, vec![g, w]);
+        let dw = node(&mut b, Op::Dot { lhs_t: true, rhs_t: false }, vec![g, x]);
+        let copy = cast(&mut b, if copy_of_weight_gradient { dw } else { w }, DType::F32);
+        let dx_f32 = cast(&mut b, dx, DType::F32);
+        let squared = node(&mut b, Op::Binary(BinaryOp::Mul), vec![dx_f32, dx_f32]);
+        b.finish(vec![dw, copy, squared], 3)
     };
-    let cast = |b: &mut GraphBuilder, x: NodeId, dtype: DType| {
-        let shape = b.node(x).shape.clone();
-        b.push(Node { op: Op::Cast, inputs: vec![x], shape, dtype })
-    };
-    let x = bf16_param(&mut b, 0, &[rows, k]);
-    let w = bf16_param(&mut b, 1, &[n, k]);
-    let g = bf16_param(&mut b, 2, &[rows, n]);
-    let dx = node(&mut b, Op::Dot { lhs_t: false, rhs_t: false }, vec![g, w]);
-    let dw = node(&mut b, Op::Dot { lhs_t: true, rhs_t: false }, vec![g, x]);
-    let dw_f32 = cast(&mut b, dw, DType::F32);
-    let dx_f32 = cast(&mut b, dx, DType::F32);
-    let squared = node(&mut b, Op::Binary(BinaryOp::Mul), vec![dx_f32, dx_f32]);
-    let graph = b.finish(vec![dw_f32, squared], 3);
-
-    let hoisted = hoist_product_readers(&graph);
-    verify(&hoisted).unwrap();
     let at = |g: &Graph, pick: &dyn Fn(&Node) -> bool| g.nodes.iter().position(pick).expect("present");
     let weight_gradient = |g: &Graph| at(g, &|n: &Node| n.op == Op::Dot { lhs_t: true, rhs_t: false });
     let squared_at = |g: &Graph| at(g, &|n: &Node| n.op == Op::Binary(BinaryOp::Mul));
-    assert!(squared_at(&graph) > weight_gradient(&graph) + 1, "traced after the copy:\n{graph}");
-    assert!(squared_at(&hoisted) < weight_gradient(&hoisted), "the reader first:\n{hoisted}");
 
-    // A cast of anything else between them is not overtaken.
-    let mut b = GraphBuilder::new();
-    let x = bf16_param(&mut b, 0, &[rows, k]);
-    let w = bf16_param(&mut b, 1, &[n, k]);
-    let g = bf16_param(&mut b, 2, &[rows, n]);
-    let dx = node(&mut b, Op::Dot { lhs_t: false, rhs_t: false }, vec![g, w]);
-    let dw = node(&mut b, Op::Dot { lhs_t: true, rhs_t: false }, vec![g, x]);
-    let w_f32 = cast(&mut b, w, DType::F32);
-    let dx_f32 = cast(&mut b, dx, DType::F32);
-    let squared = node(&mut b, Op::Binary(BinaryOp::Mul), vec![dx_f32, dx_f32]);
-    let blocked = b.finish(vec![dw, w_f32, squared], 3);
-    let kept = hoist_product_readers(&blocked);
+    let traced = graph(true);
+    let hoisted = hoist_product_readers(&traced);
+    verify(&hoisted).unwrap();
+    assert!(squared_at(&traced) > weight_gradient(&traced) + 1, "traced after the copy:\n{traced}");
+    assert!(squared_at(&hoisted) < weight_gradient(&hoisted), "the reader first:\n{hoisted}");
+    let kept = hoist_product_readers(&graph(false));
     assert!(squared_at(&kept) > weight_gradient(&kept), "kept after the other cast:\n{kept}");
 
     let params = [uniform_input(1, rows * k), uniform_input(2, n * k), uniform_input(3, rows * n)];
     let refs: Vec<&HostData> = params.iter().collect();
-    assert_eq!(interpret(&hoisted, &refs).unwrap(), interpret(&graph, &refs).unwrap());
+    assert_eq!(interpret(&hoisted, &refs).unwrap(), interpret(&traced, &refs).unwrap());
 }
 
 fn uniform_input(seed: u64, len: usize) -> HostData {
