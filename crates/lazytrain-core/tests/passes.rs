@@ -439,7 +439,57 @@ fn product_readers_move_ahead_of_matmuls_only() {
     assert_eq!(interpret(&hoisted, &refs).unwrap(), interpret(&graph, &refs).unwrap());
 }
 
-/// `len` f32 values drawn uniformly from [0, 1) with `seed`.
+/// A value read by a node that has a group of its own for its row
+/// reductions (and is computed again by the groups of its other readers):
+/// the value is computed, or stored, before every one of those groups
+/// reads it. First an f32 value (`tanh`, too dear to compute twice, read
+/// by the scaled scores whose row maximum is taken beside them and by one
+/// more reader); then a bf16 copy of a sum widened for a softmax.
+#[test]
+fn values_read_beside_row_reductions_are_there_when_read() {
+    let (rows, cols) = (64, 128);
+    let wide = |b: &mut GraphBuilder, rowwise: NodeId| {
+        let column =
+            b.push(Node { op: Op::Reshape, inputs: vec![rowwise], shape: Shape::new([rows, 1]), dtype: DType::F32 });
+        b.push(Node { op: Op::Expand, inputs: vec![column], shape: Shape::new([rows, cols]), dtype: DType::F32 })
+    };
+    let softmax_parts = |b: &mut GraphBuilder, scores: NodeId| {
+        let max = node(b, Op::Reduce { op: ReduceOp::Max, axes: vec![1] }, vec![scores]);
+        let max = wide(b, max);
+        let shifted = node(b, Op::Binary(BinaryOp::Sub), vec![scores, max]);
+        node(b, Op::Unary(UnaryOp::Exp), vec![shifted])
+    };
+    let mut b = GraphBuilder::new();
+    let a = param(&mut b, 0, &[rows, cols]);
+    let t = node(&mut b, Op::Unary(UnaryOp::Tanh), vec![a]);
+    let two = constant(&mut b, 2.0, &[rows, cols]);
+    let scores = node(&mut b, Op::Binary(BinaryOp::Mul), vec![t, two]);
+    let e = softmax_parts(&mut b, scores);
+    let squared = node(&mut b, Op::Binary(BinaryOp::Mul), vec![t, t]);
+    let tanh_graph = b.finish(vec![e, squared], 1);
+
+    let mut b = GraphBuilder::new();
+    let (x, y) = (param(&mut b, 0, &[rows, cols]), param(&mut b, 1, &[rows, cols]));
+    let sum = node(&mut b, Op::Binary(BinaryOp::Add), vec![x, y]);
+    let narrow = b.push(Node { op: Op::Cast, inputs: vec![sum], shape: Shape::new([rows, cols]), dtype: DType::BF16 });
+    let widened =
+        b.push(Node { op: Op::Cast, inputs: vec![narrow], shape: Shape::new([rows, cols]), dtype: DType::F32 });
+    let e = softmax_parts(&mut b, widened);
+    let total = node(&mut b, Op::Reduce { op: ReduceOp::Sum, axes: vec![1] }, vec![e]);
+    let total = wide(&mut b, total);
+    let probabilities = node(&mut b, Op::Binary(BinaryOp::Div), vec![e, total]);
+    let softmax_graph = b.finish(vec![probabilities], 2);
+
+    for (name, graph) in [("tanh", tanh_graph), ("narrow copy", softmax_graph)] {
+        let params: Vec<HostData> = (0..graph.num_params).map(|k| uniform_input(k as u64 + 1, rows * cols)).collect();
+        let refs: Vec<&HostData> = params.iter().collect();
+        let expected = interpret(&graph, &refs).unwrap();
+        for (k, (a, b)) in expected.iter().zip(&run_compiled(&graph, &params)).enumerate() {
+            assert!(close(a, b), "{name} output {k}: {a:?} vs {b:?}");
+        }
+    }
+}
+
 /// Under autocast a bf16 weight gradient is copied to f32 for the
 /// optimizer right after it is computed: the input gradient's readers move
 /// ahead of that copy as they move ahead of the weight gradient itself
@@ -487,6 +537,7 @@ fn product_readers_move_ahead_of_a_weight_gradient_and_its_f32_copy() {
     assert_eq!(interpret(&hoisted, &refs).unwrap(), interpret(&traced, &refs).unwrap());
 }
 
+/// `len` f32 values drawn uniformly from [0, 1) with `seed`.
 fn uniform_input(seed: u64, len: usize) -> HostData {
     let mut v = vec![0f32; len];
     lazytrain_core::random::uniform_f32(seed, 0, &mut v);

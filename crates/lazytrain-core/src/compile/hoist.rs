@@ -100,8 +100,8 @@ fn inputs_to_move(graph: &Graph, placed: &[bool], c: usize) -> Option<BTreeSet<u
 /// read it, or read such nodes, through elementwise ops, reductions and
 /// views, as soon as all their inputs are computed (in traced order among
 /// themselves, constants they need first), when they move ahead of nothing
-/// but other matmuls; every other node keeps its order. Values do not
-/// change.
+/// but other matmuls (and casts of those: a bf16 weight gradient's f32
+/// copy); every other node keeps its order. Values do not change.
 pub fn hoist_product_readers(graph: &Graph) -> Graph {
     let n = graph.nodes.len();
     let mut readers: Vec<Vec<usize>> = vec![Vec::new(); n];

@@ -1050,7 +1050,7 @@ pub(super) mod tests {
     #[test]
     fn shared_packing_gives_the_single_thread_bits() {
         for arithmetic in Arithmetic::supported() {
-            // (330, 2100, 300): a packed left operand over two column blocks of
+            // (330, 2100, 300): a packed left operand over several column blocks of
             // the shared right one and two `k` blocks (packed once per row and
             // `k` block on several threads, once per column block on one).
             for (m, k, n, lhs_transposed) in [

@@ -300,10 +300,17 @@ pub fn plan(graph: &Graph, splat: &[bool]) -> Fusion {
     let facts =
         NodeFacts { fusible: &fusible, consumers: &consumers, is_output: &is_output, narrow_copy: &narrow_copy };
     // A narrow copy that is its wide value's only reader (a bf16 matmul's
-    // output under autocast, biased and rounded) keeps no wide value alive:
-    // it may be computed by the group of its first reader, as one more of
-    // that group's outputs, like any other value.
-    let kept_narrow = |i: usize| narrow_copy[i] && consumers[graph.nodes[i].inputs[0].index()] != [i];
+    // output under autocast, biased and rounded), where that value is an
+    // elementwise one of its own (no view of another's buffer, no matmul
+    // product), keeps no wide value alive: it may be computed by the group
+    // of its first reader, as one more of that group's outputs, like any
+    // other value.
+    let kept_narrow: Vec<bool> = (0..n)
+        .map(|i| {
+            let wide = || graph.nodes[i].inputs[0].index();
+            narrow_copy[i] && (consumers[wide()] != [i] || !fusible[wide()] || fusion.view[wide()].is_some())
+        })
+        .collect();
     for i in (0..n).rev() {
         if !fusible[i] {
             continue;
@@ -315,14 +322,14 @@ pub fn plan(graph: &Graph, splat: &[bool]) -> Fusion {
         for &c in &consumers[i] {
             match (&mut groups, fusible[c], copies_in[c].is_empty(), fusion.group_of[c]) {
                 (Some(gs), true, false, _) => {
-                    gs.extend(&copies_in[c]);
+                    gs.extend(groups_computing(&fusion, &copies_in, c));
                     reads_copy = true;
                 }
                 (Some(gs), true, true, Some(g)) => gs.push(g),
                 _ => groups = None,
             }
         }
-        let groups = groups.filter(|_| !kept_narrow(i)).map(|mut gs| {
+        let groups = groups.filter(|_| !kept_narrow[i]).map(|mut gs| {
             gs.sort_unstable();
             gs.dedup();
             gs
@@ -350,7 +357,7 @@ pub fn plan(graph: &Graph, splat: &[bool]) -> Fusion {
                     }
                     copies_in[i] = gs;
                 }
-                _ => match first_reader_group(&fusion, &members, &consumers[i], &copies_in, kept_narrow(i)) {
+                _ => match first_reader_group(&fusion, &members, &consumers[i], &copies_in, kept_narrow[i]) {
                     Some(g) => {
                         members[g].push(i);
                         fusion.group_of[i] = Some(g);
@@ -408,33 +415,33 @@ pub fn plan(graph: &Graph, splat: &[bool]) -> Fusion {
 /// more (e.g. a GELU's saved CDF, computed beside the activation that uses
 /// it; a dropout mask, drawn beside the forward product that applies it).
 /// `members[g]` lists group `g` back to front (its root, where it runs,
-/// first); a reader that groups compute again counts as read by each of
+/// first); a reader that several groups compute counts as read by each of
 /// them. None for views' readers and narrow copies kept for later readers
-/// (`narrow_copy`).
+/// (`kept_narrow`).
 fn first_reader_group(
     fusion: &Fusion,
     members: &[Vec<usize>],
     readers: &[usize],
     copies_in: &[Vec<usize>],
-    narrow_copy: bool,
+    kept_narrow: bool,
 ) -> Option<usize> {
-    if narrow_copy || readers.iter().any(|&c| fusion.view[c].is_some()) {
+    if kept_narrow || readers.iter().any(|&c| fusion.view[c].is_some()) {
         return None;
     }
     let root = |g: usize| members[g][0];
-    // The groups that compute each reader: its own, or each group that
-    // computes it again (a widening cast of a bf16 value, say).
-    let groups_of = |c: usize| match copies_in[c].is_empty() {
-        true => fusion.group_of[c].into_iter().collect::<Vec<_>>(),
-        false => copies_in[c].clone(),
-    };
-    let first = readers.iter().flat_map(|&c| groups_of(c)).min_by_key(|&g| root(g))?;
-    let runs_after = |c: usize| match (copies_in[c].is_empty(), fusion.group_of[c]) {
-        (false, _) => copies_in[c].iter().all(|&g| g == first || root(g) > root(first)),
-        (true, Some(g)) => g == first || root(g) > root(first),
-        (true, None) => c > root(first),
+    let first = readers.iter().flat_map(|&c| groups_computing(fusion, copies_in, c)).min_by_key(|&g| root(g))?;
+    let runs_after = |c: usize| match groups_computing(fusion, copies_in, c)[..] {
+        [] => c > root(first),
+        ref groups => groups.iter().all(|&g| g == first || root(g) > root(first)),
     };
     readers.iter().all(|&c| runs_after(c)).then_some(first)
+}
+
+/// The groups that compute node `c`: its own group, and each group that
+/// computes it again (a widening cast of a bf16 value; a value whose own
+/// group holds its row reductions, see [`recomputed_beside_row_reductions`]).
+fn groups_computing(fusion: &Fusion, copies_in: &[Vec<usize>], c: usize) -> Vec<usize> {
+    copies_in[c].iter().copied().chain(fusion.group_of[c]).collect()
 }
 
 /// The groups of node `i`'s other readers, when `i` is read by f32 row
@@ -488,9 +495,10 @@ struct NodeFacts<'a> {
 /// those buffers instead of `i`'s own, which is never written (one memory
 /// pass and one kernel fewer, and the value is not kept alive, e.g. from
 /// the forward pass to the backward). A narrow copy (a bf16 copy kept for
-/// later readers, see [`crate::compile::narrow_copies`]) has a buffer: its
-/// widening casts are recomputed from it, so the narrow value is what is
-/// stored, not a wide one.
+/// later readers, see [`crate::compile::narrow_copies`]) counts as stored:
+/// its widening casts are recomputed from it, so the narrow value is what
+/// is stored, not a wide one (a narrow copy that joins a group is one of
+/// its outputs when such a reader lies in another group).
 fn recomputable(graph: &Graph, fusion: &Fusion, facts: &NodeFacts, i: usize, depth: usize) -> bool {
     let node = &graph.nodes[i];
     // Exp, log and tanh cost more to recompute (~1-2.5 ns an element here)
@@ -803,9 +811,9 @@ fn describe_group(
         };
         reads.push(operands);
         // A recomputed member's readers in other groups compute it
-        // themselves; a reader recomputed by other groups too reads the
+        // themselves; a reader that other groups compute too reads the
         // member there.
-        let read_elsewhere = |c: usize| !member(c) || copies_in[c].len() > 1;
+        let read_elsewhere = |c: usize| !member(c) || groups_computing(fusion, copies_in, c).len() > 1;
         let read_outside = copies_in[m].is_empty() && (consumers[m].iter().any(|&c| read_elsewhere(c)) || is_output[m]);
         if read_outside {
             outputs.push(m);

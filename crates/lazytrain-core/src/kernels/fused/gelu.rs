@@ -11,7 +11,7 @@
 //! GELU and that GELU's gradient computed in f32 and rounded to bf16,
 //! `encoder::expansion_activation` in `lazytrain-models`). When the
 //! operands lie in plain buffers (contiguous inputs and output of the
-//! program's dtype, an f32 program's bias one row broadcast down the rows:
+//! program's dtype, an f32 bias one row broadcast down the rows:
 //! the kernels of a BERT step), the loop reads and writes them in place
 //! ([`Direct`]); otherwise each tile's inputs are loaded by the
 //! interpreter's own loads (any access, chained) and its outputs stored by
@@ -193,10 +193,10 @@ enum Elements {
 impl Gelu {
     /// The operands of `program` (this GELU program) in place when every
     /// input is contiguous (f32 for the f32 programs, bf16 for the bf16
-    /// ones) but an f32 program's bias, one f32 row broadcast down the
-    /// rows, and the output has the program's dtype (otherwise the tile
-    /// path runs it). `outs` are the program's output views, each checked
-    /// to hold its output.
+    /// ones) but a bias (of the f32 programs and the biased bf16 one), one
+    /// f32 row broadcast down the rows, and the outputs have the program's
+    /// dtypes (otherwise the tile path runs it). `outs` are the program's
+    /// output views, each checked to hold its output.
     pub(crate) fn bind_direct<'a>(
         self,
         program: &FusedProgram,

@@ -594,7 +594,8 @@ pub(super) mod tests {
                 | Compare { dst, .. }
                 | Select { dst, .. }
                 | ToBool { dst, .. }
-                | RoundBf16 { dst, .. } => Some(dst + 1),
+                | RoundBf16 { dst, .. }
+                | Instr::Random { dst, .. } => Some(dst + 1),
                 _ => None,
             })
             .max()
@@ -674,7 +675,7 @@ pub(super) mod tests {
         ]
     }
 
-    fn run_every_instruction(len: usize, lanes: bool) -> Vec<Vec<u32>> {
+    fn run_every_instruction(len: usize, lanes: bool, seed: &HostData) -> Vec<Vec<u32>> {
         use Access::{Contiguous, Splat};
         let outputs = [DType::F32, DType::BF16, DType::Bool, DType::F32, DType::F32];
         let program =
@@ -683,7 +684,6 @@ pub(super) mod tests {
         let y = HostData::BF16(values(len, 2).into_iter().map(bf16_from_f32).collect());
         let s = HostData::F32(vec![-1.5]);
         let mask = HostData::Bool((0..len).map(|i| i % 3 != 0).collect());
-        let seed = HostData::I64(vec![0x5eed]);
         let mut outs = [
             HostData::F32(values(len, 3)),
             HostData::BF16(vec![bf16::ZERO; len]),
@@ -697,7 +697,7 @@ pub(super) mod tests {
             Source::Data(&s),
             Source::Output(0),
             Source::Data(&mask),
-            Source::Data(&seed),
+            Source::Data(seed),
         ];
         program.run(&inputs, &mut outs).unwrap();
         outs.iter().map(bits).collect()
@@ -707,8 +707,13 @@ pub(super) mod tests {
     fn lane_programs_give_the_interpreters_bits() {
         // Fewer elements than a vector, whole vectors and a rest, and two
         // threads' halves.
-        for len in [5, 3 * LANES + 17, (1 << 16) + 37] {
-            assert_eq!(run_every_instruction(len, true), run_every_instruction(len, false), "{len} elements");
+        // A random draw's seed of either integer type the interpreter reads.
+        for seed in [HostData::I64(vec![-0x5eed]), HostData::I32(vec![-0x5eed])] {
+            for len in [5, 3 * LANES + 17, (1 << 16) + 37] {
+                let (lanes, interpreted) =
+                    (run_every_instruction(len, true, &seed), run_every_instruction(len, false, &seed));
+                assert_eq!(lanes, interpreted, "{len} elements, {} seed", seed.dtype());
+            }
         }
     }
 
