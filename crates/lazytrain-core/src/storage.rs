@@ -56,16 +56,9 @@ impl HostData {
     /// ordinary fault per page) its first step took 4.6-6.8 s instead of
     /// 7.1-9.6, and the run's system time fell from 8-11 s to 3-4.
     pub fn zeros(dtype: DType, len: usize) -> HostData {
-        match dtype {
-            DType::F32 => HostData::F32(written_zeros(len)),
-            DType::F64 => HostData::F64(written_zeros(len)),
-            DType::BF16 => HostData::BF16(written_zeros(len)),
-            DType::F16 => HostData::F16(written_zeros(len)),
-            DType::I64 => HostData::I64(written_zeros(len)),
-            DType::I32 => HostData::I32(written_zeros(len)),
-            DType::U8 => HostData::U8(written_zeros(len)),
-            DType::Bool => HostData::Bool(written_zeros(len)),
-        }
+        let mut data = HostData::with_capacity(dtype, len);
+        with_host_data!(&mut data, v => write_zeros(v, len));
+        data
     }
 
     /// An empty buffer of `dtype` with room for `capacity` elements, so it
@@ -156,15 +149,14 @@ impl HostData {
     }
 }
 
-/// `len` elements of `T::default()` (zero for every element type here),
-/// stored one by one: the allocation escapes before the stores, so they
+/// Fill empty `values` (with room for them) with `len` elements of
+/// `T::default()` (zero for every element type here), stored one by one:
+/// the allocation escapes before the stores, so they
 /// cannot be folded into a zeroed allocation that leaves the pages unmapped
 /// (see [`HostData::zeros`]).
-fn written_zeros<T: Copy + Default>(len: usize) -> Vec<T> {
-    let mut values: Vec<T> = allocation(len);
+fn write_zeros<T: Copy + Default>(values: &mut Vec<T>, len: usize) {
     std::hint::black_box(values.as_mut_ptr());
     values.resize(len, T::default());
-    values
 }
 
 /// The smallest allocation (in bytes) backed by huge pages where the

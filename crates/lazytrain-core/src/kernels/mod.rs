@@ -106,11 +106,7 @@ pub(crate) fn eval_with_views(
         Op::ScatterAdd { axis } => {
             index::scatter_add(inputs[0], shapes[0], index_operand(inputs[1], shapes, views), inputs[2], *axis, out)?
         }
-        Op::Dot { lhs_t, rhs_t } => {
-            let dims = dot_dims(out_shape, shapes[0], *lhs_t, *rhs_t);
-            let operand = |i: usize| dot::DotOperand { data: inputs[i], shape: shapes[i], strides: views[i] };
-            dot::dot(matmul, dims, operand(0), operand(1), (out, out_shape, None))?;
-        }
+        Op::Dot { .. } => eval_dot(node, inputs, shapes, views, (out, None), matmul)?,
     }
     Ok(())
 }
@@ -170,23 +166,23 @@ pub(crate) fn head_products(
     dot::HeadProducts::new(dims, inputs[0], inputs[1], out)
 }
 
-/// Matmul `node` into `out`, its product laid out there by element
-/// `out_strides` (a permutation of its axes that keeps rows contiguous: a
-/// batched product stored straight into the permute reading it), its
-/// operands as for [`eval_with_views`].
-pub(crate) fn dot_into_strides(
+/// Matmul `node` into `out` on `matmul`, its product laid out there by
+/// element `out_strides` (`None`: contiguous; else a permutation of its
+/// axes that keeps rows contiguous: a batched product stored straight into
+/// the permute reading it), its operands as for [`eval_with_views`].
+pub(crate) fn eval_dot(
     node: &Node,
     inputs: &[&HostData],
     shapes: &InputShapes,
     views: &[Option<&[usize]>],
-    out_strides: &[usize],
-    out: &mut HostData,
+    (out, out_strides): (&mut HostData, Option<&[usize]>),
+    matmul: MatmulKernel,
 ) -> Result<(), String> {
-    let Op::Dot { lhs_t, rhs_t } = node.op else { return Err(format!("{} stored through strides", node.op.name())) };
+    let Op::Dot { lhs_t, rhs_t } = node.op else { return Err(format!("{} is not a matmul", node.op.name())) };
     let out_shape = node.shape.dims();
     let dims = dot_dims(out_shape, shapes[0], lhs_t, rhs_t);
     let operand = |i: usize| dot::DotOperand { data: inputs[i], shape: shapes[i], strides: views[i] };
-    dot::dot(MatmulKernel::Gemm, dims, operand(0), operand(1), (out, out_shape, Some(out_strides)))
+    dot::dot(matmul, dims, operand(0), operand(1), (out, out_shape, out_strides))
 }
 
 /// Compute `node` in place: `out` holds input `position` on entry and the

@@ -192,7 +192,10 @@ impl CpuExecutable {
             None => {
                 out.reset(node.dtype, node.shape.numel());
                 match out_strides {
-                    Some(strides) => kernels::dot_into_strides(node, &operands, &shapes, &views, strides, &mut out),
+                    Some(strides) => {
+                        let out = (&mut out, Some(strides.as_slice()));
+                        kernels::eval_dot(node, &operands, &shapes, &views, out, MatmulKernel::Gemm)
+                    }
                     None => kernels::eval_with_views(node, &operands, &shapes, &views, &mut out, MatmulKernel::Gemm),
                 }
             }
