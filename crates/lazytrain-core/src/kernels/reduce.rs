@@ -146,6 +146,9 @@ fn chunk_per_thread(x_len: usize, out_len: usize, align: usize) -> Option<usize>
         .then(|| out_len.div_ceil(threads).div_ceil(align) * align)
 }
 
+/// Rows ahead of its reads that a column sum asks for its next columns.
+const ROWS_AHEAD: usize = 4;
+
 /// Sum `outer` rows of `inner` elements of `x` column by column into `o`
 /// (columns `cols` of each row) in the canonical order of column sums:
 /// the first `outer / 2` rows in order, the rest in order, then the two
@@ -161,7 +164,8 @@ fn sum_columns_in<T: FloatLike>(x: &[T], inner: usize, cols: std::ops::Range<usi
     let (first, second) = x.split_at(rows / 2 * inner);
     let mut halves = [vec![0f64; cols.len()], vec![0f64; cols.len()]];
     for (acc, part) in halves.iter_mut().zip([first, second]) {
-        for row in part.chunks_exact(inner) {
+        for (r, row) in part.chunks_exact(inner).enumerate() {
+            super::simd::prefetch(part.as_ptr().wrapping_add((r + ROWS_AHEAD) * inner + cols.start), cols.len());
             for (a, v) in acc.iter_mut().zip(&row[cols.clone()]) {
                 *a += v.widen().to_f64();
             }

@@ -293,6 +293,7 @@ impl SoftmaxRows {
                 let mut lanes = RowLanes::<f32>::default();
                 for col in (0..w).step_by(TILE) {
                     let (len, tile) = (TILE.min(w - col), &mut whole);
+                    simd::prefetch(first.x.wrapping_add(row * w + col + TILE), TILE);
                     let (x, bias) = (tile_at(first.x, row * w + col, len), tile_at(first.bias, col, len));
                     tile.iter_mut().zip(x).zip(bias).for_each(|((t, &x), &b)| *t = x + b);
                     lanes.add(ReduceOp::Max, col, &tile[..len]);
