@@ -438,6 +438,12 @@ impl Product {
 /// layout), reading along whichever axis `a` stores contiguously. Words
 /// past the edges keep the zeros the caller wrote.
 fn pack_a(g: &Blocking, a: &View, rows: std::ops::Range<usize>, packed: &mut [u32]) {
+    super::simd::widest!(pack_a_in(g, a, rows, packed))
+}
+
+/// [`pack_a`], inlined into each SIMD copy.
+#[inline(always)]
+fn pack_a_in(g: &Blocking, a: &View, rows: std::ops::Range<usize>, packed: &mut [u32]) {
     let (k, pairs) = (g.k, g.k.div_ceil(2));
     let d = raw(a.data);
     if a.cs == 1 {
@@ -456,20 +462,27 @@ fn pack_a(g: &Blocking, a: &View, rows: std::ops::Range<usize>, packed: &mut [u3
             }
         }
     } else {
+        // Transposed storage: whole 16 x 16 blocks through registers, then
+        // the rest by two contiguous runs of the rows per pair.
+        let (block_rows, block_pairs) = match a.rs == 1 {
+            true => blocks::transposed_a(g, d, a, &rows, packed),
+            false => (0, 0),
+        };
         let mut column_pair = vec![0u32; rows.len()];
         for p in 0..pairs {
+            let first = if p < block_pairs { block_rows } else { 0 };
+            let column_pair = &mut column_pair[first..];
             if a.rs == 1 {
-                // Transposed storage: two contiguous runs of the rows.
-                let column = |c: usize| &d[a.offset + c * a.cs + rows.start..][..rows.len()];
-                interleave(column(2 * p), (2 * p + 1 < k).then(|| column(2 * p + 1)), &mut column_pair);
+                let column = |c: usize| &d[a.offset + c * a.cs + rows.start + first..][..rows.len() - first];
+                interleave(column(2 * p), (2 * p + 1 < k).then(|| column(2 * p + 1)), column_pair);
             } else {
                 for (i, w) in column_pair.iter_mut().enumerate() {
-                    let hi = if 2 * p + 1 < k { a.bits(rows.start + i, 2 * p + 1) } else { 0 };
-                    *w = a.bits(rows.start + i, 2 * p) | hi << 16;
+                    let hi = if 2 * p + 1 < k { a.bits(rows.start + first + i, 2 * p + 1) } else { 0 };
+                    *w = a.bits(rows.start + first + i, 2 * p) | hi << 16;
                 }
             }
             for (i, &w) in column_pair.iter().enumerate() {
-                packed[g.at(i, p)] = w;
+                packed[g.at(first + i, p)] = w;
             }
         }
     }
@@ -479,12 +492,22 @@ fn pack_a(g: &Blocking, a: &View, rows: std::ops::Range<usize>, packed: &mut [u3
 /// layout with columns for rows), reading along whichever axis `b` stores
 /// contiguously. Words past the edges keep the zeros the caller wrote.
 fn pack_b(g: &Blocking, b: &View, cols: std::ops::Range<usize>, packed: &mut [u32]) {
+    super::simd::widest!(pack_b_in(g, b, cols, packed))
+}
+
+/// [`pack_b`], inlined into each SIMD copy.
+#[inline(always)]
+fn pack_b_in(g: &Blocking, b: &View, cols: std::ops::Range<usize>, packed: &mut [u32]) {
     let (k, pairs, width) = (g.k, g.k.div_ceil(2), cols.len());
     let d = raw(b.data);
     if b.cs == 1 {
         let mut row_pair = vec![0u32; width];
         for p in 0..pairs {
             let row = |r: usize| &d[b.offset + r * b.rs + cols.start..][..width];
+            // The rows two pairs on: the loop waits on these loads otherwise.
+            for r in [2 * p + 4, 2 * p + 5] {
+                super::simd::prefetch(d.as_ptr().wrapping_add(b.offset + r * b.rs + cols.start), width);
+            }
             interleave(row(2 * p), (2 * p + 1 < k).then(|| row(2 * p + 1)), &mut row_pair);
             // Column `j` of pair `p` goes to word `j % 16` of row `p % 16`
             // of its tile: runs of 16 columns are contiguous.
@@ -495,10 +518,12 @@ fn pack_b(g: &Blocking, b: &View, cols: std::ops::Range<usize>, packed: &mut [u3
         }
     } else if b.rs == 1 {
         // Transposed storage: each column is contiguous in `k`, so the pair
-        // (2p, 2p + 1) of a column is one unaligned 32-bit word.
+        // (2p, 2p + 1) of a column is one unaligned 32-bit word; whole 16 x
+        // 16 blocks of them through registers, the rest word by word.
+        let (block_cols, block_pairs) = blocks::transposed_b(g, d, b, &cols, packed);
         for (j, col) in cols.clone().enumerate() {
             let column = &d[b.offset + col * b.cs..][..k];
-            for p in 0..pairs {
+            for p in (if j < block_cols { block_pairs } else { 0 })..pairs {
                 let hi = if 2 * p + 1 < k { u32::from(column[2 * p + 1]) } else { 0 };
                 packed[column_word(g, j, p)] = u32::from(column[2 * p]) | hi << 16;
             }
@@ -508,6 +533,139 @@ fn pack_b(g: &Blocking, b: &View, cols: std::ops::Range<usize>, packed: &mut [u3
             for p in 0..pairs {
                 let hi = if 2 * p + 1 < k { b.bits(2 * p + 1, col) } else { 0 };
                 packed[column_word(g, j, p)] = b.bits(2 * p, col) | hi << 16;
+            }
+        }
+    }
+}
+
+/// Packing by whole 16 x 16 blocks of pair words through AVX-512 registers
+/// ([`super::simd::transpose16`]) where an operand stores the packed
+/// layout's rows as its columns: each block is read a cache line (or half
+/// of one) down each of 16 runs and written as 16 whole tile rows. The
+/// words are the ones the word-by-word loops write.
+mod blocks {
+    use super::{column_word, Blocking, View};
+    use std::ops::Range;
+
+    /// Packs the whole 16 x 16 blocks of rows `rows` of a left operand
+    /// stored transposed (`a.rs == 1`) and returns how many rows and pairs
+    /// they cover (none without AVX-512).
+    pub(super) fn transposed_a(
+        g: &Blocking,
+        d: &[u16],
+        a: &View,
+        rows: &Range<usize>,
+        packed: &mut [u32],
+    ) -> (usize, usize) {
+        let covered = (rows.len() / 16 * 16, g.k / 2 / 16 * 16);
+        #[cfg(target_arch = "x86_64")]
+        if crate::kernels::simd::avx512() {
+            debug_assert!(a.rs == 1 && super::CHUNK_PAIRS.is_multiple_of(16));
+            let read = a.offset + (2 * covered.1).saturating_sub(1) * a.cs + rows.start + covered.0;
+            let written = g.at(covered.0.saturating_sub(1), covered.1.saturating_sub(1));
+            assert!(
+                covered.0 == 0 || covered.1 == 0 || (read <= d.len() && written < packed.len()),
+                "a transposed left operand's blocks lie in its buffer and in the packed block"
+            );
+            // SAFETY: AVX-512 was detected; every run read lies below
+            // `read` and every tile row written at or below `written`
+            // (checked: the layout's last word of the blocks).
+            unsafe { avx512::transposed_a(g, d, a, rows.start, covered, packed) };
+            return covered;
+        }
+        let _ = (d, a, packed);
+        (0, 0)
+    }
+
+    /// Packs the whole 16 x 16 blocks of columns `cols` of a right operand
+    /// stored transposed (`b.rs == 1`) and returns how many columns and
+    /// pairs they cover (none without AVX-512).
+    pub(super) fn transposed_b(
+        g: &Blocking,
+        d: &[u16],
+        b: &View,
+        cols: &Range<usize>,
+        packed: &mut [u32],
+    ) -> (usize, usize) {
+        let covered = (cols.len() / 16 * 16, g.k / 2 / 16 * 16);
+        #[cfg(target_arch = "x86_64")]
+        if crate::kernels::simd::avx512() {
+            debug_assert!(b.rs == 1);
+            let read = b.offset + (cols.start + covered.0).saturating_sub(1) * b.cs + 2 * covered.1;
+            let written = column_word(g, covered.0.saturating_sub(1), covered.1.saturating_sub(1));
+            assert!(
+                covered.0 == 0 || covered.1 == 0 || (read <= d.len() && written < packed.len()),
+                "a transposed right operand's blocks lie in its buffer and in the packed block"
+            );
+            // SAFETY: as in `transposed_a`.
+            unsafe { avx512::transposed_b(g, d, b, cols.start, covered, packed) };
+            return covered;
+        }
+        let _ = (d, b, packed);
+        (0, 0)
+    }
+
+    #[cfg(target_arch = "x86_64")]
+    mod avx512 {
+        use super::super::{column_word, Blocking, View};
+        use crate::kernels::simd::transpose16;
+        use std::arch::x86_64::*;
+
+        /// Block `(i0, p0)`: vector `q` interleaves the two runs of `k`
+        /// rows `2(p0 + q)` and `2(p0 + q) + 1` over rows `i0..i0 + 16`;
+        /// transposed, vector `r` is row `i0 + r`'s 16 pairs.
+        ///
+        /// # Safety
+        /// AVX-512 F and BW; the blocks lie in `d` and `packed`.
+        #[target_feature(enable = "avx512f,avx512bw")]
+        pub(super) unsafe fn transposed_a(
+            g: &Blocking,
+            d: &[u16],
+            a: &View,
+            row0: usize,
+            (rows, pairs): (usize, usize),
+            packed: &mut [u32],
+        ) {
+            let run = |c: usize, i: usize| _mm256_loadu_si256(d.as_ptr().add(a.offset + c * a.cs + row0 + i).cast());
+            // Pairs outside, so that each of a block's 32 runs goes on
+            // along its row of the stored operand in the next block.
+            for p0 in (0..pairs).step_by(16) {
+                for i0 in (0..rows).step_by(16) {
+                    let words: [__m512i; 16] = std::array::from_fn(|q| {
+                        let (lo, hi) = (run(2 * (p0 + q), i0), run(2 * (p0 + q) + 1, i0));
+                        _mm512_or_si512(_mm512_cvtepu16_epi32(lo), _mm512_slli_epi32::<16>(_mm512_cvtepu16_epi32(hi)))
+                    });
+                    for (r, row) in transpose16(words).iter().enumerate() {
+                        _mm512_storeu_si512(packed.as_mut_ptr().add(g.at(i0 + r, p0)).cast(), *row);
+                    }
+                }
+            }
+        }
+
+        /// Block `(j0, p0)`: vector `c` is column `j0 + c`'s pairs
+        /// `p0..p0 + 16` (32 contiguous values); transposed, vector `r` is
+        /// pair `p0 + r` of the 16 columns, one tile row.
+        ///
+        /// # Safety
+        /// AVX-512 F; the blocks lie in `d` and `packed`.
+        #[target_feature(enable = "avx512f")]
+        pub(super) unsafe fn transposed_b(
+            g: &Blocking,
+            d: &[u16],
+            b: &View,
+            col0: usize,
+            (cols, pairs): (usize, usize),
+            packed: &mut [u32],
+        ) {
+            for j0 in (0..cols).step_by(16) {
+                for p0 in (0..pairs).step_by(16) {
+                    let columns: [__m512i; 16] = std::array::from_fn(|c| {
+                        _mm512_loadu_si512(d.as_ptr().add(b.offset + (col0 + j0 + c) * b.cs + 2 * p0).cast())
+                    });
+                    for (r, row) in transpose16(columns).iter().enumerate() {
+                        _mm512_storeu_si512(packed.as_mut_ptr().add(column_word(g, j0, p0 + r)).cast(), *row);
+                    }
+                }
             }
         }
     }
@@ -629,7 +787,7 @@ mod tests {
     use super::super::bf16_arithmetic::Arithmetic;
     use super::super::dot_bf16::tests::{reference, values};
     use super::super::dot_bf16::{matmul_with, Out, OutPtr, View};
-    use super::{compute, Blocking, Shared};
+    use super::{compute, pack_a, pack_b, Blocking, Shared};
     use half::bf16;
 
     /// The tile kernel is an f32 matmul of the bf16 inputs (within f32
@@ -713,6 +871,53 @@ mod tests {
                     None => from_line = Some(bits(&one)),
                     Some(first) => assert!(*first == bits(&one), "{m}x{k}x{n}: shifted a line ({transposed})"),
                 }
+            }
+        }
+    }
+
+    /// An operand stored transposed (packed by whole 16 x 16 blocks through
+    /// registers, the rest word by word) packs into the words that the
+    /// element-by-element path writes for the same matrix in a strided
+    /// layout: whole blocks, ragged rows or columns, odd `k`, ranges that
+    /// start past the first row or column. Needs no AMX.
+    #[test]
+    fn transposed_operands_pack_the_words_of_a_strided_copy() {
+        for (len, k) in [(40, 601), (16, 32), (33, 70), (300, 2080)] {
+            let g = Blocking::of(k);
+            let matrix = values(len * k, 41);
+            // Element (i, c) of the `len x k` left operand (or (c, i) of the
+            // `k x len` right one): transposed at `c * len + i`, strided at
+            // twice that.
+            let mut strided = vec![bf16::ZERO; 2 * len * k];
+            for (x, &v) in strided.iter_mut().step_by(2).zip(&matrix) {
+                *x = v;
+            }
+            let packed = |pack: &dyn Fn(&mut [u32]), lanes: usize| {
+                let mut buffer = Vec::new();
+                let words = g.block(&mut buffer, lanes);
+                pack(words);
+                words.to_vec()
+            };
+            for first in [0, 5] {
+                let lanes = len - first;
+                let a = (
+                    View { data: &matrix, offset: 0, rs: 1, cs: len },
+                    View { data: &strided, offset: 0, rs: 2, cs: 2 * len },
+                );
+                let (transposed, general) = (
+                    packed(&|w| pack_a(&g, &a.0, first..len, w), lanes),
+                    packed(&|w| pack_a(&g, &a.1, first..len, w), lanes),
+                );
+                assert!(transposed == general, "left {len}x{k} from row {first}");
+                let b = (
+                    View { data: &matrix, offset: 0, rs: 1, cs: k },
+                    View { data: &strided, offset: 0, rs: 2, cs: 2 * k },
+                );
+                let (transposed, general) = (
+                    packed(&|w| pack_b(&g, &b.0, first..len, w), lanes),
+                    packed(&|w| pack_b(&g, &b.1, first..len, w), lanes),
+                );
+                assert!(transposed == general, "right {k}x{len} from column {first}");
             }
         }
     }
