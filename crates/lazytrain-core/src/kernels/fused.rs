@@ -419,7 +419,7 @@ impl FusedProgram {
             if let Some(lanes) = lanes.as_mut() {
                 // SAFETY: this thread owns elements at..panel_end of every
                 // output, and every input holds them.
-                at = unsafe { lanes.run(at, panel_end) };
+                at = unsafe { lanes.run(at, panel_end, columns) };
                 if at == panel_end {
                     continue;
                 }

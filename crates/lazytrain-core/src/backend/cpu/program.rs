@@ -121,7 +121,9 @@ pub(super) fn build_program(graph: &Graph, group: &Group, fast_paths: bool) -> F
     let (instrs, registers) = allocate_registers(program.instrs, program.registers);
     let gelu = if fast_paths { Gelu::recognise(&instrs) } else { None };
     let lanes = match (fast_paths, gelu) {
-        (true, None) => LaneProgram::compile(&instrs, &group.loads, registers, &group.shape, group.reduce_inner),
+        (true, None) => {
+            LaneProgram::compile(&instrs, &group.loads, registers, &group.shape, (group.reduce_inner, group.column_len))
+        }
         (false, _) | (true, Some(_)) => None,
     };
     FusedProgram {

@@ -159,7 +159,7 @@ impl AdamWUpdate {
                 | Op::RowValue { dst, .. }
                 | Op::ColumnValues { dst, .. }
                 | Op::Random { dst, .. } => (dst, Expr::Other),
-                Op::ReduceStore { .. } => return None,
+                Op::ReduceStore { .. } | Op::ColumnSum { .. } => return None,
                 Op::Store { src, out } => {
                     stored.push((out, values[src].clone()));
                     continue;
