@@ -146,7 +146,9 @@ fn chunk_per_thread(x_len: usize, out_len: usize, align: usize) -> Option<usize>
         .then(|| out_len.div_ceil(threads).div_ceil(align) * align)
 }
 
-/// Rows ahead of its reads that a column sum asks for its next columns.
+/// How many rows ahead a column sum asks for the columns it will read
+/// ([`super::simd::prefetch`]): BERT-tiny's bias-gradient sums 25 % shorter
+/// on the AMX Xeon (interleaved profiles).
 const ROWS_AHEAD: usize = 4;
 
 /// Sum `outer` rows of `inner` elements of `x` column by column into `o`
