@@ -813,25 +813,7 @@ pub(super) mod tests {
             bin(BinaryOp::Mul, Reg(3), Reg(7), 6),
             Instr::ReduceStore { op: ReduceOp::Max, src: 6, out: 2 },
         ];
-        let loads = vec![
-            Load { input: 0, access: Access::Contiguous },
-            Load { input: 1, access: Access::Strided(vec![1, 0]) },
-            Load { input: 2, access: Access::Strided(vec![0, 1]) },
-        ];
-        let shape = [rows, width];
-        let compiled = LaneProgram::compile(&instrs, &loads, 8, &shape, (width, 0));
-        assert!(compiled.is_some(), "rows of whole vectors compile to lanes");
-        let program = FusedProgram {
-            shape: shape.to_vec(),
-            loads,
-            instrs,
-            registers: 8,
-            output_dtypes: vec![DType::F32; 3],
-            reduce_inner: width,
-            column_len: 0,
-            gelu: None,
-            lanes: compiled.filter(|_| lanes),
-        };
+        let program = row_program(instrs, 8, (rows, width), (width, 0), lanes);
         let (mut x, mut row) = (HostData::F32(values(rows * width, 1)), HostData::F32(values(rows, 2)));
         // Finite and nonzero: a product of infinity and zero is the CPU's
         // negative NaN, and which of two NaNs a row maximum keeps depends on
@@ -852,6 +834,38 @@ pub(super) mod tests {
         outs.iter().map(bits).collect()
     }
 
+    /// A program of `instrs` over `rows` rows of `width` reading the
+    /// elements, a value per row and a value per column (loads 0, 1, 2)
+    /// into three f32 outputs, with row reductions over `reduce_inner` or
+    /// column sums over `column_len` (0: none), as a lane program or not.
+    fn row_program(
+        instrs: Vec<Instr>,
+        registers: usize,
+        (rows, width): (usize, usize),
+        (reduce_inner, column_len): (usize, usize),
+        lanes: bool,
+    ) -> FusedProgram {
+        let loads = vec![
+            Load { input: 0, access: Access::Contiguous },
+            Load { input: 1, access: Access::Strided(vec![1, 0]) },
+            Load { input: 2, access: Access::Strided(vec![0, 1]) },
+        ];
+        let shape = [rows, width];
+        let compiled = LaneProgram::compile(&instrs, &loads, registers, &shape, (reduce_inner, column_len));
+        assert!(compiled.is_some(), "rows of whole vectors compile to lanes");
+        FusedProgram {
+            shape: shape.to_vec(),
+            loads,
+            instrs,
+            registers,
+            output_dtypes: vec![DType::F32; 3],
+            reduce_inner,
+            column_len,
+            gelu: None,
+            lanes: compiled.filter(|_| lanes),
+        }
+    }
+
     /// LayerNorm's gradient sums over `rows` rows of `width`: `x` less a
     /// value per row, its column sums, and its product with a value per
     /// column stored and summed by columns too.
@@ -866,25 +880,7 @@ pub(super) mod tests {
             Instr::ColumnSum { src: 2, out: 1 },
             Instr::ColumnSum { src: 4, out: 2 },
         ];
-        let loads = vec![
-            Load { input: 0, access: Access::Contiguous },
-            Load { input: 1, access: Access::Strided(vec![1, 0]) },
-            Load { input: 2, access: Access::Strided(vec![0, 1]) },
-        ];
-        let shape = [rows, width];
-        let compiled = LaneProgram::compile(&instrs, &loads, 5, &shape, (0, width));
-        assert!(compiled.is_some(), "column sums over rows of whole vectors compile to lanes");
-        let program = FusedProgram {
-            shape: shape.to_vec(),
-            loads,
-            instrs,
-            registers: 5,
-            output_dtypes: vec![DType::F32; 3],
-            reduce_inner: 0,
-            column_len: width,
-            gelu: None,
-            lanes: compiled.filter(|_| lanes),
-        };
+        let program = row_program(instrs, 5, (rows, width), (0, width), lanes);
         // Finite, so that every sum depends on the order of its terms.
         let finite = |len: usize, salt: usize| -> Vec<f32> {
             (0..len).map(|i| ((i * 7919 + salt * 104_729) % 2003) as f32 / 250.0 - 4.0).collect()
