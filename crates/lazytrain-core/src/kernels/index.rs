@@ -111,10 +111,7 @@ pub(crate) fn gather(
         macro_rules! rows_arm {
             ($($v:ident),*) => {
                 match (src, out) {
-                    $((HostData::$v(s), HostData::$v(o)) => o
-                        .chunks_exact_mut(cols.max(1))
-                        .zip(&rows)
-                        .for_each(|(o, &k)| o.copy_from_slice(&s[k * cols..(k + 1) * cols])),)*
+                    $((HostData::$v(s), HostData::$v(o)) => copy_rows(s, o, &rows, cols),)*
                     (s, o) => return Err(format!("gather from {} into {}", s.dtype(), o.dtype())),
                 }
             };
@@ -133,6 +130,23 @@ pub(crate) fn gather(
     }
     arm!(F32, F64, BF16, F16, I64, I32, U8, Bool);
     Ok(())
+}
+
+/// Elements (of updates, or of a gather's output) from which row adds and
+/// row copies share their work between the pool's threads: an embedding's
+/// gradient (`[2048, 512]` rows into `[8192, 512]`) ran on one thread
+/// while the other waited.
+const PARALLEL_ELEMENTS: usize = 1 << 16;
+
+/// Row `r` of `o` (rows of `cols`) is row `rows[r]` of `s`; large copies on
+/// the pool's threads, blocks of rows each.
+fn copy_rows<T: Copy + Send + Sync>(s: &[T], o: &mut [T], rows: &[usize], cols: usize) {
+    use rayon::prelude::*;
+    let copy = |(o, &k): (&mut [T], &usize)| o.copy_from_slice(&s[k * cols..(k + 1) * cols]);
+    match rayon::current_num_threads() > 1 && o.len() >= PARALLEL_ELEMENTS && cols > 0 {
+        true => o.par_chunks_exact_mut(cols).zip(rows.par_iter()).with_min_len(64).for_each(copy),
+        false => o.chunks_exact_mut(cols.max(1)).zip(rows).for_each(copy),
+    }
 }
 
 fn add_float<T: FloatLike>(o: &mut [T], upd: &[T], offsets: &[usize]) {
@@ -189,11 +203,28 @@ pub(crate) fn scatter_add_inplace(
 }
 
 /// Row `r` of `upd` added to row `rows[r]` of `o` (rows of `cols`), in the
-/// order of the elementwise loop.
-fn add_rows<T: FloatLike>(o: &mut [T], upd: &[T], rows: &[usize], cols: usize) {
+/// order of the elementwise loop. Large ones split `o`'s rows between the
+/// pool's threads, each adding in order the updates of the rows it holds:
+/// every element's terms are added in the same order, so the same bits.
+fn add_rows<T: FloatLike + Send + Sync>(o: &mut [T], upd: &[T], rows: &[usize], cols: usize) {
+    use rayon::prelude::*;
+    let (threads, out_rows) = (rayon::current_num_threads(), o.len() / cols.max(1));
+    if threads < 2 || upd.len() < PARALLEL_ELEMENTS || out_rows < 2 {
+        return add_held_rows(o, upd, rows, cols, 0);
+    }
+    let share = out_rows.div_ceil(threads);
+    o.par_chunks_mut(share * cols).enumerate().for_each(|(t, held)| add_held_rows(held, upd, rows, cols, t * share));
+}
+
+/// [`add_rows`] for the updates whose rows lie in `held`, rows `first..` of
+/// the output.
+fn add_held_rows<T: FloatLike>(held: &mut [T], upd: &[T], rows: &[usize], cols: usize, first: usize) {
+    let count = held.len() / cols.max(1);
     for (u, &k) in upd.chunks_exact(cols.max(1)).zip(rows) {
-        for (o, u) in o[k * cols..(k + 1) * cols].iter_mut().zip(u) {
-            *o = T::narrow(o.widen() + u.widen());
+        if let Some(r) = k.checked_sub(first).filter(|&r| r < count) {
+            for (o, u) in held[r * cols..(r + 1) * cols].iter_mut().zip(u) {
+                *o = T::narrow(o.widen() + u.widen());
+            }
         }
     }
 }
@@ -246,5 +277,39 @@ mod tests {
         let view = IndexOperand { data: &bad, shape: &[3, 4], strides: Some(&[1, 0]) };
         let err = gather(&table, &[5, 4], view, 0, &mut HostData::F32(vec![0.0; 12])).unwrap_err();
         assert!(err.contains("index 5 is out of range for axis 0 of size 5"), "{err}");
+    }
+
+    /// Row adds and row copies large enough to share out between threads
+    /// (on 1, 2 and 3) give the one-thread loop's values: every row's
+    /// updates added in their order, repeated rows included.
+    #[test]
+    fn large_row_adds_and_copies_do_not_depend_on_the_thread_count() {
+        let (table_rows, cols, picks) = (300, 256, 1000);
+        let table: Vec<f32> = (0..table_rows * cols).map(|i| ((i * 7919) % 1013) as f32 / 97.0 - 5.0).collect();
+        let ids: Vec<i64> = (0..picks).map(|r| ((r * 104_729) % table_rows) as i64).collect();
+        let updates: Vec<f32> = (0..picks * cols).map(|i| ((i * 31) % 509) as f32 / 61.0 - 4.0).collect();
+        let mut expected_sums = table.clone();
+        for (r, &k) in ids.iter().enumerate() {
+            for c in 0..cols {
+                expected_sums[k as usize * cols + c] += updates[r * cols + c];
+            }
+        }
+        let expected_rows: Vec<f32> =
+            ids.iter().flat_map(|&k| table[k as usize * cols..(k as usize + 1) * cols].to_vec()).collect();
+        let index = HostData::I64(ids);
+        for threads in [1, 2, 3] {
+            let pool = rayon::ThreadPoolBuilder::new().num_threads(threads).build().unwrap();
+            pool.install(|| {
+                let (shape, strides) = ([picks, cols], [1, 0]);
+                let view = || IndexOperand { data: &index, shape: &shape, strides: Some(&strides) };
+                let mut sums = HostData::F32(table.clone());
+                scatter_add_inplace(&[table_rows, cols], view(), &HostData::F32(updates.clone()), 0, &mut sums)
+                    .unwrap();
+                assert!(sums == HostData::F32(expected_sums.clone()), "row adds on {threads} threads");
+                let mut rows = HostData::F32(vec![0.0; picks * cols]);
+                gather(&HostData::F32(table.clone()), &[table_rows, cols], view(), 0, &mut rows).unwrap();
+                assert!(rows == HostData::F32(expected_rows.clone()), "row copies on {threads} threads");
+            });
+        }
     }
 }
