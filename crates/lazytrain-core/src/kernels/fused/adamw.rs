@@ -242,19 +242,19 @@ impl AdamWUpdate {
         let mut at = start;
         while at + LANES <= end {
             let g = match clip {
-                Some(clip) => mul(&grad.read(at), clip),
-                None => grad.read(at),
+                Some(clip) => mul(&grad.read_ahead(at), clip),
+                None => grad.read_ahead(at),
             };
-            let m_new = add(&mul(&exp_avg.read(at), beta1), &mul(&g, one_minus_beta1));
-            let v_new = add(&mul(&exp_avg_sq.read(at), beta2), &mul(&mul(&g, &g), one_minus_beta2));
+            let m_new = add(&mul(&exp_avg.read_ahead(at), beta1), &mul(&g, one_minus_beta1));
+            let v_new = add(&mul(&exp_avg_sq.read_ahead(at), beta2), &mul(&mul(&g, &g), one_minus_beta2));
             let root = map(&v_new, f32::sqrt);
             let scaled = match self.scale {
                 Scale::Mul(s) => mul(&root, c(s)),
                 Scale::Div(s) => zip(&root, c(s), |x, y| x / y),
             };
             let decayed = match keep {
-                Some(keep) => mul(&param.read(at), keep),
-                None => param.read(at),
+                Some(keep) => mul(&param.read_ahead(at), keep),
+                None => param.read_ahead(at),
             };
             let step = mul(&zip(&m_new, &add(&scaled, eps), |x, y| x / y), step_size);
             let p_new = zip(&decayed, &step, |x, y| x - y);

@@ -43,6 +43,7 @@ use crate::ir::{BinaryOp, CmpOp, ReduceOp, UnaryOp};
 use crate::kernels::elementwise::{compare_lanes, float_binary, float_unary, select_lanes};
 use crate::kernels::numeric::{bf16_from_f32, bf16_to_f32};
 use crate::kernels::reduce::RowLanes;
+use crate::kernels::simd::prefetch_ahead;
 use crate::schedule::chain::reads_row_value;
 use crate::schedule::{Access, Load};
 use crate::storage::HostData;
@@ -432,22 +433,31 @@ impl Stream {
     /// They are in bounds, and no other thread writes them meanwhile.
     #[inline(always)]
     pub(super) unsafe fn read(self, at: usize) -> Vector {
-        use crate::kernels::simd::prefetch_ahead;
         match self {
-            Stream::F32(p) => {
-                prefetch_ahead(p, at, LANES);
-                Vector(p.add(at).cast::<[f32; LANES]>().read_unaligned())
-            }
-            Stream::BF16(p) => {
-                prefetch_ahead(p, at, LANES);
-                Vector(p.add(at).cast::<[bf16; LANES]>().read_unaligned().map(bf16_to_f32))
-            }
+            Stream::F32(p) => Vector(p.add(at).cast::<[f32; LANES]>().read_unaligned()),
+            Stream::BF16(p) => Vector(p.add(at).cast::<[bf16; LANES]>().read_unaligned().map(bf16_to_f32)),
             Stream::Bool(p) => {
-                prefetch_ahead(p, at, LANES);
                 Vector(p.add(at).cast::<[bool; LANES]>().read_unaligned().map(|b| f32::from(u8::from(b))))
             }
             Stream::Unread => unreachable!("compiled loads read contiguous streams"),
         }
+    }
+
+    /// [`Stream::read`] of a stream read in order, asking for its elements
+    /// 2 KiB on ([`prefetch_ahead`]); not for a row of column values, read
+    /// again and again.
+    ///
+    /// # Safety
+    /// As for [`Stream::read`].
+    #[inline(always)]
+    pub(super) unsafe fn read_ahead(self, at: usize) -> Vector {
+        match self {
+            Stream::F32(p) => prefetch_ahead(p, at, LANES),
+            Stream::BF16(p) => prefetch_ahead(p, at, LANES),
+            Stream::Bool(p) => prefetch_ahead(p, at, LANES),
+            Stream::Unread => {}
+        }
+        self.read(at)
     }
 
     /// Element `at` (a row's value).
@@ -573,7 +583,7 @@ impl BoundLanes<'_> {
         while at + LANES <= end {
             for op in &self.program.ops {
                 match *op {
-                    Op::Load { load, dst } => regs[dst] = self.streams[load].read(at),
+                    Op::Load { load, dst } => regs[dst] = self.streams[load].read_ahead(at),
                     Op::Unary { op, src, dst } => regs[dst] = unary(op, &regs[src]),
                     Op::Binary { op, a, b, dst } => regs[dst] = binary(op, &regs[a], &regs[b]),
                     Op::Compare { op, a, b, dst } => regs[dst] = compare(op, &regs[a], &regs[b]),
