@@ -448,6 +448,60 @@ fn gemm_bf16(d: DotDims, (a, la): (&[bf16], &MatrixLayout), (b, lb): (&[bf16], &
     });
 }
 
+thread_local! {
+    /// This thread's contiguous copy of a bf16 matrix on its way into a
+    /// spaced output where the CPU has no bf16 kernel, kept between products.
+    static SPACED_BF16: std::cell::RefCell<Vec<bf16>> = const { std::cell::RefCell::new(Vec::new()) };
+}
+
+/// [`gemm_bf16`] into the matrices of an output layout whose rows are
+/// further apart than their length (a batched product stored straight into
+/// the permute that reads it: an attention's heads into their tokens'
+/// rows), each matrix on the threads [`for_each_matrix`] would give it, so
+/// the same bits: on the AVX-512 BF16 kernel where `kernel` says the CPU
+/// has it (see [`gemm_bf16`]), else through a contiguous copy of each
+/// matrix (see [`gemm_widened`]).
+fn gemm_bf16_spaced(
+    d: DotDims,
+    (a, la): (&[bf16], &MatrixLayout),
+    (b, lb): (&[bf16], &MatrixLayout),
+    (o, lo): (&mut [bf16], &MatrixLayout),
+    kernel: bool,
+) {
+    use super::dot_bf16::{matmul_strided, OutPtr, View};
+    let out = OutMatrices { ptr: o.as_mut_ptr(), layout: lo };
+    let one = |bi: usize, threads: usize| {
+        // SAFETY: `output_layout` checked that every matrix of the layout
+        // lies inside `o`; each matrix is written by this call only.
+        let (first, rs) = unsafe { out.matrix(bi) };
+        if kernel {
+            let av = View { data: a, offset: la.offsets[bi], rs: la.rs, cs: la.cs };
+            let bv = View { data: b, offset: lb.offsets[bi], rs: lb.rs, cs: lb.cs };
+            // SAFETY: the CPU has the kernel; as above for the rows.
+            unsafe { matmul_strided((d.m, d.k, d.n), av, bv, (OutPtr::BF16(first), rs), threads) };
+            return;
+        }
+        SPACED_BF16.with_borrow_mut(|own| {
+            let own = super::dot_bf16::sized(own, d.m * d.n);
+            let av = super::dot_widened::Strided { data: a, offset: la.offsets[bi], rs: la.rs, cs: la.cs };
+            let bv = super::dot_widened::Strided { data: b, offset: lb.offsets[bi], rs: lb.rs, cs: lb.cs };
+            super::dot_widened::matmul((d.m, d.k, d.n), av, bv, own, threads);
+            for (r, row) in own.chunks_exact(d.n).enumerate() {
+                // SAFETY: as above, row `r` of matrix `bi`.
+                unsafe { std::slice::from_raw_parts_mut(first.add(r * rs), d.n).copy_from_slice(row) };
+            }
+        });
+    };
+    let threads = rayon::current_num_threads();
+    let single = matches!(gemm_parallelism(d.m * d.n * d.k, threads), gemm::Parallelism::None);
+    if d.batch >= threads && threads > 1 && single {
+        use rayon::prelude::*;
+        (0..d.batch).into_par_iter().for_each(|bi| one(bi, 1));
+    } else {
+        (0..d.batch).for_each(|bi| one(bi, threads));
+    }
+}
+
 /// bf16 or f16 operands widened to f32 for `gemm` (see
 /// `dot_widened`): CPUs without a dot-product instruction for them.
 fn gemm_widened<T: FloatLike<Math = f32>>(
@@ -523,6 +577,9 @@ pub(crate) fn dot(
         }
         (MatmulKernel::Gemm, HostData::F64(a), HostData::F64(b), HostData::F64(o)) => {
             gemm_native(d, (a, &la), (b, &lb), (o, &lo))
+        }
+        (MatmulKernel::Gemm, HostData::BF16(a), HostData::BF16(b), HostData::BF16(o)) if spaced => {
+            gemm_bf16_spaced(d, (a, &la), (b, &lb), (o, &lo), super::dot_bf16::available())
         }
         (_, _, _, out) if spaced => return Err(format!("a {} product stored through strides", out.dtype())),
         (MatmulKernel::Naive, HostData::F32(a), HostData::F32(b), HostData::F32(o)) => naive_typed(d, a, b, o),
@@ -676,6 +733,52 @@ impl<'a> RowPanels<'a> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// bf16 heads stored into tokens' rows (`[b, h, s, w]` products in a
+    /// `[b, s, h, w]` buffer), by the bf16 kernel where this CPU has it and
+    /// by widened `gemm` on every CPU: the bits of the contiguous product
+    /// (computed by the same kernel) moved row by row, on 1 and 2 threads,
+    /// and nothing written between the rows.
+    #[test]
+    fn spaced_bf16_products_put_each_row_where_the_permute_would() {
+        let (b, h, s, w, k) = (2, 3, 37, 20, 24);
+        let d = DotDims { batch: b * h, m: s, k, n: w, lhs_t: false, rhs_t: false };
+        let mut u = vec![0f32; d.batch * k * (s + w)];
+        crate::random::uniform_f32(5, 0, &mut u);
+        let values: Vec<bf16> = u.iter().map(|&x| bf16::from_f32(2.0 * x - 1.0)).collect();
+        let (a, bb) = values.split_at(d.batch * s * k);
+        let la = MatrixLayout::contiguous(&[b, h, s, k], false, a.len()).unwrap();
+        let lb = MatrixLayout::contiguous(&[b, h, k, w], false, bb.len()).unwrap();
+        let strides = [s * h * w, w, h * w, 1];
+        let lo = output_layout(&[b, h, s, w], Some(&strides), b * h * s * w).unwrap();
+        let kernels: &[bool] = if super::super::dot_bf16::available() { &[true, false] } else { &[false] };
+        for &kernel in kernels {
+            for threads in [1, 2] {
+                let pool = rayon::ThreadPoolBuilder::new().num_threads(threads).build().unwrap();
+                let mut contiguous = vec![bf16::ZERO; b * h * s * w];
+                let mut spaced = vec![bf16::NAN; b * h * s * w];
+                pool.install(|| {
+                    match kernel {
+                        true => gemm_bf16(d, (a, &la), (bb, &lb), &mut contiguous),
+                        false => gemm_widened(d, (a, &la), (bb, &lb), &mut contiguous),
+                    }
+                    gemm_bf16_spaced(d, (a, &la), (bb, &lb), (&mut spaced, &lo), kernel);
+                });
+                for (bi, matrix) in contiguous.chunks_exact(s * w).enumerate() {
+                    let (batch, head) = (bi / h, bi % h);
+                    for (r, row) in matrix.chunks_exact(w).enumerate() {
+                        let at = batch * strides[0] + head * strides[1] + r * strides[2];
+                        let placed = &spaced[at..at + w];
+                        assert!(
+                            placed.iter().zip(row).all(|(x, y)| x.to_bits() == y.to_bits()),
+                            "kernel {kernel}, {threads} threads: matrix {bi} row {r}"
+                        );
+                    }
+                }
+                assert!(spaced.iter().all(|x| !x.is_nan()), "every element written once");
+            }
+        }
+    }
 
     /// Batched bf16 products through whichever kernel this CPU runs: small
     /// matrices shared out whole between threads and large ones each on all

@@ -164,16 +164,23 @@ fn aligned(buffer: &mut Vec<u32>, len: usize) -> &mut [u32] {
     &mut words[skip..skip + len]
 }
 
-/// `out = a x b` (`m x k` by `k x n`) on up to `threads` threads.
+/// `out = a x b` (`m x k` by `k x n`) on up to `threads` threads, the
+/// output's rows of `n` values `out_rs` apart.
 ///
 /// # Safety
-/// [`enable`] returned true; `out` holds `m x n` elements no other thread
-/// touches meanwhile.
-pub(crate) unsafe fn matmul((m, k, n): (usize, usize, usize), a: View, b: View, out: OutPtr, threads: usize) {
+/// [`enable`] returned true; `out` holds the `m` rows, which no other
+/// thread touches meanwhile.
+pub(crate) unsafe fn matmul(
+    (m, k, n): (usize, usize, usize),
+    a: View,
+    b: View,
+    (out, out_rs): (OutPtr, usize),
+    threads: usize,
+) {
     let g = Blocking::of(k);
     let parts = threads.clamp(1, 8);
     if parts == 1 || m * n * k < 1 << 22 {
-        compute(&g, n, (a, b), out, 0..m, 0..n, Shared::default());
+        compute(&g, out_rs, (a, b), out, 0..m, 0..n, Shared::default());
         return;
     }
     if m < PANEL * parts {
@@ -183,7 +190,7 @@ pub(crate) unsafe fn matmul((m, k, n): (usize, usize, usize), a: View, b: View, 
             for j0 in (0..n).step_by(chunk) {
                 let cols = j0..(j0 + chunk).min(n);
                 // SAFETY: as above; the threads' columns are disjoint.
-                s.spawn(move |_| unsafe { compute(&g, n, (a, b), out, 0..m, cols, Shared::default()) });
+                s.spawn(move |_| unsafe { compute(&g, out_rs, (a, b), out, 0..m, cols, Shared::default()) });
             }
         });
         return;
@@ -194,9 +201,9 @@ pub(crate) unsafe fn matmul((m, k, n): (usize, usize, usize), a: View, b: View, 
     SHARED.with(|cell| match cell.try_borrow_mut() {
         Ok(mut buffers) => {
             let (packed_a, packed_b) = &mut *buffers;
-            split_rows(&g, (m, n, parts), (a, b), out, packed_a, packed_b);
+            split_rows(&g, (m, n, parts), (a, b), (out, out_rs), packed_a, packed_b);
         }
-        Err(_) => split_rows(&g, (m, n, parts), (a, b), out, &mut Vec::new(), &mut Vec::new()),
+        Err(_) => split_rows(&g, (m, n, parts), (a, b), (out, out_rs), &mut Vec::new(), &mut Vec::new()),
     });
 }
 
@@ -215,7 +222,7 @@ unsafe fn split_rows(
     g: &Blocking,
     (m, n, parts): (usize, usize, usize),
     (a, b): (View, View),
-    out: OutPtr,
+    (out, out_rs): (OutPtr, usize),
     packed_a: &mut Vec<u32>,
     packed_b: &mut Vec<u32>,
 ) {
@@ -251,7 +258,7 @@ unsafe fn split_rows(
                 let a_panels = (!shared_a.is_empty()).then(|| &shared_a[i0 / PANEL * g.panel_words..]);
                 let shared = Shared { a: a_panels, b: Some(shared_b) };
                 // SAFETY: as above; the threads' rows are disjoint.
-                s.spawn(move |_| unsafe { compute(&g, n, (a, b), out, rows, cols, shared) });
+                s.spawn(move |_| unsafe { compute(&g, out_rs, (a, b), out, rows, cols, shared) });
             }
         });
     }
@@ -279,10 +286,11 @@ thread_local! {
 /// block of columns at a time.
 ///
 /// # Safety
-/// As for [`matmul`]; no other thread writes the rectangle.
+/// As for [`matmul`] (`out_rs` apart the output's rows); no other thread
+/// writes the rectangle.
 unsafe fn compute(
     g: &Blocking,
-    n: usize,
+    out_rs: usize,
     (a, b): (View, View),
     out: OutPtr,
     rows: std::ops::Range<usize>,
@@ -324,7 +332,7 @@ unsafe fn compute(
             };
             if g.chunks > g.kc {
                 let right = (packed_b, block_cols.clone());
-                blocked_k(g, n, left_panel, right, out, rows.clone(), partials);
+                blocked_k(g, out_rs, left_panel, right, out, rows.clone(), partials);
                 continue;
             }
             // Each left panel stays in L1 while the right block's panels
@@ -336,7 +344,7 @@ unsafe fn compute(
                     let pb = packed_b.as_ptr().add(jp * g.panel_words);
                     micro_kernel(0..g.chunks, panel, pb, &mut tile, false);
                     let (height, width) = (PANEL.min(rows.end - i0), PANEL.min(block_cols.end - j0));
-                    tile.store(out, n, (i0, j0), (height, width));
+                    tile.store(out, out_rs, (i0, j0), (height, width));
                 }
             }
         }
@@ -355,7 +363,7 @@ unsafe fn compute(
 /// the block hold every chunk of their panels.
 unsafe fn blocked_k(
     g: &Blocking,
-    n: usize,
+    out_rs: usize,
     left_panel: impl Fn(usize) -> LeftPanel,
     (packed_b, cols): (&[u32], std::ops::Range<usize>),
     out: OutPtr,
@@ -378,7 +386,7 @@ unsafe fn blocked_k(
                     micro_kernel(stretch.clone(), panel, pb, partial, kc > 0);
                     if stretch.end == g.chunks {
                         let (height, width) = (PANEL.min(rows.end - i0), PANEL.min(cols.end - j0));
-                        partial.store(out, n, (i0, j0), (height, width));
+                        partial.store(out, out_rs, (i0, j0), (height, width));
                     }
                 }
             }

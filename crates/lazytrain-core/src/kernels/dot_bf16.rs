@@ -125,20 +125,55 @@ pub(crate) fn matmul_with(
             OutPtr::BF16(o.as_mut_ptr())
         }
     };
+    // SAFETY: the output holds the `m x n` product (asserted above), rows
+    // `n` apart, and is borrowed mutably here.
+    unsafe { matmul_rows(arithmetic, (m, k, n), a, b, (ptr, n), threads) }
+}
+
+/// [`matmul`] into rows of the output `out_rs` apart from `out`: a matrix
+/// of a batched product stored straight into the layout of a permute that
+/// reads it (the attention's heads into their tokens' rows).
+///
+/// # Safety
+/// [`available`] says so; the `m` rows of `n` values from `out`, `out_rs`
+/// apart, lie inside one buffer that nobody else touches there meanwhile.
+pub(crate) unsafe fn matmul_strided(
+    (m, k, n): (usize, usize, usize),
+    a: View,
+    b: View,
+    out: (OutPtr, usize),
+    threads: usize,
+) {
+    let arithmetic = arithmetic().expect("callers check `available`");
+    matmul_rows(arithmetic, (m, k, n), a, b, out, threads)
+}
+
+/// [`matmul_with`] into rows `out_rs` apart from `out`.
+///
+/// # Safety
+/// As for [`matmul_strided`], for `arithmetic`.
+unsafe fn matmul_rows(
+    arithmetic: Arithmetic,
+    (m, k, n): (usize, usize, usize),
+    a: View,
+    b: View,
+    (ptr, out_rs): (OutPtr, usize),
+    threads: usize,
+) {
     if m == 0 || n == 0 {
         return;
     }
     if arithmetic == Arithmetic::Tiles {
         // SAFETY: `Tiles` is chosen only where `dot_amx::enable` succeeded;
-        // the output holds `m x n` elements (asserted above).
-        unsafe { super::dot_amx::matmul((m, k, n), a, b, ptr, threads) };
+        // the caller's rows hold the output.
+        unsafe { super::dot_amx::matmul((m, k, n), a, b, (ptr, out_rs), threads) };
         return;
     }
     let parts = threads.clamp(1, 8);
     let work = m * n * k;
     if parts == 1 || work < 1 << 20 {
         // SAFETY: the caller checked the CPU; the ranges cover the output once.
-        unsafe { block(&Geometry::of(k, arithmetic), n, a, b, ptr, 0..m, 0..n, &Shared::None) };
+        unsafe { block(&Geometry::of(k, arithmetic), out_rs, a, b, ptr, 0..m, 0..n, &Shared::None) };
         return;
     }
     // Split the longer side between the threads. The operand along the
@@ -168,7 +203,7 @@ pub(crate) fn matmul_with(
             s.spawn(move |_| {
                 let (rows, cols) = if split_rows { (range, 0..n) } else { (0..m, range) };
                 // SAFETY: as above; the threads' ranges are disjoint.
-                unsafe { block(geometry, n, a, b, ptr, rows, cols, shared) };
+                unsafe { block(geometry, out_rs, a, b, ptr, rows, cols, shared) };
             });
         }
     });
@@ -301,8 +336,8 @@ fn prepack(g: &Geometry, (len, side, unit): (usize, usize, usize), parts: usize,
     Packed { words, starts, k_blocks: g.k_blocks }
 }
 
-/// Compute rows `rows` x columns `cols` of the product (`n` is the output's
-/// row length). `k` is split into blocks of [`KC_PAIRS`] pairs so a packed
+/// Compute rows `rows` x columns `cols` of the product (`n` is the distance
+/// between the output's rows). `k` is split into blocks of [`KC_PAIRS`] pairs so a packed
 /// block of each operand stays in cache; partial sums live in f32 (the
 /// output itself, or a scratch rectangle when the output is bf16).
 ///

@@ -124,7 +124,7 @@ impl Fusion {
         }
     }
 
-    /// Store each f32 batched matmul whose only reader is a permute that
+    /// Store each f32 or bf16 batched matmul whose only reader is a permute that
     /// keeps the trailing axis in place straight into that permute's
     /// buffer, its rows `n` contiguous values a stride apart: an
     /// attention's `[batch, heads, seq, head_dim]` products land in the
@@ -146,11 +146,13 @@ impl Fusion {
             let d = node.inputs[0].index();
             let product = &graph.nodes[d];
             let rank = perm.len();
-            let f32_operands = product.inputs.iter().all(|id| graph.node(*id).dtype == DType::F32);
+            // f32 products (`gemm`, the attention-head kernel) and bf16 ones
+            // (the bf16 kernels) write rows wherever the layout puts them.
+            let same_dtype_operands = product.inputs.iter().all(|id| graph.node(*id).dtype == product.dtype);
             let stays_last = rank >= 3 && perm[rank - 1] == rank - 1;
             if !matches!(product.op, Op::Dot { .. })
-                || product.dtype != DType::F32
-                || !f32_operands
+                || !matches!(product.dtype, DType::F32 | DType::BF16)
+                || !same_dtype_operands
                 || !stays_last
                 || node.shape.numel() == 0
                 || readers[d] != 1
