@@ -6,6 +6,7 @@ use super::execution::Job;
 use super::trace::{canonicalize, fail_cells, TensorState};
 use super::Device;
 use crate::error::{Error, Result};
+use crate::ir::{Graph, NodeId, Op};
 use crate::storage::Buffer;
 use std::panic::Location;
 use std::sync::atomic::Ordering;
@@ -71,10 +72,11 @@ impl Device {
         let cut_start = Instant::now();
         let traced_nodes = taken.builder.len() as u64;
         self.inner.metrics.update(|m| m.traced_nodes += traced_nodes);
-        let num_params = taken.params.len();
-        let traced = taken.builder.finish(outputs, num_params);
+        let mut taken_params = taken.params;
+        let mut traced = taken.builder.finish(outputs, taken_params.len());
+        provide_values(&mut traced, &mut taken_params, taken.provided);
         let (mut graph, param_order) = canonicalize(traced);
-        let mut params: Vec<Option<Arc<Buffer>>> = taken.params.into_iter().map(Some).collect();
+        let mut params: Vec<Option<Arc<Buffer>>> = taken_params.into_iter().map(Some).collect();
         let inputs: Vec<Arc<Buffer>> = param_order.iter().filter_map(|&k| params[k].take()).collect();
         // A buffer only this sync still holds is donated: the executable may
         // write the step's new values into it.
@@ -124,4 +126,20 @@ impl Device {
         drop(live);
         Ok(())
     }
+}
+
+/// Turn each cast node of `graph` whose value a buffer already holds (a
+/// weight's kept narrow copy, see `tensor::narrow_copy`) into a parameter
+/// reading that buffer: the graph computes the same values, one kernel
+/// fewer.
+fn provide_values(graph: &mut Graph, params: &mut Vec<Arc<Buffer>>, provided: Vec<(NodeId, Arc<Buffer>)>) {
+    for (id, buffer) in provided {
+        let node = &mut graph.nodes[id.index()];
+        if node.op == Op::Cast && buffer.dtype() == node.dtype {
+            node.op = Op::Parameter(params.len());
+            node.inputs.clear();
+            params.push(buffer);
+        }
+    }
+    graph.num_params = params.len();
 }

@@ -62,6 +62,9 @@ pub(crate) struct LiveGraph {
     pub(super) prune_at: usize,
     /// Random streams handed out in this graph.
     pub(super) next_rng_stream: u64,
+    /// Cast nodes whose values are already computed (a weight's kept
+    /// narrow copy): the sync reads these buffers in their place.
+    pub(super) provided: Vec<(NodeId, Arc<Buffer>)>,
 }
 
 impl LiveGraph {
@@ -111,6 +114,12 @@ impl LiveGraph {
             self.prune_at = (self.pending.len() * 2).max(64);
         }
         self.pending.push(cell);
+    }
+
+    /// Read `buffer`, which holds node `id`'s value, instead of computing
+    /// the node (see `tensor::narrow_copy`).
+    pub(crate) fn provide(&mut self, id: NodeId, buffer: Arc<Buffer>) {
+        self.provided.push((id, buffer));
     }
 
     /// A fresh random stream number for this graph.

@@ -112,7 +112,8 @@ impl MemoryPlan {
                 let p = store.base;
                 let permuted = &graph.nodes[p];
                 unplanned_bytes += lengths[p] * permuted.dtype.size_in_bytes();
-                let slot = take_slot(&mut free, &mut slots, permuted.dtype, lengths[p]);
+                let wanted = Wanted { dtype: permuted.dtype, len: lengths[p], output: last_use[p] == usize::MAX };
+                let slot = take_slot(&mut free, &mut slots, &donated, wanted);
                 operands[p] = Operand::Slot(slot);
                 if last_use[p] != usize::MAX {
                     dying[last_use[p].max(i)].push(slot);
@@ -143,13 +144,19 @@ impl MemoryPlan {
                         let donated_first = |x: &&usize| is_donated(graph, **x) != is_output;
                         let mut candidates: Vec<&usize> = group.contiguous_inputs.iter().collect();
                         candidates.sort_by_key(donated_first);
-                        let reusable = candidates.into_iter().find_map(|&x| fits(x)).filter(|_| capabilities.in_place);
+                        // A graph output takes a free donated input's slot
+                        // (see `take_slot`) before an input's of its own.
+                        let wanted = Wanted { dtype: out.dtype, len: lengths[o], output: is_output };
+                        let reusable = match free_donated_slot(&free, &slots, &donated, wanted) {
+                            Some(pos) => Some(free.swap_remove(pos)),
+                            None => candidates.into_iter().find_map(|&x| fits(x)).filter(|_| capabilities.in_place),
+                        };
                         let slot = match reusable {
                             Some(s) => {
                                 dying[i].retain(|&d| d != s);
                                 s
                             }
-                            None => take_slot(&mut free, &mut slots, out.dtype, lengths[o]),
+                            None => take_slot(&mut free, &mut slots, &donated, wanted),
                         };
                         taken.push(slot);
                         operands[o] = Operand::Slot(slot);
@@ -164,7 +171,8 @@ impl MemoryPlan {
             let len = lengths[i];
             if let Op::Parameter(k) = node.op {
                 // A donated input lives in a slot of its own from the start;
-                // once its last reader has run, the slot is free for reuse.
+                // once its last reader has run, a graph output may take the
+                // slot (see `take_slot`).
                 slots.push((node.dtype, len));
                 let slot = slots.len() - 1;
                 donated.push((k, slot));
@@ -191,6 +199,11 @@ impl MemoryPlan {
                     && node.inputs.iter().filter(|j| *j == id).count() == 1;
                 fits.then_some((pos, s))
             });
+            // A graph output takes a free donated input's slot (see
+            // `take_slot`) rather than an intermediate input's.
+            let wanted = Wanted { dtype: node.dtype, len, output: is_output };
+            let donated_slot_free = free_donated_slot(&free, &slots, &donated, wanted).is_some();
+            let reusable = reusable.filter(|&(_, s)| !donated_slot_free || donated.iter().any(|&(_, d)| d == s));
             if let Some((pos, slot)) = reusable {
                 dying[i].retain(|&s| s != slot);
                 in_place[i] = Some(pos);
@@ -201,7 +214,7 @@ impl MemoryPlan {
                 release(&mut dying[i], &mut free);
                 continue;
             }
-            let slot = take_slot(&mut free, &mut slots, node.dtype, len);
+            let slot = take_slot(&mut free, &mut slots, &donated, wanted);
             operands[i] = Operand::Slot(slot);
             if last_use[i] != usize::MAX {
                 dying[last_use[i].max(i)].push(slot);
@@ -263,15 +276,49 @@ fn release(dying: &mut Vec<usize>, free: &mut Vec<usize>) {
     }
 }
 
-/// The smallest free slot of `dtype` holding at least `len` and at most
-/// `2 len` elements, or a new one. Without the upper bound a small value
-/// can pin a huge slot and force another huge allocation later.
-fn take_slot(free: &mut Vec<usize>, slots: &mut Vec<(DType, usize)>, dtype: DType, len: usize) -> usize {
+/// The position in `free` of a free slot of a donated input that fits a
+/// graph output exactly (none for any other value).
+fn free_donated_slot(
+    free: &[usize],
+    slots: &[(DType, usize)],
+    donated: &[(usize, usize)],
+    wanted: Wanted,
+) -> Option<usize> {
+    let Wanted { dtype, len, output } = wanted;
+    free.iter().position(|&s| output && slots[s] == (dtype, len) && donated.iter().any(|&(_, d)| d == s))
+}
+
+/// The slot a value needs: its dtype, its length, and whether it is a
+/// graph output (which leaves the run with its slot's memory).
+#[derive(Clone, Copy)]
+struct Wanted {
+    dtype: DType,
+    len: usize,
+    output: bool,
+}
+
+/// The smallest free slot of the wanted dtype holding at least `len` and
+/// at most `2 len` elements, or a new one. Without the upper bound a small
+/// value can pin a huge slot and force another huge allocation later. The
+/// slot of a donated input whose last reader has run (a weight's bf16 copy
+/// from the previous step, see `tensor::narrow_copy`) goes to a graph
+/// output only, and a graph output takes one first: the next run refills
+/// it with its donated input, where an output leaving with any other slot's
+/// memory leaves that slot to fresh memory every run.
+fn take_slot(
+    free: &mut Vec<usize>,
+    slots: &mut Vec<(DType, usize)>,
+    donated: &[(usize, usize)],
+    wanted: Wanted,
+) -> usize {
+    let Wanted { dtype, len, output } = wanted;
+    let is_donated = |s: usize| donated.iter().any(|&(_, d)| d == s);
     let best = free
         .iter()
         .enumerate()
         .filter(|(_, &s)| slots[s].0 == dtype && slots[s].1 >= len && slots[s].1 <= len.saturating_mul(2))
-        .min_by_key(|(_, &s)| slots[s].1)
+        .filter(|(_, &s)| output || !is_donated(s))
+        .min_by_key(|(_, &s)| (!is_donated(s), slots[s].1))
         .map(|(pos, _)| pos);
     match best {
         Some(pos) => free.swap_remove(pos),

@@ -1,6 +1,7 @@
 //! Elementwise ops with NumPy broadcasting.
 
 use super::{rule, trace, Tensor};
+use crate::device::trace::TensorState;
 use crate::dtype::DType;
 use crate::error::{Result, RuleError, RuleKind};
 use crate::ir::{infer, BinaryOp, CmpOp, Op, UnaryOp};
@@ -191,7 +192,9 @@ impl Tensor {
         trace("select", loc, cond.device(), Op::Select, &[&c, &a, &b], out)
     }
 
-    /// Convert to `dtype` (floats to integers truncate toward zero).
+    /// Convert to `dtype` (floats to integers truncate toward zero). A
+    /// materialised f32 value that an assignment gave a kept 16-bit copy
+    /// (see `narrow_copy`) is cast by reading that copy.
     #[track_caller]
     pub fn cast(&self, dtype: DType) -> Result<Tensor> {
         if dtype == self.dtype() {
@@ -199,7 +202,12 @@ impl Tensor {
         }
         let loc = Location::caller();
         let out = rule("cast", loc, infer::cast(self.meta(), dtype))?;
-        trace("cast", loc, self.device(), Op::Cast, &[self], out)
+        let kept = self.cell().narrow_copy_for_cast(dtype);
+        let cast = trace("cast", loc, self.device(), Op::Cast, &[self], out)?;
+        if let (Some(copy), TensorState::Pending(id)) = (kept, &*cast.cell().lock_state()) {
+            self.device().lock_live().provide(*id, copy);
+        }
+        Ok(cast)
     }
 
     /// `x^2`.

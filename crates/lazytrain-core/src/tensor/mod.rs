@@ -9,6 +9,7 @@ mod composite;
 mod create;
 mod elementwise;
 mod movement;
+mod narrow_copy;
 mod read;
 mod reduce;
 
@@ -34,6 +35,7 @@ pub(crate) struct TensorCell {
     state: Mutex<TensorState>,
     requires_grad: AtomicBool,
     grad: Mutex<Option<Tensor>>,
+    narrow: Mutex<narrow_copy::NarrowCopy>,
 }
 
 impl TensorCell {
@@ -45,6 +47,7 @@ impl TensorCell {
             state: Mutex::new(state),
             requires_grad: AtomicBool::new(false),
             grad: Mutex::new(None),
+            narrow: Mutex::new(narrow_copy::NarrowCopy::None),
         }
     }
 
@@ -54,6 +57,10 @@ impl TensorCell {
 
     fn lock_grad(&self) -> MutexGuard<'_, Option<Tensor>> {
         self.grad.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    fn lock_narrow(&self) -> MutexGuard<'_, narrow_copy::NarrowCopy> {
+        self.narrow.lock().unwrap_or_else(|p| p.into_inner())
     }
 
     /// A weak handle the device's live graph keeps.
@@ -195,14 +202,16 @@ impl Tensor {
         if self.same_value(value) {
             return Ok(());
         }
-        let mut live = self.device().lock_live();
-        let new_state = value.cell.lock_state().duplicate();
-        let pending = matches!(new_state, TensorState::Pending(_));
-        *self.cell.lock_state() = new_state;
-        if pending {
-            live.register(TensorCell::traced(&self.cell));
+        {
+            let mut live = self.device().lock_live();
+            let new_state = value.cell.lock_state().duplicate();
+            let pending = matches!(new_state, TensorState::Pending(_));
+            *self.cell.lock_state() = new_state;
+            if pending {
+                live.register(TensorCell::traced(&self.cell));
+            }
         }
-        Ok(())
+        self.renew_narrow_copy()
     }
 
     /// This value cut from autodiff, as PyTorch's `detach()`: no gradient

@@ -21,10 +21,13 @@
 //! The update is recognised by the expressions the program stores, not by
 //! its instruction list: register allocation and instruction order may
 //! change, the arithmetic may not. The loop evaluates the same expressions,
-//! operation for operation, so the results are the same bits.
+//! operation for operation, so the results are the same bits. Under
+//! autocast the program may store a fourth value, `p'` rounded to bf16
+//! (the weight's copy for the next step's products, see
+//! `tensor::narrow_copy`), which the loop writes too.
 
 use super::lanes::{map, write, zip, Op, Stream, Vector, LANES};
-use super::OutView;
+use super::{round_bf16, OutView};
 use crate::ir::{BinaryOp, UnaryOp};
 use std::rc::Rc;
 
@@ -48,6 +51,8 @@ enum Expr {
     Constant(usize),
     Unary(UnaryOp, Rc<Expr>),
     Binary(BinaryOp, Rc<Expr>, Rc<Expr>),
+    /// A value rounded to bf16's precision.
+    RoundBf16(Rc<Expr>),
     /// Anything else (a comparison, a selection, a cast).
     Other,
 }
@@ -81,6 +86,8 @@ pub(crate) struct AdamWUpdate {
     step_size: usize,
     /// Outputs of `m'`, `v'` and `p'`.
     outputs: [usize; 3],
+    /// The output of `p'` rounded to bf16, if the program stores it.
+    rounded_copy: Option<usize>,
 }
 
 /// `e` as `x * Constant(c)` (either order): `(x, c)`.
@@ -152,10 +159,10 @@ impl AdamWUpdate {
                 Op::Load { load, dst } => (dst, Expr::Load(load)),
                 Op::Unary { op, src, dst } => (dst, Expr::Unary(op, values[src].clone())),
                 Op::Binary { op, a, b, dst } => (dst, Expr::Binary(op, values[a].clone(), values[b].clone())),
+                Op::RoundBf16 { src, dst } => (dst, Expr::RoundBf16(values[src].clone())),
                 Op::Compare { dst, .. }
                 | Op::Select { dst, .. }
                 | Op::ToBool { dst, .. }
-                | Op::RoundBf16 { dst, .. }
                 | Op::RowValue { dst, .. }
                 | Op::ColumnValues { dst, .. }
                 | Op::Random { dst, .. } => (dst, Expr::Other),
@@ -167,8 +174,10 @@ impl AdamWUpdate {
             };
             values[dst] = Rc::new(value);
         }
-        let [first, second, third] = <[(usize, Rc<Expr>); 3]>::try_from(stored).ok()?;
-        let stores = [&first, &second, &third];
+        if !(3..=4).contains(&stored.len()) {
+            return None;
+        }
+        let stores: Vec<&(usize, Rc<Expr>)> = stored.iter().collect();
         // p' = p k - (m' / d) η, its first term p or p k.
         stores.iter().find_map(|&(p_out, p_new)| {
             let Expr::Binary(BinaryOp::Sub, decayed, step) = &**p_new else { return None };
@@ -189,6 +198,12 @@ impl AdamWUpdate {
             let Expr::Unary(UnaryOp::Sqrt, v_new) = &*root else { return None };
             let m_out = stores.iter().find(|(_, e)| Rc::ptr_eq(e, m_new))?.0;
             let v_out = stores.iter().find(|(_, e)| Rc::ptr_eq(e, v_new))?.0;
+            // A fourth store is p' rounded to bf16, or this is not the update.
+            let rounded = |e: &Expr| matches!(e, Expr::RoundBf16(x) if Rc::ptr_eq(x, p_new));
+            let rounded_copy = match stores.len() {
+                4 => Some(stores.iter().find(|(_, e)| rounded(e))?.0),
+                _ => None,
+            };
             // g: the gradient, or the gradient times a clipping factor.
             let Expr::Binary(BinaryOp::Add, a, b) = &**m_new else { return None };
             [a, b].into_iter().find_map(|term| {
@@ -211,6 +226,7 @@ impl AdamWUpdate {
                     eps,
                     step_size,
                     outputs: [m_out, v_out, *p_out],
+                    rounded_copy,
                 })
             })
         })
@@ -237,6 +253,7 @@ impl AdamWUpdate {
         let (eps, step_size) = (c(self.eps), c(self.step_size));
         let (keep, clip) = (self.keep.map(c), self.clip.map(c));
         let [m_out, v_out, p_out] = self.outputs.map(|k| outs[k]);
+        let copy_out = self.rounded_copy.map(|k| outs[k]);
         let (param, grad, exp_avg, exp_avg_sq) =
             (streams[self.param], streams[self.grad], streams[self.exp_avg], streams[self.exp_avg_sq]);
         let mut at = start;
@@ -261,6 +278,9 @@ impl AdamWUpdate {
             write(m_out, at, &m_new);
             write(v_out, at, &v_new);
             write(p_out, at, &p_new);
+            if let Some(copy_out) = copy_out {
+                write(copy_out, at, &map(&p_new, round_bf16));
+            }
             at += LANES;
         }
         at
