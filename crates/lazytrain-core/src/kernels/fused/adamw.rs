@@ -370,6 +370,54 @@ mod tests {
         }
     }
 
+    /// Under autocast the update also stores `p'` rounded to bf16 (the
+    /// weight's copy for the next step): recognised, the same bits as the
+    /// interpreter's in all four outputs, the copy `p'`'s bf16 rounding.
+    #[test]
+    fn the_update_with_a_bf16_copy_of_the_weight_runs_by_its_own_loop() {
+        use Access::{Contiguous, Splat};
+        let mut instrs = adamw(BinaryOp::Mul, BinaryOp::Add);
+        instrs.push(Instr::RoundBf16 { src: 0, dst: 6 });
+        instrs.push(Store { src: 6, out: 3 });
+        let run = |len: usize, lanes: bool| {
+            let accesses = [Contiguous, Splat, Contiguous, Contiguous, Contiguous, Splat, Splat];
+            let dtypes = [DType::F32, DType::F32, DType::F32, DType::BF16];
+            let program = fused(len, &accesses, instrs.clone(), &dtypes, lanes);
+            let g = HostData::F32(values(len, 4).iter().map(|v| v * 0.01).collect());
+            let (keep, scale, step) = (HostData::F32(vec![0.999]), HostData::F32(vec![1.3]), HostData::F32(vec![0.01]));
+            let v = values(len, 3).iter().map(|v| v.abs() * 1e-4).collect();
+            let mut outs = [
+                HostData::F32(values(len, 2)),
+                HostData::F32(v),
+                HostData::F32(values(len, 1)),
+                HostData::BF16(vec![half::bf16::ZERO; len]),
+            ];
+            let inputs = [
+                Source::Output(2),
+                Source::Data(&keep),
+                Source::Output(0),
+                Source::Data(&g),
+                Source::Output(1),
+                Source::Data(&scale),
+                Source::Data(&step),
+            ];
+            program.run(&inputs, &mut outs).unwrap();
+            let copy_is_rounded = match (&outs[2], &outs[3]) {
+                (HostData::F32(p), HostData::BF16(c)) => {
+                    p.iter().zip(c).all(|(p, c)| half::bf16::from_f32(*p).to_bits() == c.to_bits() || p.is_nan())
+                }
+                _ => false,
+            };
+            (outs.iter().map(bits).collect::<Vec<_>>(), program.runs_own_loop(), copy_is_rounded)
+        };
+        for len in [5, 1000, (1 << 16) + 37] {
+            let (own, recognised, rounded) = run(len, true);
+            let (interpreted, _, _) = run(len, false);
+            assert!(recognised && rounded, "{len} elements");
+            assert_eq!(own, interpreted, "{len} elements");
+        }
+    }
+
     #[test]
     fn another_update_runs_as_a_lane_program() {
         let (lanes, recognised) = update(adamw(BinaryOp::Mul, BinaryOp::Sub), 1000, true);
