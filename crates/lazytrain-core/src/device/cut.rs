@@ -3,10 +3,10 @@
 //! their buffers.
 
 use super::execution::Job;
-use super::trace::{canonicalize, fail_cells, TensorState};
+use super::trace::{canonicalize, fail_cells, Provided, TensorState};
 use super::Device;
 use crate::error::{Error, Result};
-use crate::ir::{Graph, NodeId, Op};
+use crate::ir::{Graph, Op};
 use crate::storage::Buffer;
 use std::panic::Location;
 use std::sync::atomic::Ordering;
@@ -131,14 +131,22 @@ impl Device {
 /// Turn each cast node of `graph` whose value a buffer already holds (a
 /// weight's kept narrow copy, see `tensor::narrow_copy`) into a parameter
 /// reading that buffer: the graph computes the same values, one kernel
-/// fewer.
-fn provide_values(graph: &mut Graph, params: &mut Vec<Arc<Buffer>>, provided: Vec<(NodeId, Arc<Buffer>)>) {
-    for (id, buffer) in provided {
-        let node = &mut graph.nodes[id.index()];
-        if node.op == Op::Cast && buffer.dtype() == node.dtype {
+/// fewer. A node is replaced only while it is the cast of the buffer it
+/// was provided for.
+fn provide_values(graph: &mut Graph, params: &mut Vec<Arc<Buffer>>, provided: Vec<Provided>) {
+    for Provided { id, source, value } in provided {
+        let Some(node) = graph.nodes.get(id.index()) else { continue };
+        let casts_source = node.op == Op::Cast
+            && node.dtype == value.dtype()
+            && node.inputs.first().is_some_and(|input| match graph.nodes[input.index()].op {
+                Op::Parameter(k) => params.get(k).is_some_and(|p| Arc::ptr_eq(p, &source)),
+                _ => false,
+            });
+        if casts_source {
+            let node = &mut graph.nodes[id.index()];
             node.op = Op::Parameter(params.len());
             node.inputs.clear();
-            params.push(buffer);
+            params.push(value);
         }
     }
     graph.num_params = params.len();

@@ -43,6 +43,18 @@ pub(crate) trait Traced: Send + Sync {
     fn as_any(self: Arc<Self>) -> Arc<dyn Any + Send + Sync>;
 }
 
+/// A cast node whose value a buffer already holds.
+pub(crate) struct Provided {
+    /// The cast node.
+    pub(crate) id: NodeId,
+    /// The buffer it casts: the node is replaced only while it still reads
+    /// this buffer (a node id traced before another thread's sync would
+    /// name a node of another graph).
+    pub(crate) source: Arc<Buffer>,
+    /// Its value.
+    pub(crate) value: Arc<Buffer>,
+}
+
 /// The graph traced since the last sync.
 #[derive(Default)]
 pub(crate) struct LiveGraph {
@@ -63,8 +75,9 @@ pub(crate) struct LiveGraph {
     /// Random streams handed out in this graph.
     pub(super) next_rng_stream: u64,
     /// Cast nodes whose values are already computed (a weight's kept
-    /// narrow copy): the sync reads these buffers in their place.
-    pub(super) provided: Vec<(NodeId, Arc<Buffer>)>,
+    /// narrow copy): the node, the buffer it casts and the one holding its
+    /// value, which the sync reads in its place.
+    pub(super) provided: Vec<Provided>,
 }
 
 impl LiveGraph {
@@ -116,10 +129,10 @@ impl LiveGraph {
         self.pending.push(cell);
     }
 
-    /// Read `buffer`, which holds node `id`'s value, instead of computing
-    /// the node (see `tensor::narrow_copy`).
-    pub(crate) fn provide(&mut self, id: NodeId, buffer: Arc<Buffer>) {
-        self.provided.push((id, buffer));
+    /// Read `value` instead of computing node `id`, the cast of the buffer
+    /// `source` (see `tensor::narrow_copy`).
+    pub(crate) fn provide(&mut self, id: NodeId, source: Arc<Buffer>, value: Arc<Buffer>) {
+        self.provided.push(Provided { id, source, value });
     }
 
     /// A fresh random stream number for this graph.

@@ -204,8 +204,12 @@ impl Tensor {
         let out = rule("cast", loc, infer::cast(self.meta(), dtype))?;
         let kept = self.cell().narrow_copy_for_cast(dtype);
         let cast = trace("cast", loc, self.device(), Op::Cast, &[self], out)?;
-        if let (Some(copy), TensorState::Pending(id)) = (kept, &*cast.cell().lock_state()) {
-            self.device().lock_live().provide(*id, copy);
+        let id = match &*cast.cell().lock_state() {
+            TensorState::Pending(id) => Some(*id),
+            TensorState::Ready(_) | TensorState::Failed(_) => None,
+        };
+        if let (Some((source, copy)), Some(id)) = (kept, id) {
+            self.device().lock_live().provide(id, source, copy);
         }
         Ok(cast)
     }

@@ -26,8 +26,8 @@ use std::sync::Arc;
 pub(crate) enum NarrowCopy {
     /// Nothing, and no cast asked for one.
     None,
-    /// The materialised value was cast to this type: the next assigned
-    /// value gets a copy in it.
+    /// The value was cast to this type: the next assigned value gets a
+    /// copy in it.
     Wanted(DType),
     /// The current value cast to this type (pending until the sync that
     /// computes the value).
@@ -40,15 +40,20 @@ fn narrows(from: DType, to: DType) -> bool {
 }
 
 impl TensorCell {
-    /// The materialised copy of this value in `dtype`, if one is kept; an
-    /// f32 value cast to a 16-bit float without one asks for one from its
-    /// next assignment on (a weight before the optimizer's first update).
-    pub(super) fn narrow_copy_for_cast(&self, dtype: DType) -> Option<Arc<Buffer>> {
+    /// The materialised copy of this value in `dtype`, if one is kept, with
+    /// the buffer of the value it copies; an f32 value cast to a 16-bit
+    /// float without one asks for one from its next assignment on (a weight
+    /// before the optimizer's first update).
+    pub(super) fn narrow_copy_for_cast(&self, dtype: DType) -> Option<(Arc<Buffer>, Arc<Buffer>)> {
+        let source = match &*self.lock_state() {
+            TensorState::Ready(buffer) => Some(buffer.clone()),
+            TensorState::Pending(_) | TensorState::Failed(_) => None,
+        };
         let mut narrow = self.lock_narrow();
         match &*narrow {
-            NarrowCopy::Kept(kept, copy) if *kept == dtype => match &*copy.cell.lock_state() {
-                TensorState::Ready(buffer) => Some(buffer.clone()),
-                TensorState::Pending(_) | TensorState::Failed(_) => None,
+            NarrowCopy::Kept(kept, copy) if *kept == dtype => match (source, &*copy.cell.lock_state()) {
+                (Some(source), TensorState::Ready(buffer)) => Some((source, buffer.clone())),
+                (_, TensorState::Ready(_) | TensorState::Pending(_) | TensorState::Failed(_)) => None,
             },
             NarrowCopy::None if narrows(self.dtype, dtype) => {
                 *narrow = NarrowCopy::Wanted(dtype);

@@ -334,17 +334,21 @@ mod tests {
         ]
     }
 
-    /// The outputs (`m'`, `v'`, `p'`, each over its input in place) of
-    /// `instrs` over `len` elements, as a lane program or by tiles; and
-    /// whether the lanes ran it as AdamW.
-    fn update(instrs: Vec<Instr>, len: usize, lanes: bool) -> (Vec<Vec<u32>>, bool) {
+    /// The outputs (`m'`, `v'`, `p'`, each over its input in place, and a
+    /// bf16 fourth where `copy`) of `instrs` over `len` elements, as a lane
+    /// program or by tiles; and whether the lanes ran it as AdamW.
+    fn update(instrs: Vec<Instr>, len: usize, lanes: bool, copy: bool) -> (Vec<Vec<u32>>, bool) {
         use Access::{Contiguous, Splat};
         let accesses = [Contiguous, Splat, Contiguous, Contiguous, Contiguous, Splat, Splat];
-        let program = fused(len, &accesses, instrs, &[DType::F32; 3], lanes);
+        let dtypes = [DType::F32, DType::F32, DType::F32, DType::BF16];
+        let program = fused(len, &accesses, instrs, &dtypes[..if copy { 4 } else { 3 }], lanes);
         let g = HostData::F32(values(len, 4).iter().map(|v| v * 0.01).collect());
         let (keep, scale, step) = (HostData::F32(vec![0.999]), HostData::F32(vec![1.3]), HostData::F32(vec![0.01]));
         let v = values(len, 3).iter().map(|v| v.abs() * 1e-4).collect();
-        let mut outs = [HostData::F32(values(len, 2)), HostData::F32(v), HostData::F32(values(len, 1))];
+        let mut outs = vec![HostData::F32(values(len, 2)), HostData::F32(v), HostData::F32(values(len, 1))];
+        if copy {
+            outs.push(HostData::BF16(vec![half::bf16::ZERO; len]));
+        }
         let inputs = [
             Source::Output(2),
             Source::Data(&keep),
@@ -362,8 +366,8 @@ mod tests {
     fn the_update_runs_by_its_own_loop_with_the_interpreters_bits() {
         for scale in [BinaryOp::Mul, BinaryOp::Div] {
             for len in [5, 1000, (1 << 16) + 37] {
-                let (own, recognised) = update(adamw(scale, BinaryOp::Add), len, true);
-                let (interpreted, _) = update(adamw(scale, BinaryOp::Add), len, false);
+                let (own, recognised) = update(adamw(scale, BinaryOp::Add), len, true, false);
+                let (interpreted, _) = update(adamw(scale, BinaryOp::Add), len, false, false);
                 assert!(recognised, "√v' {scale:?} a constant is AdamW's");
                 assert_eq!(own, interpreted, "{scale:?}, {len} elements");
             }
@@ -375,53 +379,23 @@ mod tests {
     /// interpreter's in all four outputs, the copy `p'`'s bf16 rounding.
     #[test]
     fn the_update_with_a_bf16_copy_of_the_weight_runs_by_its_own_loop() {
-        use Access::{Contiguous, Splat};
         let mut instrs = adamw(BinaryOp::Mul, BinaryOp::Add);
         instrs.push(Instr::RoundBf16 { src: 0, dst: 6 });
         instrs.push(Store { src: 6, out: 3 });
-        let run = |len: usize, lanes: bool| {
-            let accesses = [Contiguous, Splat, Contiguous, Contiguous, Contiguous, Splat, Splat];
-            let dtypes = [DType::F32, DType::F32, DType::F32, DType::BF16];
-            let program = fused(len, &accesses, instrs.clone(), &dtypes, lanes);
-            let g = HostData::F32(values(len, 4).iter().map(|v| v * 0.01).collect());
-            let (keep, scale, step) = (HostData::F32(vec![0.999]), HostData::F32(vec![1.3]), HostData::F32(vec![0.01]));
-            let v = values(len, 3).iter().map(|v| v.abs() * 1e-4).collect();
-            let mut outs = [
-                HostData::F32(values(len, 2)),
-                HostData::F32(v),
-                HostData::F32(values(len, 1)),
-                HostData::BF16(vec![half::bf16::ZERO; len]),
-            ];
-            let inputs = [
-                Source::Output(2),
-                Source::Data(&keep),
-                Source::Output(0),
-                Source::Data(&g),
-                Source::Output(1),
-                Source::Data(&scale),
-                Source::Data(&step),
-            ];
-            program.run(&inputs, &mut outs).unwrap();
-            let copy_is_rounded = match (&outs[2], &outs[3]) {
-                (HostData::F32(p), HostData::BF16(c)) => {
-                    p.iter().zip(c).all(|(p, c)| half::bf16::from_f32(*p).to_bits() == c.to_bits() || p.is_nan())
-                }
-                _ => false,
-            };
-            (outs.iter().map(bits).collect::<Vec<_>>(), program.runs_own_loop(), copy_is_rounded)
-        };
         for len in [5, 1000, (1 << 16) + 37] {
-            let (own, recognised, rounded) = run(len, true);
-            let (interpreted, _, _) = run(len, false);
-            assert!(recognised && rounded, "{len} elements");
+            let (own, recognised) = update(instrs.clone(), len, true, true);
+            let (interpreted, _) = update(instrs.clone(), len, false, true);
+            assert!(recognised, "{len} elements");
             assert_eq!(own, interpreted, "{len} elements");
+            let rounded = |p: &u32| u32::from(half::bf16::from_f32(f32::from_bits(*p)).to_bits());
+            assert!(own[2].iter().zip(&own[3]).all(|(p, c)| rounded(p) == *c), "the copy is p' in bf16");
         }
     }
 
     #[test]
     fn another_update_runs_as_a_lane_program() {
-        let (lanes, recognised) = update(adamw(BinaryOp::Mul, BinaryOp::Sub), 1000, true);
+        let (lanes, recognised) = update(adamw(BinaryOp::Mul, BinaryOp::Sub), 1000, true, false);
         assert!(!recognised, "m β1 - g (1 - β1) is not AdamW's first moment");
-        assert_eq!(lanes, update(adamw(BinaryOp::Mul, BinaryOp::Sub), 1000, false).0);
+        assert_eq!(lanes, update(adamw(BinaryOp::Mul, BinaryOp::Sub), 1000, false, false).0);
     }
 }
