@@ -425,10 +425,7 @@ fn for_each_matrix<T: Send>(d: DotDims, o: &mut [T], one: impl Fn(usize, &mut [T
         return;
     }
     let threads = rayon::current_num_threads();
-    // Whole matrices per thread exactly when one matrix would run on one
-    // thread anyway (`gemm_parallelism`), as `gemm_native` splits batches.
-    let single = matches!(gemm_parallelism(d.m * d.n * d.k, threads), gemm::Parallelism::None);
-    if d.batch >= threads && threads > 1 && single {
+    if matrices_alone(d, threads) {
         use rayon::prelude::*;
         o.par_chunks_mut(size).enumerate().for_each(|(bi, o)| one(bi, o, 1));
     } else {
@@ -436,6 +433,14 @@ fn for_each_matrix<T: Send>(d: DotDims, o: &mut [T], one: impl Fn(usize, &mut [T
             one(bi, o, threads);
         }
     }
+}
+
+/// True when the matrices of `d` go out whole, one thread each, between
+/// the `threads` of the pool: exactly when one matrix would run on one
+/// thread anyway (`gemm_parallelism`), as `gemm_native` splits batches.
+fn matrices_alone(d: DotDims, threads: usize) -> bool {
+    let single = matches!(gemm_parallelism(d.m * d.n * d.k, threads), gemm::Parallelism::None);
+    d.batch >= threads && threads > 1 && single
 }
 
 /// bf16 x bf16 with f32 accumulation on AVX-512 BF16 (see `dot_bf16`).
@@ -457,7 +462,7 @@ thread_local! {
 /// [`gemm_bf16`] into the matrices of an output layout whose rows are
 /// further apart than their length (a batched product stored straight into
 /// the permute that reads it: an attention's heads into their tokens'
-/// rows), each matrix on the threads [`for_each_matrix`] would give it, so
+/// rows), each matrix on the threads [`matrices_alone`] gives it, so
 /// the same bits: on the AVX-512 BF16 kernel where `kernel` says the CPU
 /// has it (see [`gemm_bf16`]), else through a contiguous copy of each
 /// matrix (see [`gemm_widened`]).
@@ -493,8 +498,7 @@ fn gemm_bf16_spaced(
         });
     };
     let threads = rayon::current_num_threads();
-    let single = matches!(gemm_parallelism(d.m * d.n * d.k, threads), gemm::Parallelism::None);
-    if d.batch >= threads && threads > 1 && single {
+    if matrices_alone(d, threads) {
         use rayon::prelude::*;
         (0..d.batch).into_par_iter().for_each(|bi| one(bi, 1));
     } else {

@@ -203,7 +203,7 @@ impl MemoryPlan {
             // `take_slot`) rather than an intermediate input's.
             let wanted = Wanted { dtype: node.dtype, len, output: is_output };
             let donated_slot_free = free_donated_slot(&free, &slots, &donated, wanted).is_some();
-            let reusable = reusable.filter(|&(_, s)| !donated_slot_free || donated.iter().any(|&(_, d)| d == s));
+            let reusable = reusable.filter(|&(_, s)| !donated_slot_free || holds_donated(&donated, s));
             if let Some((pos, slot)) = reusable {
                 dying[i].retain(|&s| s != slot);
                 in_place[i] = Some(pos);
@@ -276,6 +276,11 @@ fn release(dying: &mut Vec<usize>, free: &mut Vec<usize>) {
     }
 }
 
+/// True when `slot` is a donated input's (`donated`: input and slot pairs).
+fn holds_donated(donated: &[(usize, usize)], slot: usize) -> bool {
+    donated.iter().any(|&(_, d)| d == slot)
+}
+
 /// The position in `free` of a free slot of a donated input that fits a
 /// graph output exactly (none for any other value).
 fn free_donated_slot(
@@ -285,7 +290,7 @@ fn free_donated_slot(
     wanted: Wanted,
 ) -> Option<usize> {
     let Wanted { dtype, len, output } = wanted;
-    free.iter().position(|&s| output && slots[s] == (dtype, len) && donated.iter().any(|&(_, d)| d == s))
+    free.iter().position(|&s| output && slots[s] == (dtype, len) && holds_donated(donated, s))
 }
 
 /// The slot a value needs: its dtype, its length, and whether it is a
@@ -312,7 +317,7 @@ fn take_slot(
     wanted: Wanted,
 ) -> usize {
     let Wanted { dtype, len, output } = wanted;
-    let is_donated = |s: usize| donated.iter().any(|&(_, d)| d == s);
+    let is_donated = |s: usize| holds_donated(donated, s);
     let best = free
         .iter()
         .enumerate()

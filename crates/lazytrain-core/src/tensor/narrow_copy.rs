@@ -45,16 +45,15 @@ impl TensorCell {
     /// float without one asks for one from its next assignment on (a weight
     /// before the optimizer's first update).
     pub(super) fn narrow_copy_for_cast(&self, dtype: DType) -> Option<(Arc<Buffer>, Arc<Buffer>)> {
-        let source = match &*self.lock_state() {
+        let ready = |state: &TensorState| match state {
             TensorState::Ready(buffer) => Some(buffer.clone()),
             TensorState::Pending(_) | TensorState::Failed(_) => None,
         };
         let mut narrow = self.lock_narrow();
         match &*narrow {
-            NarrowCopy::Kept(kept, copy) if *kept == dtype => match (source, &*copy.cell.lock_state()) {
-                (Some(source), TensorState::Ready(buffer)) => Some((source, buffer.clone())),
-                (_, TensorState::Ready(_) | TensorState::Pending(_) | TensorState::Failed(_)) => None,
-            },
+            NarrowCopy::Kept(kept, copy) if *kept == dtype => {
+                Some((ready(&self.lock_state())?, ready(&copy.cell.lock_state())?))
+            }
             NarrowCopy::None if narrows(self.dtype, dtype) => {
                 *narrow = NarrowCopy::Wanted(dtype);
                 None
