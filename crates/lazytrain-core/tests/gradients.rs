@@ -90,6 +90,18 @@ fn movement_primitives() {
     check("slice", &[x.clone()], |t| t[0].slice(&[1, 0, 1], &[1, 2, 3]));
     check("cat", &[input(&[2, 1, 4], 11), x.clone()], |t| Tensor::cat(&[&t[0], &t[1]], 1));
     check("pad", &[input(&[2, 3], 12)], |t| t[0].pad(&[1, 0], &[2, 1], 7.0));
+    // Slices tiling an axis (GPT-2's query-key-value split): their padded
+    // gradients are summed as one concatenation by the compiler, in either
+    // order of the sum, and a slice left out of the tiling keeps its pad.
+    check("split_in_three", &[x.clone()], |t| {
+        let (q, k, v) = (t[0].narrow(2, 0, 1)?, t[0].narrow(2, 1, 2)?, t[0].narrow(2, 3, 1)?);
+        q.mul(&v)?.add(&k.narrow(2, 0, 1)?.exp()?)?.add(&k.narrow(2, 1, 1)?)
+    });
+    check("split_in_three_reversed", &[x.clone()], |t| {
+        let (q, k, v) = (t[0].narrow(2, 0, 1)?, t[0].narrow(2, 1, 2)?, t[0].narrow(2, 3, 1)?);
+        v.tanh()?.mul(&k.narrow(2, 1, 1)?)?.add(&q)
+    });
+    check("split_with_a_gap", &[x.clone()], |t| t[0].narrow(2, 0, 1)?.mul(&t[0].narrow(2, 2, 2)?.sum(&[2], true)?));
 }
 
 #[test]

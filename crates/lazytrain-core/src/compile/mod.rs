@@ -8,6 +8,7 @@
 mod casts;
 mod hoist;
 mod order;
+mod pads;
 mod passes;
 mod rewrite;
 

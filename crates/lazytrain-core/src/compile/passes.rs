@@ -145,13 +145,17 @@ fn zero_scatter(b: &GraphBuilder, id: NodeId) -> Option<usize> {
 }
 
 /// Algebraic identities: `x+0`, `x-0`, `x*1`, `x/1`, `--x`,
-/// `scatter_add(0, i, u) + y = scatter_add(y, i, u)`, and movement ops
+/// `scatter_add(0, i, u) + y = scatter_add(y, i, u)`, zero pads of windows
+/// side by side added as one concatenation (see `pads`), and movement ops
 /// that do nothing (same shape, identity permutation, full slice, zero pad)
 /// or that compose (reshape of reshape, permute of permute).
 pub fn simplify_algebra(graph: &Graph) -> Graph {
     rebuild(graph, |b, node| {
         if let Some(product) = reciprocal_product(b, &node) {
             return Rewrite::Emit(product);
+        }
+        if let Some(joined) = super::pads::joined_pads(b, &node) {
+            return Rewrite::Emit(joined);
         }
         let b = &*b;
         let input = |k: usize| node.inputs[k];

@@ -82,11 +82,27 @@ pub(crate) fn expanded_strides(in_shape: &[usize]) -> Vec<usize> {
     in_shape.iter().zip(s).map(|(&d, s)| if d == 1 { 0 } else { s }).collect()
 }
 
-fn concat_typed<T: Copy>(parts: &[(&[T], usize)], outer: usize, o: &mut [T]) {
+/// Rows `first..` of a concatenation of `parts` (each a slice and the
+/// elements it gives every row) into `o`, which holds whole rows; two
+/// threads take half the rows each when the output is large.
+fn concat_typed<T: Copy + Send + Sync>(parts: &[(&[T], usize)], first: usize, o: &mut [T]) {
+    let row: usize = parts.iter().map(|(_, chunk)| chunk).sum();
+    let rows = o.len() / row.max(1);
+    if o.len() >= PARALLEL_COPY_MIN && rows >= 2 && rayon::current_num_threads() > 1 {
+        let (top, bottom) = o.split_at_mut(rows / 2 * row);
+        rayon::join(|| concat_rows(parts, first, top), || concat_rows(parts, first + rows / 2, bottom));
+        return;
+    }
+    concat_rows(parts, first, o)
+}
+
+/// [`concat_typed`] on this thread.
+fn concat_rows<T: Copy>(parts: &[(&[T], usize)], first: usize, o: &mut [T]) {
     let mut pos = 0;
-    for row in 0..outer {
+    let row: usize = parts.iter().map(|(_, chunk)| chunk).sum();
+    for r in first..first + o.len() / row.max(1) {
         for (data, chunk) in parts {
-            o[pos..pos + chunk].copy_from_slice(&data[row * chunk..(row + 1) * chunk]);
+            o[pos..pos + chunk].copy_from_slice(&data[r * chunk..(r + 1) * chunk]);
             pos += chunk;
         }
     }
@@ -94,7 +110,6 @@ fn concat_typed<T: Copy>(parts: &[(&[T], usize)], outer: usize, o: &mut [T]) {
 
 /// Join `xs` (with shapes `shapes`) along `axis` into `out`.
 pub(crate) fn concat(xs: &[&HostData], shapes: &[&[usize]], axis: usize, out: &mut HostData) -> Result<(), String> {
-    let outer: usize = shapes[0][..axis].iter().product();
     let chunk = |s: &[usize]| s[axis..].iter().product::<usize>();
     macro_rules! arm {
         ($($v:ident),*) => {
@@ -105,7 +120,7 @@ pub(crate) fn concat(xs: &[&HostData], shapes: &[&[usize]], axis: usize, out: &m
                         let HostData::$v(d) = x else { return Err("concat inputs differ in dtype".into()) };
                         parts.push((d.as_slice(), chunk(s)));
                     }
-                    concat_typed(&parts, outer, o);
+                    concat_typed(&parts, 0, o);
                 })*
             }
         };
@@ -114,7 +129,16 @@ pub(crate) fn concat(xs: &[&HostData], shapes: &[&[usize]], axis: usize, out: &m
     Ok(())
 }
 
+/// `o[base + index(i) . strides] = x[i]` over `shape`, a row of the
+/// innermost axis at a time where it lies contiguous in `o`.
 fn scatter_strided<T: Copy>(x: &[T], shape: &[usize], strides: &[usize], base: usize, o: &mut [T]) {
+    if let (Some(&inner), Some(&1)) = (shape.last(), strides.last()) {
+        let rank = shape.len();
+        for_each_strided(&shape[..rank - 1], &strides[..rank - 1], base, |row, off| {
+            o[off..off + inner].copy_from_slice(&x[row * inner..(row + 1) * inner]);
+        });
+        return;
+    }
     for_each_strided(shape, strides, base, |i, off| o[off] = x[i]);
 }
 
@@ -166,5 +190,60 @@ mod tests {
         // out[0, b, t, h, d] = x[0, b, h, t, d]
         let (b, t, h, d) = (5, 77, 1, 9);
         assert_eq!(split[((b * 128 + t) * 2 + h) * 64 + d], x[((b * 2 + h) * 128 + t) * 64 + d]);
+    }
+
+    /// A concatenation large enough for two threads writes every element
+    /// where the join along the last axis puts it, from the right part.
+    #[test]
+    fn large_concatenations_put_every_part_in_its_columns() {
+        let rows = 600;
+        let widths = [256usize, 128, 64];
+        let parts: Vec<Vec<f32>> = widths
+            .iter()
+            .enumerate()
+            .map(|(k, &w)| (0..rows * w).map(|i| (k * 1_000_000 + i) as f32).collect())
+            .collect();
+        let row: usize = widths.iter().sum();
+        assert!(rows * row >= PARALLEL_COPY_MIN);
+        let inputs: Vec<HostData> = parts.iter().cloned().map(HostData::F32).collect();
+        let refs: Vec<&HostData> = inputs.iter().collect();
+        let shapes: Vec<Vec<usize>> = widths.iter().map(|&w| vec![rows, w]).collect();
+        let shape_refs: Vec<&[usize]> = shapes.iter().map(Vec::as_slice).collect();
+        for threads in [1, 2] {
+            let pool = rayon::ThreadPoolBuilder::new().num_threads(threads).build().unwrap();
+            let mut out = HostData::F32(vec![0.0; rows * row]);
+            pool.install(|| concat(&refs, &shape_refs, 1, &mut out)).unwrap();
+            let HostData::F32(out) = out else { unreachable!() };
+            for r in [0, 1, rows / 2 - 1, rows / 2, rows - 1] {
+                let mut column = 0;
+                for (k, &w) in widths.iter().enumerate() {
+                    for c in [0, w / 2, w - 1] {
+                        assert_eq!(
+                            out[r * row + column + c],
+                            parts[k][r * w + c],
+                            "{threads} threads, row {r}, part {k}"
+                        );
+                    }
+                    column += w;
+                }
+            }
+        }
+    }
+
+    /// A pad copies each contiguous row of its input into the window and
+    /// fills the rest with its value.
+    #[test]
+    fn pads_place_each_input_row_in_the_window() {
+        let x = HostData::F32((0..15).map(|i| i as f32).collect());
+        let mut out = HostData::F32(vec![0.0; 4 * 9]);
+        pad(&x, &[3, 5], &[4, 9], &[1, 2], Literal::new(-1.0, crate::dtype::DType::F32), &mut out).unwrap();
+        let HostData::F32(out) = out else { unreachable!() };
+        for r in 0..4 {
+            for c in 0..9 {
+                let inside = (1..4).contains(&r) && (2..7).contains(&c);
+                let expected = if inside { ((r - 1) * 5 + (c - 2)) as f32 } else { -1.0 };
+                assert_eq!(out[r * 9 + c], expected, "row {r}, column {c}");
+            }
+        }
     }
 }
