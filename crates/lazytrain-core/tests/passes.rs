@@ -151,6 +151,42 @@ fn composed_permutes_and_reshapes_collapse() {
     assert_eq!(opt.nodes.len(), 2, "parameter and exp:\n{opt}");
 }
 
+/// A concatenation reads a reshape of contiguous data in place (the heads'
+/// gradients of GPT-2's split projection, joined): no copy kernel; a
+/// permuted input still gets a buffer of its own first.
+#[test]
+fn concatenations_read_reshapes_of_contiguous_values_in_place() {
+    for permuted in [false, true] {
+        let mut b = GraphBuilder::new();
+        let x = param(&mut b, 0, &[4, 6]);
+        let y = param(&mut b, 1, &[4, 2, 3]);
+        let e = node(&mut b, Op::Unary(UnaryOp::Exp), vec![x]);
+        let part = match permuted {
+            false => b.push(Node { op: Op::Reshape, inputs: vec![e], shape: Shape::new([4, 2, 3]), dtype: DType::F32 }),
+            true => {
+                let r =
+                    b.push(Node { op: Op::Reshape, inputs: vec![e], shape: Shape::new([4, 3, 2]), dtype: DType::F32 });
+                node(&mut b, Op::Permute(vec![0, 2, 1]), vec![r])
+            }
+        };
+        let c = b.push(Node {
+            op: Op::Concat { axis: 1 },
+            inputs: vec![part, y],
+            shape: Shape::new([4, 4, 3]),
+            dtype: DType::F32,
+        });
+        let g = b.finish(vec![c], 2);
+        if !permuted {
+            assert_eq!(kernels_after_optimize(&g, true), 2, "exp and concat");
+        }
+        let data = [
+            HostData::F32((0..24).map(|i| i as f32 * 0.1 - 1.0).collect()),
+            HostData::F32((0..24).map(|i| 100.0 + i as f32).collect()),
+        ];
+        assert_eq!(run_compiled(&g, &data), interpret(&g, &[&data[0], &data[1]]).unwrap());
+    }
+}
+
 /// An optimizer-like step: `m' = 0.1 g + 0.9 m`, `p' = p - m'` with the
 /// gradient `g = x · w` materialised by a matmul and dying in the update.
 /// Fed its own outputs as donated inputs, a recurring step allocates

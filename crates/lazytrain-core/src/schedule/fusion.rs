@@ -662,8 +662,8 @@ fn plan_views(
             && node.shape.numel() > 1
     };
     // Readers only: fusible nodes, matmuls (which take strided operands),
-    // reductions (which read a reshape of contiguous data as the data
-    // itself) or other candidates (decided back to front).
+    // reductions and concatenations (which read a reshape of contiguous
+    // data as the data itself) or other candidates (decided back to front).
     // Gathers and scatters read their index operand (only) through a view:
     // an embedding's row ids broadcast along the hidden axis are never
     // materialised.
@@ -671,7 +671,7 @@ fn plan_views(
         let node = &graph.nodes[c];
         let index_only = || node.inputs.iter().enumerate().all(|(k, id)| (k == 1) == (id.index() == i));
         fusible[c]
-            || matches!(node.op, Op::Dot { .. } | Op::Reduce { .. })
+            || matches!(node.op, Op::Dot { .. } | Op::Reduce { .. } | Op::Concat { .. })
             || (matches!(node.op, Op::Gather { .. } | Op::ScatterAdd { .. }) && index_only())
     };
     let mut keep = vec![false; n];
@@ -697,16 +697,16 @@ fn plan_views(
         }
         // A view read by a node that is no longer a view must have a buffer.
         for i in (0..n).rev() {
-            // Reductions take only views that are the base's own layout (a
-            // reshape of contiguous data: they read their input as
-            // contiguous); matmuls also take views whose matrices have a
+            // Reductions and concatenations take only views that are the
+            // base's own layout (a reshape of contiguous data: they read
+            // their inputs as contiguous); matmuls also take views whose matrices have a
             // unit-stride axis (split heads), which they pack as fast as a
             // copy would be made, but no other strides (slower to pack).
             let own_layout =
                 || view[i].as_ref().is_some_and(|v| v.strides == contiguous_strides(graph.nodes[i].shape.dims()));
             let dot_ok = |c: usize| match graph.nodes[c].op {
                 Op::Dot { .. } => own_layout() || view[i].as_ref().is_some_and(|v| unit_stride_matrices(&v.strides)),
-                Op::Reduce { .. } => own_layout(),
+                Op::Reduce { .. } | Op::Concat { .. } => own_layout(),
                 _ => true,
             };
             if keep[i] && !consumers[i].iter().all(|&c| (reads_views(i, c) && dot_ok(c)) || keep[c]) {
