@@ -81,6 +81,20 @@ pub struct TextTokenizer {
     special: SpecialTokens,
 }
 
+/// True when `normalizer`, or one in its sequence, prepends an empty
+/// string: the `tokenizers` crate marks the first character as inserted
+/// without inserting one, and a later step (ByteLevel's pre-tokenizer)
+/// indexes past the alignments (found by `tests/fuzz.rs`).
+fn prepends_nothing(normalizer: &NormalizerWrapper) -> bool {
+    match normalizer {
+        NormalizerWrapper::Prepend(prepend) => prepend.prepend.is_empty(),
+        NormalizerWrapper::Sequence(sequence) => sequence.as_ref().iter().any(prepends_nothing),
+        // The other normalizers of the library's enum (a foreign type, which
+        // grows with its versions) hold no text to prepend.
+        _ => false,
+    }
+}
+
 fn tokenizer_error(path: &Path, detail: impl Into<String>) -> DataError {
     DataError::Tokenizer { path: path.display().to_string(), detail: detail.into() }
 }
@@ -94,6 +108,13 @@ impl TextTokenizer {
     /// off, as Hugging Face's fast tokenizers do on every call: lazytrain
     /// pads and truncates where it means to (collators, pipelines).
     pub fn new(mut inner: Tokenizer, origin: &Path) -> Result<TextTokenizer> {
+        if inner.get_normalizer().is_some_and(prepends_nothing) {
+            return Err(tokenizer_error(
+                origin,
+                "has a Prepend normalizer with an empty string, which the tokenizers library misaligns \
+                 (it panics on later encodes); remove that normalizer or give it the text to prepend",
+            ));
+        }
         inner.with_padding(None);
         inner
             .with_truncation(None)

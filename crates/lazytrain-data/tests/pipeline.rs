@@ -389,6 +389,7 @@ fn tokenizer_files_that_panic_the_library_are_errors() {
     for (file, expected) in [
         ("decoder-key-not-a-string.json", "the tokenizers library failed"),
         ("undefined-template-token.json", "its post-processor or model is inconsistent"),
+        ("empty-prepend-normalizer.json", "Prepend normalizer with an empty string"),
     ] {
         let err = TextTokenizer::from_path(&dir.join(file)).err().expect("refused").to_string();
         assert!(err.contains(file) && err.contains(expected), "{file}: {err}");
