@@ -3,8 +3,9 @@
 //! missing keys), on stable as a bounded test: no input may panic, abort,
 //! hang or allocate more than 1 GiB at once (the allocator below refuses,
 //! which aborts the process). `LAZYTRAIN_FUZZ_ITERATIONS` (default 150 per
-//! harness, seconds in all) sets the budget; the README gives a long run's
-//! counts. A failing input is written to `target/fuzz-failures/`.
+//! harness, seconds in all) sets the budget and `LAZYTRAIN_FUZZ_HARNESSES`
+//! (names, comma-separated) picks harnesses; the README gives a long run's
+//! counts. A failing input is written to `target/tmp/fuzz-failures/`.
 
 use lazytrain::trainer::{RngState, SchedulerState, TrainerState, TrainingArguments};
 use lazytrain_core::Device;
@@ -425,9 +426,14 @@ fn fuzz(harness: &Harness, iterations: usize) -> usize {
 fn no_parser_of_user_files_panics_hangs_or_overallocates() {
     let iterations: usize = std::env::var("LAZYTRAIN_FUZZ_ITERATIONS").ok().and_then(|v| v.parse().ok()).unwrap_or(150);
     // The seeds themselves are valid: each harness parses them without error.
+    // A long run may take only some harnesses (`LAZYTRAIN_FUZZ_HARNESSES=Parquet,Arrow stream`).
+    let only: Option<Vec<String>> =
+        std::env::var("LAZYTRAIN_FUZZ_HARNESSES").ok().map(|v| v.split(',').map(|n| n.trim().to_string()).collect());
     let start = Instant::now();
     let mut total = 0;
-    for harness in harnesses() {
+    for harness in
+        harnesses().into_iter().filter(|h| only.as_ref().is_none_or(|names| names.iter().any(|n| n == h.name)))
+    {
         for seed in &harness.seeds {
             (harness.run)(seed);
         }
