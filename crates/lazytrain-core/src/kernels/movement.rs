@@ -82,25 +82,25 @@ pub(crate) fn expanded_strides(in_shape: &[usize]) -> Vec<usize> {
     in_shape.iter().zip(s).map(|(&d, s)| if d == 1 { 0 } else { s }).collect()
 }
 
-/// Rows `first..` of a concatenation of `parts` (each a slice and the
-/// elements it gives every row) into `o`, which holds whole rows; two
-/// threads take half the rows each when the output is large.
-fn concat_typed<T: Copy + Send + Sync>(parts: &[(&[T], usize)], first: usize, o: &mut [T]) {
+/// The concatenation of `parts` (each a slice and the elements it gives
+/// every row) into `o`, which holds whole rows; two threads take half the
+/// rows each when the output is large.
+fn concat_typed<T: Copy + Send + Sync>(parts: &[(&[T], usize)], o: &mut [T]) {
     let row: usize = parts.iter().map(|(_, chunk)| chunk).sum();
     let rows = o.len() / row.max(1);
     if o.len() >= PARALLEL_COPY_MIN && rows >= 2 && rayon::current_num_threads() > 1 {
         let (top, bottom) = o.split_at_mut(rows / 2 * row);
-        rayon::join(|| concat_rows(parts, first, top), || concat_rows(parts, first + rows / 2, bottom));
+        rayon::join(|| concat_rows(parts, 0..rows / 2, top), || concat_rows(parts, rows / 2..rows, bottom));
         return;
     }
-    concat_rows(parts, first, o)
+    concat_rows(parts, 0..rows, o)
 }
 
-/// [`concat_typed`] on this thread.
-fn concat_rows<T: Copy>(parts: &[(&[T], usize)], first: usize, o: &mut [T]) {
+/// Rows `rows` of a concatenation of `parts` into `o` (whole rows), on
+/// this thread.
+fn concat_rows<T: Copy>(parts: &[(&[T], usize)], rows: std::ops::Range<usize>, o: &mut [T]) {
     let mut pos = 0;
-    let row: usize = parts.iter().map(|(_, chunk)| chunk).sum();
-    for r in first..first + o.len() / row.max(1) {
+    for r in rows {
         for (data, chunk) in parts {
             o[pos..pos + chunk].copy_from_slice(&data[r * chunk..(r + 1) * chunk]);
             pos += chunk;
@@ -120,7 +120,7 @@ pub(crate) fn concat(xs: &[&HostData], shapes: &[&[usize]], axis: usize, out: &m
                         let HostData::$v(d) = x else { return Err("concat inputs differ in dtype".into()) };
                         parts.push((d.as_slice(), chunk(s)));
                     }
-                    concat_typed(&parts, 0, o);
+                    concat_typed(&parts, o);
                 })*
             }
         };
