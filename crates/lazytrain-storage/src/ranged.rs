@@ -223,7 +223,17 @@ fn fetch(url: StorageUrl, start: u64, end: u64) -> Arc<Block> {
     let fetching = block.clone();
     runtime().spawn(async move {
         let state = match read_range_async(&url, start..end).await {
-            Ok(bytes) => BlockState::Ready(bytes),
+            Ok(bytes) if bytes.len() as u64 == end - start => BlockState::Ready(bytes),
+            // A store clamps a range to the object's current size: an
+            // object cut short since it was opened answers with fewer bytes.
+            Ok(bytes) => BlockState::Failed(StorageError::Other {
+                url: url.to_string(),
+                detail: format!(
+                    "asked for bytes {start}..{end}, got {}: the object changed since it was opened \
+                     (overwritten while this run reads it?); start the run again once it is final",
+                    bytes.len()
+                ),
+            }),
             Err(error) => BlockState::Failed(error),
         };
         *fetching.state.lock().unwrap_or_else(|p| p.into_inner()) = state;

@@ -145,3 +145,33 @@ fn a_stopped_store_is_retried_then_named() {
     assert!(text.contains("s3://lt-gone/shard.bin at byte 0"), "{text}");
     assert!(storage_metrics().retries >= before + 2);
 }
+
+/// An object overwritten with a shorter one after it was opened: the store
+/// clamps each range to the new size, so a read whose range reaches past
+/// the new end (every read of a block-mode object whose first block was the
+/// whole old object; an exact read across or past the end) is an error
+/// naming the object, never a panic or short data. (An exact read inside
+/// the new extent gets the new bytes: only the length tells them apart.)
+#[test]
+fn an_object_cut_short_after_opening_is_an_error() {
+    let _serial = serial();
+    let Some(moto) = Emulator::start(EmulatorKind::Moto) else { return };
+    moto.create_bucket("lt-cut");
+    moto.register("lt-cut");
+    let object = url("s3://lt-cut/shard.bin");
+    write(&object, pattern(4096, 5)).unwrap();
+    let blocks = RangedObject::open(&object).unwrap();
+    let exact = RangedObject::open(&object).unwrap().with_mode(ReadMode::Exact);
+    write(&object, pattern(3000, 6)).unwrap();
+    // Inside the new extent, across its end, and wholly past it.
+    for (offset, len) in [(100u64, 200usize), (2900, 200), (3500, 100)] {
+        let mut buf = vec![0u8; len];
+        let err = blocks.read_at(offset, &mut buf).unwrap_err().to_string();
+        assert!(err.contains("s3://lt-cut/shard.bin") && err.contains("changed since it was opened"), "{err}");
+    }
+    let mut across = vec![0u8; 200];
+    let err = exact.read_at(2900, &mut across).unwrap_err().to_string();
+    assert!(err.contains("s3://lt-cut/shard.bin") && err.contains("got 100"), "{err}");
+    let mut past = vec![0u8; 100];
+    assert!(exact.read_at(3500, &mut past).unwrap_err().to_string().contains("s3://lt-cut/shard.bin"));
+}
