@@ -680,10 +680,17 @@ pub(super) mod tests {
             .collect()
     }
 
+    /// The values' bits, every NaN as one: which of two NaNs an addition
+    /// keeps (their signs differ: an input's NaN against the CPU's default
+    /// one of `inf - inf`) follows the order of its operands, which the
+    /// compiler may swap (addition commutes) differently in two builds of
+    /// the same code, so no kernel promises it.
     pub(in crate::kernels::fused) fn bits(data: &HostData) -> Vec<u32> {
         match data {
-            HostData::F32(v) => v.iter().map(|x| x.to_bits()).collect(),
-            HostData::BF16(v) => v.iter().map(|x| u32::from(x.to_bits())).collect(),
+            HostData::F32(v) => v.iter().map(|x| if x.is_nan() { f32::NAN } else { *x }.to_bits()).collect(),
+            HostData::BF16(v) => {
+                v.iter().map(|x| u32::from(if x.is_nan() { half::bf16::NAN } else { *x }.to_bits())).collect()
+            }
             HostData::Bool(v) => v.iter().map(|&x| u32::from(x)).collect(),
             other => panic!("unexpected {}", other.dtype()),
         }
