@@ -128,6 +128,10 @@ impl Manifest {
     }
 }
 
+/// The longest block [`prepare`] packs: far beyond any model's positions,
+/// small enough that a block's buffer is always allocated.
+pub const MAX_BLOCK_SIZE: usize = 1 << 20;
+
 /// Concatenate token sequences and cut the stream into `block_size`
 /// blocks; the final partial block is dropped (HF `group_texts`). Returns
 /// the blocks and the number of dropped tokens.
@@ -193,9 +197,13 @@ pub fn prepare_with_validation(
         Packing::GroupTexts => 2,
         Packing::Wrapped => 3,
     };
-    if options.block_size < min_block || options.num_shards == 0 || !(0.0..1.0).contains(&options.validation_fraction) {
+    if !(min_block..=MAX_BLOCK_SIZE).contains(&options.block_size)
+        || options.num_shards == 0
+        || !(0.0..1.0).contains(&options.validation_fraction)
+    {
         return Err(DataError::Invalid(format!(
-            "need block_size >= {min_block}, num_shards >= 1 and validation_fraction in [0, 1), got {}, {}, {}",
+            "need block_size in {min_block}..={MAX_BLOCK_SIZE}, num_shards >= 1 and validation_fraction in [0, 1), \
+             got {}, {}, {}",
             options.block_size, options.num_shards, options.validation_fraction
         )));
     }

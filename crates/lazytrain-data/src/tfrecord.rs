@@ -303,7 +303,9 @@ impl RecordIndex {
                 ));
             }
             spans.push(RecordSpan { offset, len: size - FRAMING });
-            expected = offset + size;
+            expected = offset
+                .checked_add(size)
+                .ok_or_else(|| bad(line, format!("a record of {size} bytes at byte {offset} ends past 2^64")))?;
         }
         if expected != source.size() {
             return Err(DataError::Io {

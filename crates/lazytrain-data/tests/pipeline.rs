@@ -166,6 +166,18 @@ fn prepared(name: &str, shards: usize) -> (PathBuf, TextTokenizer, Manifest) {
     (dir, tok, manifest)
 }
 
+/// Block sizes outside `2..=MAX_BLOCK_SIZE` are refused before any work
+/// (a block of 10^12 tokens would have aborted on its buffer's allocation).
+#[test]
+fn prepare_refuses_block_sizes_out_of_range() {
+    let tok = train_tokenizer(&corpus(), SubwordModel::WordPiece, 300, TokenizerStyle::Bert).unwrap();
+    for block_size in [1, lazytrain_data::prepare::MAX_BLOCK_SIZE + 1, 1 << 40] {
+        let options = PrepareOptions { block_size, progress: false, ..Default::default() };
+        let msg = prepare(&tok, &corpus(), &tmp("block-range"), &options).unwrap_err().to_string();
+        assert!(msg.contains(&format!("need block_size in 2..={}", lazytrain_data::prepare::MAX_BLOCK_SIZE)), "{msg}");
+    }
+}
+
 #[test]
 fn prepare_writes_blocks_that_read_back() {
     let (dir, tok, manifest) = prepared("prepare", 3);
@@ -424,6 +436,10 @@ fn index_sidecars_match_a_scan_and_are_checked() {
     // A sidecar that frames the shard differently: the record header disagrees.
     let (a, b) = (indexed.spans[0], indexed.spans[1]);
     let (size_a, size_b) = (a.len + 16, b.len + 16);
+    // A record size that runs past 2^64.
+    let huge = format!("0 {size_a}\n{size_a} {}\n", u64::MAX);
+    let msg = RecordIndex::from_sidecar(&source, "the.idx", &huge).unwrap_err().to_string();
+    assert!(msg.contains("the.idx") && msg.contains("line 2") && msg.contains("past 2^64"), "{msg}");
     let rest: String = text.lines().skip(2).map(|l| format!("{l}\n")).collect();
     if size_a != size_b {
         let swapped = format!("0 {size_b}\n{size_b} {size_a}\n{rest}");

@@ -262,6 +262,9 @@ impl ModelConfig {
         if self.vocab_size == 0 || self.hidden_size == 0 || self.max_position_embeddings == 0 {
             return bad("vocab_size, hidden_size and max_position_embeddings must be positive".into());
         }
+        if self.gpt2.is_none() && self.type_vocab_size == 0 {
+            return bad("type_vocab_size must be at least 1 (BERT has 2 token types, RoBERTa 1)".into());
+        }
         if let Some(kind) = self.position_embedding_type.as_deref().filter(|k| *k != "absolute") {
             return bad(format!(
                 "position_embedding_type `{kind}` is not supported; lazytrain implements `absolute` position embeddings"

@@ -98,7 +98,7 @@ pub fn generate(
     if prompts.is_empty() || prompts.iter().any(Vec::is_empty) {
         return Err(ModelError::Config { path: "generation".into(), detail: "every prompt needs a token".into() });
     }
-    if longest + config.max_new_tokens > positions {
+    if longest.checked_add(config.max_new_tokens).is_none_or(|total| total > positions) {
         return Err(ModelError::Config {
             path: "generation".into(),
             detail: format!(

@@ -146,6 +146,12 @@ fn bad_generation_settings_are_refused() -> Result<()> {
     refuse(GenerationConfig { top_p: Some(1.5), do_sample: true, ..base.clone() }, vec![1], "top_p 1.5");
     refuse(GenerationConfig { temperature: 0.0, ..base.clone() }, vec![1], "temperature 0");
     refuse(GenerationConfig { max_new_tokens: 10, ..base.clone() }, vec![1; 60], "exceeds the model's n_positions 64");
+    // A count whose sum with the prompt overflows is refused the same way.
+    refuse(
+        GenerationConfig { max_new_tokens: usize::MAX, ..base.clone() },
+        vec![1; 2],
+        "exceeds the model's n_positions 64",
+    );
     refuse(base, vec![], "every prompt needs a token");
     Ok(())
 }

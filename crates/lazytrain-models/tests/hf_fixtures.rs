@@ -180,6 +180,11 @@ fn bad_checkpoints_are_clear_errors() {
         assert!(msg.contains(expected), "{field}: {msg}");
     }
 
+    let no_types = good_config.replace("\"type_vocab_size\": 2", "\"type_vocab_size\": 0");
+    assert_ne!(no_types, good_config);
+    let msg = load_masked_lm(&write_folder("no-types", &no_types, Some(&weights)), &dev).err().unwrap().to_string();
+    assert!(msg.contains("type_vocab_size must be at least 1"), "{msg}");
+
     let dir = write_folder("truncated", &good_config, Some(&weights));
     let bytes = std::fs::read(dir.join("model.safetensors")).unwrap();
     std::fs::write(dir.join("model.safetensors"), &bytes[..bytes.len() / 2]).unwrap();

@@ -9,10 +9,10 @@ use std::time::Instant;
 #[derive(Args)]
 pub struct BenchTraceArgs {
     /// Nodes in the traced graph.
-    #[arg(long, default_value_t = 10_000)]
+    #[arg(long, default_value_t = 10_000, value_parser = clap::builder::RangedU64ValueParser::<usize>::new().range(1..=100_000_000))]
     nodes: usize,
     /// Repetitions (the median is reported).
-    #[arg(long, default_value_t = 5)]
+    #[arg(long, default_value_t = 5, value_parser = clap::builder::RangedU64ValueParser::<usize>::new().range(1..=1_000_000))]
     repeats: usize,
     /// Print one JSON line instead of text.
     #[arg(long)]
@@ -45,7 +45,7 @@ pub fn run(args: &BenchTraceArgs) -> lazytrain_core::Result<()> {
     let _ = Tensor::zeros([1], DType::F32, &dev)?;
     let mut trace_us = Vec::new();
     let mut lookup_ms = Vec::new();
-    for _ in 0..args.repeats.max(1) + 1 {
+    for _ in 0..args.repeats + 1 {
         let start = Instant::now();
         let y = trace_chain(&x, args.nodes)?;
         trace_us.push(start.elapsed().as_secs_f64() * 1e6 / args.nodes as f64);

@@ -44,13 +44,13 @@ pub struct TtqArgs {
     #[arg(long, default_value_t = 300_000)]
     validation_bytes: usize,
     /// Optimizer updates.
-    #[arg(long, default_value_t = 600)]
+    #[arg(long, default_value_t = 600, value_parser = clap::value_parser!(u64).range(1..=i64::MAX as u64))]
     max_steps: u64,
     /// Linear warmup updates.
     #[arg(long, default_value_t = 60)]
     warmup_steps: u64,
     /// Evaluate every this many updates.
-    #[arg(long, default_value_t = 50)]
+    #[arg(long, default_value_t = 50, value_parser = clap::value_parser!(u64).range(1..))]
     eval_every: u64,
     /// Unigram vocabulary size.
     #[arg(long, default_value_t = 8000)]

@@ -40,7 +40,7 @@ pub struct DemoArgs {
     #[arg(long, default_value = "lazytrain-demo")]
     pub output_dir: PathBuf,
     /// Optimizer steps of the masked-LM pre-training.
-    #[arg(long, default_value_t = 1500)]
+    #[arg(long, default_value_t = 1500, value_parser = clap::value_parser!(i64).range(1..))]
     pub max_steps: i64,
     /// Sentences in the generated corpus.
     #[arg(long, default_value_t = 60_000)]
@@ -55,7 +55,7 @@ pub struct DemoArgs {
     #[arg(long)]
     pub price_per_hour: Option<f64>,
     /// Fine-tuning steps of the classification demo.
-    #[arg(long, default_value_t = 500)]
+    #[arg(long, default_value_t = 500, value_parser = clap::value_parser!(i64).range(1..))]
     pub fine_tune_steps: i64,
 }
 

@@ -108,4 +108,10 @@ fn a_missing_or_short_corpus_is_named_with_the_fix() {
     std::fs::write(dir.join("short.txt"), "[Applause]\n\none line\n").unwrap();
     let short = run(&["--corpus", "short.txt", "--output-dir", "run"]);
     assert!(short.contains("short.txt") && short.contains("too short"), "{short}");
+    // No steps, or evaluations every 0 steps: refused by name, not a run of
+    // the default epochs with a time per step of x/0.
+    for (flag, value) in [("--max-steps", "0"), ("--max-steps", "9223372036854775808"), ("--eval-every", "0")] {
+        let err = run(&["--corpus", "short.txt", flag, value]);
+        assert!(err.contains(&format!("invalid value '{value}' for '{flag}")), "{err}");
+    }
 }

@@ -5,6 +5,10 @@ use crate::{Error, Result};
 use serde::{Deserialize, Serialize};
 use std::path::Path;
 
+/// The most batches [`TrainingArguments::validate`] lets the loader prepare
+/// ahead (each holds its tensors in memory).
+pub const MAX_PREFETCH: usize = 64;
+
 /// When to evaluate or save.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]
@@ -294,6 +298,15 @@ impl TrainingArguments {
         }
         if self.num_replicas == 0 {
             return Err(invalid("num_replicas must be at least 1".into()));
+        }
+        if self.dataloader_prefetch > MAX_PREFETCH {
+            return Err(invalid(format!(
+                "dataloader_prefetch must be at most {MAX_PREFETCH} batches, got {}",
+                self.dataloader_prefetch
+            )));
+        }
+        if !(0.0..=1.0).contains(&self.mlm_probability) {
+            return Err(invalid(format!("mlm_probability must be in [0, 1], got {}", self.mlm_probability)));
         }
         if self.collective_timeout <= 0.0 || self.collective_timeout > 1e9 {
             return Err(invalid(format!(

@@ -58,7 +58,6 @@ impl<M: TaskModel> Trainer<M> {
         let Some(eval) = self.eval.clone() else {
             return Err(Error::Input("no eval data was given; pass --eval-data DIR".into()));
         };
-        let rows = self.args.per_device_eval_batch_size;
         let collator = self.collator(self.args.seed ^ 0xe7a1, false)?;
         let ctx = Context::eval();
         let pad = self.tokenizer.special().pad as i64;
@@ -72,6 +71,9 @@ impl<M: TaskModel> Trainer<M> {
         };
         let (rank, world) = self.replica_position();
         let records_used = self.args.max_eval_samples.map_or(eval.len(), |n| n.min(eval.len()));
+        // No batch larger than the records evaluated: a short eval set is not
+        // padded out to a large --per-device-eval-batch-size.
+        let rows = self.args.per_device_eval_batch_size.min(records_used.max(1));
         for (_, first) in (0..records_used).step_by(rows).enumerate().filter(|(b, _)| b % world == rank) {
             let records: Vec<usize> = (first..(first + rows).min(records_used)).collect();
             let mut host = collator.collate_records(&eval, &records, 0)?;
