@@ -199,6 +199,57 @@ pub fn resolve_args(config: Option<&Path>, flags: &TrainingFlags) -> Result<Trai
     base.with_overrides(&flags.overrides())
 }
 
+/// The longest sequence of the eval data (from its manifest), checked
+/// against the model before training, so that a run does not fail at its
+/// first evaluation, hours in.
+struct EvalLength {
+    /// The eval data's folder.
+    dir: StorageUrl,
+    /// Its block size (language modelling) or longest sequence (classification).
+    tokens: usize,
+    /// The `prepare` flag that sets it.
+    flag: &'static str,
+}
+
+impl EvalLength {
+    /// The eval data `dir`'s longest sequence; for classification its labels
+    /// must also be the training data's (in `data_dir`), in the same order,
+    /// or every metric would compare ids of different classes.
+    fn of(dir: &StorageUrl, data_dir: &StorageUrl, task: Task) -> Result<EvalLength> {
+        let (tokens, flag) = match task {
+            Task::MaskedLm | Task::CausalLm => (Manifest::read_url(dir)?.block_size, "--block-size"),
+            Task::SequenceClassification => {
+                let (eval, train) =
+                    (ClassificationManifest::read_url(dir)?, ClassificationManifest::read_url(data_dir)?);
+                if eval.labels != train.labels {
+                    return Err(Error::Input(format!(
+                        "the eval data {dir} has the labels ({}) but the training data {data_dir} has ({}): label \
+                         ids would name different classes; prepare both in one prepare-classification run \
+                         (--files for training, --validation-files for evaluation)",
+                        eval.labels.join(", "),
+                        train.labels.join(", ")
+                    )));
+                }
+                (eval.max_length, "--max-length")
+            }
+        };
+        Ok(EvalLength { dir: dir.clone(), tokens, flag })
+    }
+
+    /// Refuse eval sequences longer than `config`'s positions.
+    fn check(eval: Option<&EvalLength>, config: &ModelConfig) -> Result<()> {
+        let max = config.max_sequence_length();
+        match eval {
+            Some(e) if e.tokens > max => Err(Error::Input(format!(
+                "the eval data {} has sequences of {} tokens but the model accepts at most {max} positions; \
+                 prepare it with {} {max} or less",
+                e.dir, e.tokens, e.flag
+            ))),
+            Some(_) | None => Ok(()),
+        }
+    }
+}
+
 /// Run `lazytrain train`.
 pub fn run(args: &TrainArgs) -> Result<()> {
     let mut training = resolve_args(args.config.as_deref(), &args.flags)?;
@@ -229,6 +280,10 @@ pub fn run(args: &TrainArgs) -> Result<()> {
         };
         check_data_tokenizer(dir, (&recorded.0, recorded.1), &tokenizer, &tokenizer_dir)?;
     }
+    let eval_length = match &args.eval_data {
+        Some(dir) => Some(EvalLength::of(dir, &data_dir, args.task)?),
+        None => None,
+    };
     install_interrupt_handler();
     let output_dir = training.output_dir.clone();
     // Each replica builds its model and trainer on its own device.
@@ -240,6 +295,7 @@ pub fn run(args: &TrainArgs) -> Result<()> {
             let manifest = Manifest::read_url(&data_dir)?;
             run_replicas_for(&training, |device| {
                 let model = build_model(&model_spec, &tokenizer, training.seed, device)?;
+                EvalLength::check(eval_length.as_ref(), model.config())?;
                 let (train, eval) = (train.clone(), eval.clone());
                 let trainer =
                     Trainer::new(training.clone(), model, tokenizer.clone(), train, eval, manifest.block_size, device)?;
@@ -253,6 +309,7 @@ pub fn run(args: &TrainArgs) -> Result<()> {
             let manifest = Manifest::read_url(&data_dir)?;
             run_replicas_for(&training, |device| {
                 let model = build_causal_lm(&model_spec, &tokenizer, training.seed, device)?;
+                EvalLength::check(eval_length.as_ref(), model.config())?;
                 let (train, eval) = (train.clone(), eval.clone());
                 let trainer = Trainer::for_causal_lm(
                     training.clone(),
@@ -279,6 +336,7 @@ pub fn run(args: &TrainArgs) -> Result<()> {
             }
             run_replicas_for(&training, |device| {
                 let model = build_classifier(&model_spec, &tokenizer, &manifest.labels, training.seed, device)?;
+                EvalLength::check(eval_length.as_ref(), model.config())?;
                 let (train, eval) = (train.clone(), eval.clone());
                 let trainer = Trainer::for_classification(
                     training.clone(),

@@ -123,6 +123,18 @@ fn classification_data_and_models_must_agree() {
     .unwrap()
     .to_string();
     assert!(err.contains("3 outputs but the data has 2 labels (negative, positive)"), "{err}");
+    // Text pairs whose second text a BERT tokenizer gives token type 1, for a
+    // model of one token type (RoBERTa's): refused before the first step.
+    let mut pairs = manifest.clone();
+    pairs.columns.text_pair = Some("second".into());
+    let mut one_type = tiny_classifier_config(&tok, &manifest.labels);
+    one_type.type_vocab_size = 1;
+    let model = ForSequenceClassification::new(&mut Initializer::new(3, &device), &one_type, 2).unwrap();
+    let err = Trainer::for_classification(args.clone(), model, tok.clone(), open(&dir, "train"), None, &pairs, &device)
+        .err()
+        .unwrap()
+        .to_string();
+    assert!(err.contains("token type 1, but the model has type_vocab_size 1"), "{err}");
     let best = TrainingArguments { load_best_model_at_end: true, ..args.clone() };
     let err = best.validate(true).unwrap_err().to_string();
     assert!(err.contains("load_best_model_at_end needs eval_strategy and save_strategy to match"), "{err}");
@@ -142,7 +154,8 @@ fn classification_data_and_models_must_agree() {
         metric_for_best_model: "recall".into(),
         ..args
     };
-    let mut trainer = Trainer::for_classification(
+    // Refused when the trainer is built, not at the first evaluation.
+    let err = Trainer::for_classification(
         unknown,
         classifier(&tok, &manifest.labels, &device),
         tok,
@@ -151,11 +164,12 @@ fn classification_data_and_models_must_agree() {
         &manifest,
         &device,
     )
-    .unwrap();
-    let err = trainer.train().unwrap_err().to_string();
+    .err()
+    .unwrap()
+    .to_string();
     assert!(
         err.contains(
-            "metric_for_best_model `recall` is not among the eval metrics (eval_accuracy, eval_f1, eval_loss)"
+            "metric_for_best_model `recall` is not among this task's eval metrics (eval_loss, eval_accuracy, eval_f1)"
         ),
         "{err}"
     );
@@ -212,6 +226,23 @@ fn the_cli_prepares_fine_tunes_and_classifies() {
     assert!(!err.status.success());
     let msg = String::from_utf8_lossy(&err.stderr);
     assert!(msg.contains("--num-labels 3 but") && msg.contains("has 2 labels (negative, positive)"), "{msg}");
+    // Eval data prepared on its own, with other labels: refused, not scored
+    // against the wrong classes.
+    let other = lazytrain()
+        .args(["train", "--task", "sequence-classification", "--model", "bert-tiny", "--tokenizer"])
+        .arg(dir.join("tokenizer"))
+        .arg("--train-data")
+        .arg(dir.join("data"))
+        .arg("--eval-data")
+        .arg(dir.join("extra"))
+        .arg("--output-dir")
+        .arg(dir.join("mixed"))
+        .args(["--max-steps", "1", "--do-eval", "true"])
+        .output()
+        .unwrap();
+    let msg = String::from_utf8_lossy(&other.stderr);
+    assert!(!other.status.success() && msg.contains("has the labels (neg, pos)"), "{msg}");
+    assert!(msg.contains("has (negative, positive)") && msg.contains("--validation-files"), "{msg}");
     let trained = run_ok(&mut train(&["--num-labels", "2"]));
     assert!(trained.contains("trained 4 steps") && trained.contains("macro-F1"), "{trained}");
 

@@ -26,12 +26,17 @@ fn tmp(name: &str) -> PathBuf {
 
 /// A tokenizer folder and prepared shards (blocks of 16) from the demo corpus.
 fn data(name: &str) -> (PathBuf, TextTokenizer) {
+    data_in_blocks(name, 16)
+}
+
+/// [`data`] in blocks of `block_size` tokens.
+fn data_in_blocks(name: &str, block_size: usize) -> (PathBuf, TextTokenizer) {
     let dir = tmp(name);
     let docs = demo_corpus(1, 6, 1500).sentences;
     let tok = train_tokenizer(&docs, SubwordModel::WordPiece, 200, TokenizerStyle::Bert).unwrap();
     tok.save(&dir.join("tokenizer"), 512).unwrap();
     let options = PrepareOptions {
-        block_size: 16,
+        block_size,
         num_shards: 2,
         validation_fraction: 0.05,
         seed: 0,
@@ -43,10 +48,16 @@ fn data(name: &str) -> (PathBuf, TextTokenizer) {
 }
 
 fn small_model(tok: &TextTokenizer, device: &Device) -> ForMaskedLM {
+    small_model_of(tok, 512, device)
+}
+
+/// [`small_model`] with `positions` position embeddings.
+fn small_model_of(tok: &TextTokenizer, positions: usize, device: &Device) -> ForMaskedLM {
     let mut config = ModelConfig::preset("bert-tiny", tok.vocab_size()).unwrap();
     config.hidden_size = 32;
     config.num_attention_heads = 2;
     config.intermediate_size = 64;
+    config.max_position_embeddings = positions;
     ForMaskedLM::new(&mut Initializer::new(7, device), &config).unwrap()
 }
 
@@ -150,6 +161,36 @@ fn a_resumed_run_matches_an_uninterrupted_one_bit_for_bit() {
     assert!(msg.contains("is it a training run"), "{msg}");
 }
 
+/// A run resumed after its output folder moved: the best checkpoint the
+/// state names (under the old folder) is found by name in the new one, so
+/// the best weights are loaded and the final model saved.
+#[test]
+fn the_best_checkpoint_is_found_after_the_output_folder_moves() {
+    let (dir, tok) = data("moved");
+    // A learning rate too small to move the weights: every evaluation ties,
+    // so the first checkpoint stays the best.
+    let best_args = |out: &Path| TrainingArguments {
+        learning_rate: 1e-30,
+        gradient_accumulation_steps: 1,
+        eval_strategy: IntervalStrategy::Steps,
+        eval_steps: Some(3),
+        load_best_model_at_end: true,
+        ..args(out)
+    };
+    let (old, new) = (dir.join("old"), dir.join("new"));
+    let mut first = trainer(&dir, &tok, best_args(&old), &Device::cpu());
+    first.add_callback(Box::new(StopAt(3)));
+    first.train().unwrap();
+    assert_eq!(first.state.best_model_checkpoint, Some(old.join("checkpoint-3").display().to_string()));
+    drop(first);
+    std::fs::rename(&old, &new).unwrap();
+    let resume = TrainingArguments { resume_from_checkpoint: Some("true".into()), ..best_args(&new) };
+    let mut second = trainer(&dir, &tok, resume, &Device::cpu());
+    let output = second.train().unwrap();
+    assert_eq!(output.global_step, 6);
+    assert!(new.join("model.safetensors").is_file(), "the final model is saved");
+}
+
 /// A fresh run over an earlier run's checkpoints is refused (also with
 /// `resume_from_checkpoint = "false"`); with `overwrite_output_dir` it
 /// removes them, so a later resume continues this run, not the earlier one.
@@ -166,6 +207,11 @@ fn a_fresh_run_never_mixes_its_checkpoints_with_an_earlier_runs() {
     let over = TrainingArguments { overwrite_output_dir: true, max_steps: 3, save_total_limit: Some(1), ..args(&out) };
     trainer(&dir, &tok, over, &Device::cpu()).train().unwrap();
     assert_eq!(checkpoint_steps(&out), [3], "the earlier run's checkpoint-6 is gone, this run's newest stays");
+    // The JSONL log holds this run's three steps only, not the earlier run's six.
+    let log = std::fs::read_to_string(out.join("logs/log.jsonl")).unwrap();
+    let steps: Vec<i64> =
+        log.lines().filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok()?["step"].as_i64()).collect();
+    assert_eq!(steps, [1, 2, 3], "{log}");
 }
 
 /// Eval data without a record is refused when the Trainer is built, not
@@ -213,6 +259,33 @@ fn evaluation_compiles_once_and_reports_perplexity() {
     let m = t.evaluate().unwrap();
     assert_eq!(device.metrics().compiles, before, "evaluation reuses its executable");
     assert!((0.0..=1.0).contains(&m.accuracy) && m.count > 0 && m.macro_f1.is_none());
+    let mut logged: Vec<String> = m.log_entry().keys().cloned().collect();
+    let mut keys: Vec<String> = t.task().metric_keys().iter().map(|k| k.to_string()).collect();
+    logged.sort();
+    keys.sort();
+    assert_eq!(logged, keys, "the keys metric_for_best_model is checked against are the logged ones");
+    // A metric this task does not log is refused before training, not at
+    // the first evaluation.
+    let f1 = TrainingArguments { metric_for_best_model: "f1".into(), ..args(&dir.join("f1")) };
+    let err = Trainer::new(
+        f1,
+        small_model(&tok, &device),
+        tok.clone(),
+        open(&dir, "train"),
+        Some(open(&dir, "validation")),
+        16,
+        &device,
+    )
+    .err()
+    .unwrap()
+    .to_string();
+    assert!(err.contains("metric_for_best_model `f1` is not among this task's eval metrics (eval_loss,"), "{err}");
+    // An eval batch far larger than the eval set is one batch of its records,
+    // not millions of padding rows; the metrics are the same.
+    t.args.per_device_eval_batch_size = 1 << 40;
+    let whole = t.evaluate().unwrap();
+    assert_eq!((whole.count, whole.accuracy), (m.count, m.accuracy));
+    assert!((whole.loss - m.loss).abs() < 1e-5 * m.loss, "{} against {}", whole.loss, m.loss);
 }
 
 /// `lazytrain train` on the test data, writing to `out`.
@@ -360,6 +433,10 @@ fn bad_configs_are_clear_errors() {
     assert!(msg.contains("max_steps > 0 or num_train_epochs > 0"), "{msg}");
     let msg = invalid("dataloader_drop_last = false\n", false);
     assert!(msg.contains("dataloader_drop_last = false is not supported"), "{msg}");
+    let msg = invalid("dataloader_prefetch = 10000000000\n", false);
+    assert!(msg.contains("dataloader_prefetch must be at most 64 batches"), "{msg}");
+    let msg = invalid("mlm_probability = 1.5\n", false);
+    assert!(msg.contains("mlm_probability must be in [0, 1], got 1.5"), "{msg}");
     let json = tmp("json").join("args.json");
     std::fs::write(&json, "{\"output_dir\": \"x\", \"max_steps\": 10, \"warmup_steps\": 0.1}").unwrap();
     let a = TrainingArguments::from_file(&json).unwrap();
@@ -422,6 +499,23 @@ fn blocks_longer_than_the_model_positions_are_refused() {
     .unwrap()
     .to_string();
     assert!(err.contains("blocks of 4096 tokens") && err.contains("512 positions"), "{err}");
+}
+
+/// Blocks as long as the model's positions, not a multiple of 8 tokens:
+/// padding them to 16 would run past the 13 positions, so they train and
+/// evaluate unpadded.
+#[test]
+fn blocks_as_long_as_the_model_positions_train_unpadded() {
+    let (dir, tok) = data_in_blocks("positions", 13);
+    let device = Device::cpu();
+    let model = small_model_of(&tok, 13, &device);
+    let run_args = TrainingArguments { max_steps: 2, save_steps: 2, ..args(&dir.join("out")) };
+    let mut trainer =
+        Trainer::new(run_args, model, tok, open(&dir, "train"), Some(open(&dir, "validation")), 13, &device).unwrap();
+    let output = trainer.train().unwrap();
+    assert_eq!(output.global_step, 2);
+    let metrics = trainer.evaluate().unwrap();
+    assert!(metrics.loss.is_finite(), "{metrics:?}");
 }
 
 #[test]

@@ -110,6 +110,29 @@ fn each_trip_wire_names_the_problem_and_the_fix() {
     );
     let (ok, _, err) = train(&dir, &["--model", "m", "--train-data", "data", "--output-dir", "o2"]);
     assert!(ok, "the model's own tokenizer prepared the data: {err}");
+    // Eval blocks longer than the model's 512 positions are refused before
+    // the first step, not at the first evaluation.
+    let (ok, _, err) = lazytrain(
+        &dir,
+        &["prepare", "--tokenizer", "tok", "--files", "val.txt", "--block-size", "600", "--output", "long"],
+    );
+    assert!(ok, "{err}");
+    refuse(
+        &[
+            "--model",
+            "roberta-tiny",
+            "--tokenizer",
+            "tok",
+            "--train-data",
+            "data",
+            "--eval-data",
+            "long",
+            "--output-dir",
+            "lr",
+        ],
+        &["the eval data long has sequences of 600 tokens", "at most 512 positions", "--block-size 512 or less"],
+    );
+    assert!(!dir.join("lr").exists(), "refused before training");
 }
 
 /// `prepare --validation-files val.txt` makes exactly val.txt's blocks the
@@ -271,4 +294,13 @@ fn a_dry_run_prints_the_plan_and_trains_nothing() {
     }
     assert!(out.contains("largest buffers") && out.contains("the largest batch that fits is about"), "{out}");
     assert!(!dir.join("plan/model.safetensors").exists() && !dir.join("plan/checkpoint-1").exists(), "nothing trained");
+    // A dry run of a command that would start over removes nothing.
+    let base = ["--model", "roberta-tiny", "--tokenizer", "tok", "--train-data", "data", "--output-dir", "kept"];
+    let base = [&base[..], &["--save-steps", "1"]].concat();
+    let (ok, _, err) = train(&dir, &base);
+    assert!(ok, "{err}");
+    let (ok, _, err) = train(&dir, &[&base[..], &["--overwrite-output-dir", "true", "--dry-run"]].concat());
+    assert!(ok, "{err}");
+    assert!(err.contains("would remove 1 checkpoint(s)") && err.contains("nothing removed"), "{err}");
+    assert!(dir.join("kept/checkpoint-1/trainer_state.json").is_file(), "the earlier run's checkpoint stays");
 }

@@ -104,14 +104,20 @@ fn write_into(dir: &Path, c: &CheckpointContents) -> Result<()> {
     json_file(&dir.join("trainer_state.json"), c.state)
 }
 
-/// Delete the oldest checkpoints beyond `limit`, never the newest one (the
-/// one just written, which a resume continues from) nor the best one: with
-/// `limit = 1` and a best checkpoint older than the newest, both stay (as in
-/// Hugging Face's Trainer).
-pub fn rotate(output_dir: &Path, limit: usize, best: Option<&str>) -> Result<()> {
+/// Delete the oldest checkpoints beyond `limit`, never the one just
+/// `written` (which a resume continues from), the newest one, nor the best
+/// one: with `limit = 1` and a best checkpoint older than the newest, both
+/// stay (as in Hugging Face's Trainer). The best is matched by its folder's
+/// name: the state may record it under another spelling of the output
+/// folder (`out`, `./out`, an absolute path, a folder since moved).
+pub fn rotate(output_dir: &Path, limit: usize, best: Option<&str>, written: &Path) -> Result<()> {
     let all = checkpoints(output_dir);
     let Some(newest) = all.last().cloned() else { return Ok(()) };
-    let kept = |p: &Path| p == newest || best.is_some_and(|b| Path::new(b) == p);
+    let best_name = best.and_then(|b| Path::new(b).file_name().map(|n| n.to_os_string()));
+    let written_name = written.file_name();
+    let kept = |p: &Path| {
+        p == newest || p.file_name() == written_name || (best_name.is_some() && p.file_name() == best_name.as_deref())
+    };
     let mut excess = all.len().saturating_sub(limit.max(1));
     for path in all.iter().filter(|p| !kept(p)) {
         if excess == 0 {
@@ -182,25 +188,42 @@ mod tests {
     fn rotation_keeps_the_newest_and_the_best_checkpoint() {
         let dir = folder_with("best-older", &[100, 200, 300]);
         let best = dir.join("checkpoint-100").display().to_string();
-        rotate(&dir, 1, Some(&best)).unwrap();
+        rotate(&dir, 1, Some(&best), &dir.join("checkpoint-300")).unwrap();
         assert_eq!(steps_in(&dir), [100, 300], "limit 1 with an older best keeps best and newest");
         std::fs::remove_dir_all(&dir).unwrap();
 
         let dir = folder_with("best-newest", &[100, 200, 300]);
         let best = dir.join("checkpoint-300").display().to_string();
-        rotate(&dir, 1, Some(&best)).unwrap();
+        rotate(&dir, 1, Some(&best), &dir.join("checkpoint-300")).unwrap();
         assert_eq!(steps_in(&dir), [300]);
         std::fs::remove_dir_all(&dir).unwrap();
 
         let dir = folder_with("no-best", &[100, 200, 300, 400]);
-        rotate(&dir, 2, None).unwrap();
+        rotate(&dir, 2, None, &dir.join("checkpoint-400")).unwrap();
         assert_eq!(steps_in(&dir), [300, 400]);
         std::fs::remove_dir_all(&dir).unwrap();
 
         let dir = folder_with("best-in-middle", &[100, 200, 300, 400]);
         let best = dir.join("checkpoint-200").display().to_string();
-        rotate(&dir, 2, Some(&best)).unwrap();
+        rotate(&dir, 2, Some(&best), &dir.join("checkpoint-400")).unwrap();
         assert_eq!(steps_in(&dir), [200, 400]);
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    /// The best checkpoint recorded under another spelling of the folder
+    /// (a run resumed with `./out` for `out`, or after the folder moved)
+    /// is still kept; so is the checkpoint just written when the folder
+    /// holds higher-numbered ones (a run resumed from an earlier checkpoint).
+    #[test]
+    fn rotation_keeps_the_best_by_name_and_the_one_just_written() {
+        let dir = folder_with("best-elsewhere", &[100, 200, 300]);
+        rotate(&dir, 1, Some("/somewhere/else/checkpoint-100"), &dir.join("checkpoint-300")).unwrap();
+        assert_eq!(steps_in(&dir), [100, 300], "the best by its folder's name");
+        std::fs::remove_dir_all(&dir).unwrap();
+
+        let dir = folder_with("rolled-back", &[100, 200, 300, 400]);
+        rotate(&dir, 1, None, &dir.join("checkpoint-200")).unwrap();
+        assert_eq!(steps_in(&dir), [200, 400], "the checkpoint just written and the newest");
         std::fs::remove_dir_all(&dir).unwrap();
     }
 }

@@ -13,8 +13,10 @@ pub struct LogSinks {
 }
 
 impl LogSinks {
-    /// Open the destinations named in `report_to` under `output_dir`.
-    pub fn open(output_dir: &Path, report_to: &[String]) -> Result<LogSinks> {
+    /// Open the destinations named in `report_to` under `output_dir`: the
+    /// JSONL log is appended to when `continuing` (a resumed run), else
+    /// started anew (an earlier run's lines would mix with this run's).
+    pub fn open(output_dir: &Path, report_to: &[String], continuing: bool) -> Result<LogSinks> {
         let wants = |name: &str| report_to.iter().any(|r| r == name);
         let jsonl = if wants("jsonl") {
             let dir = output_dir.join("logs");
@@ -22,7 +24,9 @@ impl LogSinks {
             let path = dir.join("log.jsonl");
             let file = std::fs::OpenOptions::new()
                 .create(true)
-                .append(true)
+                .append(continuing)
+                .write(true)
+                .truncate(!continuing)
                 .open(&path)
                 .map_err(|e| Error::Input(format!("{}: {e}", path.display())))?;
             Some(file)

@@ -140,6 +140,26 @@ fn check_block_size(config: &lazytrain_models::ModelConfig, block_size: usize) -
     Ok(())
 }
 
+/// Refuse text pairs whose second text the tokenizer gives a token type
+/// the model has no embedding for (a BERT tokenizer's type 1 with a RoBERTa
+/// model of one token type): the first step would fail on a gather index.
+fn check_pair_token_types(tokenizer: &TextTokenizer, config: &lazytrain_models::ModelConfig) -> Result<()> {
+    let encoding = tokenizer
+        .inner()
+        .encode(("a", "b"), true)
+        .map_err(|e| Error::Input(format!("the tokenizer cannot encode a pair of texts: {e}")))?;
+    let highest = encoding.get_type_ids().iter().copied().max().unwrap_or(0) as usize;
+    if highest >= config.type_vocab_size {
+        return Err(Error::Input(format!(
+            "the tokenizer gives the second text of a pair token type {highest}, but the model has \
+             type_vocab_size {}; fine-tune a model with {} token types (BERT's 2) or use the model's own tokenizer",
+            config.type_vocab_size,
+            highest + 1
+        )));
+    }
+    Ok(())
+}
+
 impl Trainer<ForSequenceClassification> {
     /// A sequence-classification trainer over `prepare-classification`
     /// shards described by `manifest`; the model has one output per label.
@@ -174,6 +194,9 @@ impl Trainer<ForSequenceClassification> {
                 manifest.max_length
             )));
         }
+        if manifest.columns.text_pair.is_some() {
+            check_pair_token_types(&tokenizer, model.config())?;
+        }
         let task =
             TaskData::SequenceClassification { max_length: manifest.max_length, labels: manifest.labels.clone() };
         Trainer::with_task(args, model, tokenizer, train, eval, task, device)
@@ -199,6 +222,14 @@ impl<M: TaskModel> Trainer<M> {
             ));
         }
         crate::folder::check_tokenizer_fits(model.config(), &tokenizer)?;
+        let key = args.best_metric_key();
+        if eval.is_some() && !task.metric_keys().contains(&key.as_str()) {
+            return Err(Error::Input(format!(
+                "metric_for_best_model `{}` is not among this task's eval metrics ({}); use one of them",
+                args.metric_for_best_model,
+                task.metric_keys().join(", ")
+            )));
+        }
         let (_, world) = device.replica_position();
         // Under `mpirun -n N` every process runs num_replicas of them.
         let processes = lazytrain_dist::mpi_job_position().map_or(1, |(_, size)| size);
@@ -271,7 +302,8 @@ impl<M: TaskModel> Trainer<M> {
     /// positions unless `mlm_dense_head` (evaluation always scores densely).
     fn collator(&self, seed: u64, training: bool) -> Result<task::TaskCollator> {
         let gather = training && !self.args.mlm_dense_head;
-        Ok(self.task.collator(&self.tokenizer, self.args.mlm_probability, seed, gather)?)
+        let positions = self.model.config().max_sequence_length();
+        Ok(self.task.collator(&self.tokenizer, self.args.mlm_probability, seed, gather, positions)?)
     }
 
     fn batches_per_epoch(&self) -> Result<u64> {
@@ -349,11 +381,12 @@ impl<M: TaskModel> Trainer<M> {
     /// Refuse to start a fresh run over an earlier run's checkpoints unless
     /// `overwrite_output_dir` says to; starting over then removes them (the
     /// master replica does), so rotation and a later resume never mistake
-    /// them for this run's.
-    fn check_output_dir(&self) -> Result<()> {
+    /// them for this run's. A step only `planning` (`--dry-run`) removes
+    /// nothing.
+    fn check_output_dir(&self, planning: bool) -> Result<()> {
         let output = Path::new(&self.args.output_dir);
         let resuming = !matches!(self.args.resume_from_checkpoint.as_deref(), None | Some("false"));
-        if self.is_master() {
+        if self.is_master() && !planning {
             let removed = checkpoint::remove_leftovers(output)?;
             if removed > 0 {
                 eprintln!(
@@ -370,7 +403,13 @@ impl<M: TaskModel> Trainer<M> {
                     output.display()
                 )));
             }
-            if self.is_master() {
+            if planning {
+                eprintln!(
+                    "dry run: overwrite_output_dir would remove {} checkpoint(s) from {}; nothing removed",
+                    earlier.len(),
+                    output.display()
+                );
+            } else if self.is_master() {
                 for dir in &earlier {
                     std::fs::remove_dir_all(dir).map_err(|e| Error::Input(format!("{}: {e}", dir.display())))?;
                 }
@@ -434,11 +473,26 @@ impl<M: TaskModel> Trainer<M> {
         Ok(entry)
     }
 
-    /// Load the weights of `best_model_checkpoint` (`load_best_model_at_end`).
+    /// Load the weights of `best_model_checkpoint` (`load_best_model_at_end`):
+    /// where the state says, or a checkpoint of that name in this run's
+    /// output folder (a run resumed elsewhere, or on a fresh machine). If
+    /// neither exists the final weights stay, with a warning, as in Hugging
+    /// Face: the final model is still saved.
     fn load_best_model(&mut self) -> Result<()> {
-        let Some(best) = self.state.best_model_checkpoint.clone() else { return Ok(()) };
-        let weights = Path::new(&best).join("model.safetensors");
+        let Some(recorded) = self.state.best_model_checkpoint.clone() else { return Ok(()) };
+        let here = Path::new(&recorded).file_name().map(|name| Path::new(&self.args.output_dir).join(name));
+        let found =
+            std::iter::once(PathBuf::from(&recorded)).chain(here).find(|dir| dir.join("model.safetensors").is_file());
+        let Some(best) = found else {
+            eprintln!(
+                "warning: the best checkpoint {recorded} is not there (nor under {}); keeping the final weights",
+                self.args.output_dir
+            );
+            return Ok(());
+        };
+        let weights = best.join("model.safetensors");
         hub::load_weights(&self.model, self.model.config().model_type, &weights, &self.device, &|_| false)?;
+        let best = best.display();
         if self.show_progress {
             eprintln!(
                 "loaded the best model from {best} ({} = {})",
@@ -484,7 +538,7 @@ impl<M: TaskModel> Trainer<M> {
         }
         let path = save_checkpoint(output_dir, &contents)?;
         if let Some(limit) = self.args.save_total_limit {
-            rotate(output_dir, limit, self.state.best_model_checkpoint.as_deref())?;
+            rotate(output_dir, limit, self.state.best_model_checkpoint.as_deref(), &path)?;
         }
         if let Some(sync) = &mut self.sync {
             sync.checkpoint_saved(&path, output_dir)?;

@@ -31,26 +31,44 @@ pub enum TaskData {
 }
 
 impl TaskData {
+    /// The keys of the metrics an evaluation logs ([`EvalMetrics::log_entry`]).
+    pub fn metric_keys(&self) -> &'static [&'static str] {
+        match self {
+            TaskData::MaskedLm { .. } | TaskData::CausalLm { .. } => &["eval_loss", "eval_accuracy", "eval_perplexity"],
+            TaskData::SequenceClassification { .. } => &["eval_loss", "eval_accuracy", "eval_f1"],
+        }
+    }
+
     /// The collator for this data: MLM masking seeded by `seed`, the blocks
     /// as their own labels, or labelled rows padded to their buckets.
     /// `gather_labelled`: masked-LM batches also carry their labelled
-    /// positions, for a head computed only there.
+    /// positions, for a head computed only there. Blocks pad to a multiple
+    /// of 8 tokens when the model's `positions` are one, so that no block
+    /// (of the training data or of eval data of another block size) is
+    /// padded past them: a model of 100 positions takes its blocks unpadded.
     pub fn collator(
         &self,
         tokenizer: &TextTokenizer,
         mlm_probability: f64,
         seed: u64,
         gather_labelled: bool,
+        positions: usize,
     ) -> lazytrain_data::Result<TaskCollator> {
+        let multiple = match positions.is_multiple_of(8) {
+            true => 8,
+            false => 1,
+        };
         Ok(match self {
             TaskData::MaskedLm { .. } => {
                 let mut collator = MlmCollator::for_tokenizer(tokenizer, mlm_probability, seed)?;
                 collator.gather_labelled = gather_labelled;
+                collator.pad_to_multiple_of = multiple;
                 TaskCollator::MaskedLm(collator)
             }
-            TaskData::CausalLm { .. } => {
-                TaskCollator::CausalLm(CausalLmCollator { pad_id: tokenizer.special().pad, pad_to_multiple_of: 8 })
-            }
+            TaskData::CausalLm { .. } => TaskCollator::CausalLm(CausalLmCollator {
+                pad_id: tokenizer.special().pad,
+                pad_to_multiple_of: multiple,
+            }),
             TaskData::SequenceClassification { max_length, .. } => {
                 TaskCollator::SequenceClassification(ClassificationCollator {
                     pad_id: tokenizer.special().pad,

@@ -68,7 +68,7 @@ impl<M: TaskModel> Trainer<M> {
     /// stops with an error naming the step; the last good checkpoint stays
     /// as it was.
     pub fn train(&mut self) -> Result<TrainOutput> {
-        let mut run = self.begin_run()?;
+        let mut run = self.begin_run(false)?;
         while self.state.global_step < run.total {
             let Some(window) = self.next_window(&mut run)? else { break };
             let step = self.run_step(&mut run, &window)?;
@@ -91,7 +91,7 @@ impl<M: TaskModel> Trainer<M> {
     /// it (`--dry-run`): parameters, optimizer state, the rest, the largest
     /// buffers and the batch size that fits.
     pub fn plan_step(&mut self) -> Result<plan::StepPlan> {
-        let mut run = self.begin_run()?;
+        let mut run = self.begin_run(true)?;
         let Some(window) = self.next_window(&mut run)? else {
             return Err(Error::Input("the training data holds no full batch to plan a step with".into()));
         };
@@ -107,9 +107,10 @@ impl<M: TaskModel> Trainer<M> {
     }
 
     /// Check the output folder, build the schedule, optimizer and loader,
-    /// restore a checkpoint when resuming, and open the log sinks.
-    fn begin_run(&mut self) -> Result<Run> {
-        self.check_output_dir()?;
+    /// restore a checkpoint when resuming, and open the log sinks; when only
+    /// `planning` a step, without removing anything from the output folder.
+    fn begin_run(&mut self, planning: bool) -> Result<Run> {
+        self.check_output_dir(planning)?;
         let total = self.total_steps()?;
         let schedule = self.schedule(total)?;
         let mut optimizer = self.optimizer()?;
@@ -123,8 +124,9 @@ impl<M: TaskModel> Trainer<M> {
             num_train_epochs: self.args.num_train_epochs,
             ..TrainerState::default()
         };
-        if let Some(dir) = self.resume_dir()? {
-            self.restore(&dir, &mut optimizer)?;
+        let resumed = self.resume_dir()?;
+        if let Some(dir) = &resumed {
+            self.restore(dir, &mut optimizer)?;
         }
         if self.is_master() {
             self.sync = super::push::CheckpointSync::for_args(&self.args)?;
@@ -136,7 +138,8 @@ impl<M: TaskModel> Trainer<M> {
         lazytrain_dist::check_same_as_master(&self.device, "seed", self.args.seed)?;
         lazytrain_dist::broadcast_from_master(&self.device, &params)?;
         let report_to = if rank == 0 { self.args.report_to.clone() } else { Vec::new() };
-        let sinks = LogSinks::open(&output_dir, &report_to)?;
+        // A resumed run continues its JSONL log; a fresh one starts it anew.
+        let sinks = LogSinks::open(&output_dir, &report_to, resumed.is_some() || planning)?;
         let remaining = total.saturating_sub(self.state.global_step);
         let sampler = EpochSampler::new(self.train.len(), self.args.seed, true, rank, world)?;
         let plan = LoaderPlan {
