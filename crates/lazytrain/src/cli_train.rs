@@ -1,6 +1,7 @@
 //! `lazytrain train`: the Trainer from the command line.
 
 use crate::cli_inputs::{check_data_tokenizer, tokenizer_for, ModelSource};
+use crate::cli_manifests::{EvalData, PreparedManifest};
 use clap::Args;
 use lazytrain::trainer::args::FIELDS;
 use lazytrain::trainer::{
@@ -8,9 +9,7 @@ use lazytrain::trainer::{
 };
 use lazytrain::{Error, Result};
 use lazytrain_core::Device;
-use lazytrain_data::classification::ClassificationManifest;
 use lazytrain_data::dataset::{find_shard_urls, ShardedDataset};
-use lazytrain_data::prepare::Manifest;
 use lazytrain_data::tfrecord::CorruptPolicy;
 use lazytrain_data::TextTokenizer;
 use lazytrain_models::{hub, ForMaskedLM, ForSequenceClassification, Gpt2LMHeadModel, ModelConfig, TaskModel};
@@ -199,57 +198,6 @@ pub fn resolve_args(config: Option<&Path>, flags: &TrainingFlags) -> Result<Trai
     base.with_overrides(&flags.overrides())
 }
 
-/// The longest sequence of the eval data (from its manifest), checked
-/// against the model before training, so that a run does not fail at its
-/// first evaluation, hours in.
-struct EvalLength {
-    /// The eval data's folder.
-    dir: StorageUrl,
-    /// Its block size (language modelling) or longest sequence (classification).
-    tokens: usize,
-    /// The `prepare` flag that sets it.
-    flag: &'static str,
-}
-
-impl EvalLength {
-    /// The eval data `dir`'s longest sequence; for classification its labels
-    /// must also be the training data's (in `data_dir`), in the same order,
-    /// or every metric would compare ids of different classes.
-    fn of(dir: &StorageUrl, data_dir: &StorageUrl, task: Task) -> Result<EvalLength> {
-        let (tokens, flag) = match task {
-            Task::MaskedLm | Task::CausalLm => (Manifest::read_url(dir)?.block_size, "--block-size"),
-            Task::SequenceClassification => {
-                let (eval, train) =
-                    (ClassificationManifest::read_url(dir)?, ClassificationManifest::read_url(data_dir)?);
-                if eval.labels != train.labels {
-                    return Err(Error::Input(format!(
-                        "the eval data {dir} has the labels ({}) but the training data {data_dir} has ({}): label \
-                         ids would name different classes; prepare both in one prepare-classification run \
-                         (--files for training, --validation-files for evaluation)",
-                        eval.labels.join(", "),
-                        train.labels.join(", ")
-                    )));
-                }
-                (eval.max_length, "--max-length")
-            }
-        };
-        Ok(EvalLength { dir: dir.clone(), tokens, flag })
-    }
-
-    /// Refuse eval sequences longer than `config`'s positions.
-    fn check(eval: Option<&EvalLength>, config: &ModelConfig) -> Result<()> {
-        let max = config.max_sequence_length();
-        match eval {
-            Some(e) if e.tokens > max => Err(Error::Input(format!(
-                "the eval data {} has sequences of {} tokens but the model accepts at most {max} positions; \
-                 prepare it with {} {max} or less",
-                e.dir, e.tokens, e.flag
-            ))),
-            Some(_) | None => Ok(()),
-        }
-    }
-}
-
 /// Run `lazytrain train`.
 pub fn run(args: &TrainArgs) -> Result<()> {
     let mut training = resolve_args(args.config.as_deref(), &args.flags)?;
@@ -270,46 +218,44 @@ pub fn run(args: &TrainArgs) -> Result<()> {
         Some(dir) => Some(open_eval(dir, training.skip_corrupt)?),
         None => None,
     };
-    let data_dirs = std::iter::once(&data_dir).chain(args.eval_data.as_ref());
-    for dir in data_dirs {
-        let recorded = match args.task {
-            Task::MaskedLm | Task::CausalLm => Manifest::read_url(dir).map(|m| (m.tokenizer_hash, m.vocab_size))?,
-            Task::SequenceClassification => {
-                ClassificationManifest::read_url(dir).map(|m| (m.tokenizer_hash, m.vocab_size))?
-            }
-        };
-        check_data_tokenizer(dir, (&recorded.0, recorded.1), &tokenizer, &tokenizer_dir)?;
+    let train_manifest = PreparedManifest::read(&data_dir, args.task)?;
+    let eval_manifest = match &args.eval_data {
+        Some(dir) => Some((dir, PreparedManifest::read(dir, args.task)?)),
+        None => None,
+    };
+    for (dir, manifest) in
+        std::iter::once((&data_dir, &train_manifest)).chain(eval_manifest.iter().map(|(d, m)| (*d, m)))
+    {
+        check_data_tokenizer(dir, manifest.tokenizer(), &tokenizer, &tokenizer_dir)?;
     }
-    let eval_length = match &args.eval_data {
-        Some(dir) => Some(EvalLength::of(dir, &data_dir, args.task)?),
+    let eval_data = match &eval_manifest {
+        Some((dir, manifest)) => Some(EvalData::of(dir, manifest, &data_dir, &train_manifest)?),
         None => None,
     };
     install_interrupt_handler();
     let output_dir = training.output_dir.clone();
     // Each replica builds its model and trainer on its own device.
-    let out = match args.task {
-        Task::MaskedLm => {
+    let out = match (args.task, &train_manifest) {
+        (Task::MaskedLm, PreparedManifest::Blocks(manifest)) => {
             if args.num_labels.is_some() {
                 return Err(Error::Input("--num-labels is for --task sequence-classification".into()));
             }
-            let manifest = Manifest::read_url(&data_dir)?;
             run_replicas_for(&training, |device| {
                 let model = build_model(&model_spec, &tokenizer, training.seed, device)?;
-                EvalLength::check(eval_length.as_ref(), model.config())?;
+                EvalData::check(eval_data.as_ref(), model.config())?;
                 let (train, eval) = (train.clone(), eval.clone());
                 let trainer =
                     Trainer::new(training.clone(), model, tokenizer.clone(), train, eval, manifest.block_size, device)?;
                 train_and_evaluate(trainer, args.dry_run)
             })?
         }
-        Task::CausalLm => {
+        (Task::CausalLm, PreparedManifest::Blocks(manifest)) => {
             if args.num_labels.is_some() {
                 return Err(Error::Input("--num-labels is for --task sequence-classification".into()));
             }
-            let manifest = Manifest::read_url(&data_dir)?;
             run_replicas_for(&training, |device| {
                 let model = build_causal_lm(&model_spec, &tokenizer, training.seed, device)?;
-                EvalLength::check(eval_length.as_ref(), model.config())?;
+                EvalData::check(eval_data.as_ref(), model.config())?;
                 let (train, eval) = (train.clone(), eval.clone());
                 let trainer = Trainer::for_causal_lm(
                     training.clone(),
@@ -323,8 +269,7 @@ pub fn run(args: &TrainArgs) -> Result<()> {
                 train_and_evaluate(trainer, args.dry_run)
             })?
         }
-        Task::SequenceClassification => {
-            let manifest = ClassificationManifest::read_url(&data_dir)?;
+        (Task::SequenceClassification, PreparedManifest::Rows(manifest)) => {
             if let Some(n) = args.num_labels.filter(|&n| n != manifest.labels.len()) {
                 return Err(Error::Input(format!(
                     "--num-labels {n} but {} has {} labels ({}); pass --num-labels {} or re-prepare the data",
@@ -336,7 +281,7 @@ pub fn run(args: &TrainArgs) -> Result<()> {
             }
             run_replicas_for(&training, |device| {
                 let model = build_classifier(&model_spec, &tokenizer, &manifest.labels, training.seed, device)?;
-                EvalLength::check(eval_length.as_ref(), model.config())?;
+                EvalData::check(eval_data.as_ref(), model.config())?;
                 let (train, eval) = (train.clone(), eval.clone());
                 let trainer = Trainer::for_classification(
                     training.clone(),
@@ -344,11 +289,18 @@ pub fn run(args: &TrainArgs) -> Result<()> {
                     tokenizer.clone(),
                     train,
                     eval,
-                    &manifest,
+                    manifest,
                     device,
                 )?;
                 train_and_evaluate(trainer, args.dry_run)
             })?
+        }
+        (Task::MaskedLm | Task::CausalLm, PreparedManifest::Rows(_))
+        | (Task::SequenceClassification, PreparedManifest::Blocks(_)) => {
+            // `PreparedManifest::read` reads the kind the task names.
+            return Err(Error::Input(format!(
+                "{data_dir}: its manifest was read for another task than --task (a bug in lazytrain; please report it)"
+            )));
         }
     };
     if lazytrain_dist::is_master_process() {

@@ -7,6 +7,7 @@ mod cli_classification;
 mod cli_data;
 mod cli_export;
 mod cli_inputs;
+mod cli_manifests;
 mod cli_pipelines;
 mod cli_storage;
 mod cli_texts;

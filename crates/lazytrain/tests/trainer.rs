@@ -191,6 +191,28 @@ fn the_best_checkpoint_is_found_after_the_output_folder_moves() {
     assert!(new.join("model.safetensors").is_file(), "the final model is saved");
 }
 
+/// A checkpoint whose schedule and trainer state were saved at different
+/// steps (files copied in from two saves) is refused, naming both steps,
+/// rather than continuing with a learning rate from the wrong step.
+#[test]
+fn a_checkpoint_mixing_two_saves_is_refused() {
+    let (dir, tok) = data("mixed-saves");
+    let out = dir.join("out");
+    let mut first = trainer(&dir, &tok, args(&out), &Device::cpu());
+    first.add_callback(Box::new(StopAt(3)));
+    first.train().unwrap();
+    drop(first);
+    let scheduler = out.join("checkpoint-3/scheduler.json");
+    let text = std::fs::read_to_string(&scheduler).unwrap();
+    let earlier = text.replace("\"last_step\": 3", "\"last_step\": 2");
+    assert_ne!(earlier, text);
+    std::fs::write(&scheduler, earlier).unwrap();
+    let resume = TrainingArguments { resume_from_checkpoint: Some("true".into()), ..args(&out) };
+    let err = trainer(&dir, &tok, resume, &Device::cpu()).train().unwrap_err().to_string();
+    assert!(err.contains("scheduler.json is at step 2 but trainer_state.json at step 3"), "{err}");
+    assert!(err.contains("checkpoint-3") && err.contains("resume from another checkpoint"), "{err}");
+}
+
 /// A fresh run over an earlier run's checkpoints is refused (also with
 /// `resume_from_checkpoint = "false"`); with `overwrite_output_dir` it
 /// removes them, so a later resume continues this run, not the earlier one.
@@ -498,7 +520,7 @@ fn blocks_longer_than_the_model_positions_are_refused() {
     .err()
     .unwrap()
     .to_string();
-    assert!(err.contains("blocks of 4096 tokens") && err.contains("512 positions"), "{err}");
+    assert!(err.contains("the data has sequences of 4096 tokens") && err.contains("512 positions"), "{err}");
 }
 
 /// Blocks as long as the model's positions, not a multiple of 8 tokens:

@@ -199,6 +199,9 @@ fn progress_resume_summary_and_ties_are_reported() {
     let (ok, out, err) = lazytrain(&dir, &args);
     assert!(ok, "{err}");
     assert!(out.contains("trained 2 steps (resumed at step 2, now at step 4)"), "{out}");
+    // The longer run changes the schedule: said once, naming what changed.
+    assert!(err.contains("the learning-rate schedule differs") && err.contains("(total steps 2 -> 4)"), "{err}");
+    assert!(err.contains("this run's applies from step 2"), "{err}");
 
     // A learning rate too small to move f32 weights: every evaluation ties.
     let (ok, _, err) = lazytrain(

@@ -107,7 +107,7 @@ impl Trainer<ForMaskedLM> {
         block_size: usize,
         device: &Device,
     ) -> Result<Trainer> {
-        check_block_size(model.config(), block_size)?;
+        check_fits_positions(model.config(), "the data", block_size, "--block-size")?;
         Trainer::with_task(args, model, tokenizer, train, eval, TaskData::MaskedLm { block_size }, device)
     }
 }
@@ -124,17 +124,25 @@ impl Trainer<Gpt2LMHeadModel> {
         block_size: usize,
         device: &Device,
     ) -> Result<Trainer<Gpt2LMHeadModel>> {
-        check_block_size(model.config(), block_size)?;
+        check_fits_positions(model.config(), "the data", block_size, "--block-size")?;
         Trainer::with_task(args, model, tokenizer, train, eval, TaskData::CausalLm { block_size }, device)
     }
 }
 
-/// Refuse blocks longer than the model's positions.
-fn check_block_size(config: &lazytrain_models::ModelConfig, block_size: usize) -> Result<()> {
+/// Refuse `data` (as a message names it: "the data", "the eval data DIR")
+/// whose sequences of `tokens` exceed `config`'s positions; `flag` is the
+/// `prepare` flag that sets their length.
+pub fn check_fits_positions(
+    config: &lazytrain_models::ModelConfig,
+    data: &str,
+    tokens: usize,
+    flag: &str,
+) -> Result<()> {
     let max = config.max_sequence_length();
-    if block_size > max {
+    if tokens > max {
         return Err(Error::Input(format!(
-            "the data has blocks of {block_size} tokens but the model accepts at most {max} positions; prepare the data with --block-size {max} or less"
+            "{data} has sequences of {tokens} tokens but the model accepts at most {max} positions; prepare it with \
+             {flag} {max} or less"
         )));
     }
     Ok(())
@@ -187,13 +195,7 @@ impl Trainer<ForSequenceClassification> {
                  classifiers (cross-entropy); set problem_type to single_label_classification or remove it"
             )));
         }
-        let max = model.config().max_sequence_length();
-        if manifest.max_length > max {
-            return Err(Error::Input(format!(
-                "the data has sequences of up to {} tokens but the model accepts at most {max} positions; prepare the data with --max-length {max} or less",
-                manifest.max_length
-            )));
-        }
+        check_fits_positions(model.config(), "the data", manifest.max_length, "--max-length")?;
         if manifest.columns.text_pair.is_some() {
             check_pair_token_types(&tokenizer, model.config())?;
         }
@@ -503,14 +505,19 @@ impl<M: TaskModel> Trainer<M> {
         Ok(())
     }
 
-    fn checkpoint(&mut self, optimizer: &AdamW, schedule: &LrSchedule, output_dir: &Path) -> Result<PathBuf> {
-        let scheduler = SchedulerState {
+    /// `schedule` at the current step, as `scheduler.json` records it.
+    fn scheduler_state(&self, schedule: &LrSchedule) -> SchedulerState {
+        SchedulerState {
             lr_scheduler_type: self.args.lr_scheduler_type.clone(),
             base_lr: schedule.base_lr,
             warmup_steps: schedule.warmup_steps,
             total_steps: schedule.total_steps,
             last_step: self.state.global_step,
-        };
+        }
+    }
+
+    fn checkpoint(&mut self, optimizer: &AdamW, schedule: &LrSchedule, output_dir: &Path) -> Result<PathBuf> {
+        let scheduler = self.scheduler_state(schedule);
         let rng = RngState {
             seed: self.args.seed,
             dropout_step: self.state.global_step,
@@ -549,8 +556,9 @@ impl<M: TaskModel> Trainer<M> {
         Ok(path)
     }
 
-    /// Restore weights, optimizer, schedule position, RNG and data position.
-    fn restore(&mut self, dir: &Path, optimizer: &mut AdamW) -> Result<()> {
+    /// Restore weights, optimizer, schedule position, RNG and data position;
+    /// `schedule` (this run's) is compared with the saved one.
+    fn restore(&mut self, dir: &Path, optimizer: &mut AdamW, schedule: &LrSchedule) -> Result<()> {
         hub::load_weights(
             &self.model,
             self.model.config().model_type,
@@ -561,6 +569,16 @@ impl<M: TaskModel> Trainer<M> {
         optimizer.load_state_dict(&load_safetensors(&dir.join("optimizer.safetensors"), &self.device)?)?;
         let saved: TrainerState = read_json(dir, "trainer_state.json")?;
         let rng: RngState = read_json(dir, "rng_state.json")?;
+        let scheduler: SchedulerState = read_json(dir, "scheduler.json")?;
+        if scheduler.last_step != saved.global_step {
+            return Err(Error::Input(format!(
+                "{}: scheduler.json is at step {} but trainer_state.json at step {}: the files come from two \
+                 saves; resume from another checkpoint",
+                dir.display(),
+                scheduler.last_step,
+                saved.global_step
+            )));
+        }
         if rng.seed != self.args.seed {
             return Err(Error::Input(format!(
                 "{} was trained with seed {}, not {}; resume with the same seed to continue the same run",
@@ -573,6 +591,18 @@ impl<M: TaskModel> Trainer<M> {
         // recomputes them from the arguments after loading the state).
         let TrainerState { max_steps, logging_steps, eval_steps, save_steps, .. } = self.state;
         self.state = TrainerState { max_steps, logging_steps, eval_steps, save_steps, ..saved };
+        // So does this run's schedule (a longer run, a new learning rate),
+        // said once so that a changed curve is not a surprise.
+        let changes = scheduler.changes_to(&self.scheduler_state(schedule));
+        if !changes.is_empty() && self.is_master() {
+            eprintln!(
+                "note: the learning-rate schedule differs from the one {} was saved with ({}); this run's applies \
+                 from step {}",
+                dir.display(),
+                changes.join(", "),
+                self.state.global_step
+            );
+        }
         // Each replica's share of the data depends on the number of
         // replicas: with another number, the saved position within the
         // epoch means other samples, so the epoch starts over (the same

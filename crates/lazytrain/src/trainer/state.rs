@@ -48,6 +48,28 @@ pub struct SchedulerState {
     pub last_step: u64,
 }
 
+impl SchedulerState {
+    /// How the schedule `now` differs from this saved one, one `name old ->
+    /// new` entry per changed setting (the step aside): empty when a resumed
+    /// run continues the saved schedule.
+    pub fn changes_to(&self, now: &SchedulerState) -> Vec<String> {
+        let mut changes = Vec::new();
+        if self.lr_scheduler_type != now.lr_scheduler_type {
+            changes.push(format!("lr_scheduler_type {} -> {}", self.lr_scheduler_type, now.lr_scheduler_type));
+        }
+        if self.base_lr != now.base_lr {
+            changes.push(format!("learning_rate {:e} -> {:e}", self.base_lr, now.base_lr));
+        }
+        if self.warmup_steps != now.warmup_steps {
+            changes.push(format!("warmup steps {} -> {}", self.warmup_steps, now.warmup_steps));
+        }
+        if self.total_steps != now.total_steps {
+            changes.push(format!("total steps {} -> {}", self.total_steps, now.total_steps));
+        }
+        changes
+    }
+}
+
 /// Everything random in a run derives from these (`rng_state.json`):
 /// dropout masks from `(seed, step)`, data order from `(seed, epoch)`,
 /// MLM masking from `(seed, epoch, sample)`.
@@ -66,4 +88,39 @@ pub struct RngState {
     /// of earlier versions).
     #[serde(default)]
     pub replicas: Option<usize>,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::SchedulerState;
+
+    /// Each changed setting is named with its old and new value; the step
+    /// alone changing is no change of schedule.
+    #[test]
+    fn schedule_changes_name_each_setting() {
+        let saved = SchedulerState {
+            lr_scheduler_type: "linear".into(),
+            base_lr: 1e-3,
+            warmup_steps: 10,
+            total_steps: 100,
+            last_step: 40,
+        };
+        assert!(saved.changes_to(&SchedulerState { last_step: 41, ..saved.clone() }).is_empty());
+        let now = SchedulerState {
+            lr_scheduler_type: "cosine".into(),
+            base_lr: 5e-4,
+            warmup_steps: 20,
+            total_steps: 200,
+            last_step: 40,
+        };
+        assert_eq!(
+            saved.changes_to(&now),
+            [
+                "lr_scheduler_type linear -> cosine",
+                "learning_rate 1e-3 -> 5e-4",
+                "warmup steps 10 -> 20",
+                "total steps 100 -> 200"
+            ]
+        );
+    }
 }

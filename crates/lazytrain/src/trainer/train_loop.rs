@@ -126,7 +126,7 @@ impl<M: TaskModel> Trainer<M> {
         };
         let resumed = self.resume_dir()?;
         if let Some(dir) = &resumed {
-            self.restore(dir, &mut optimizer)?;
+            self.restore(dir, &mut optimizer, &schedule)?;
         }
         if self.is_master() {
             self.sync = super::push::CheckpointSync::for_args(&self.args)?;
