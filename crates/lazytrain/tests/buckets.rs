@@ -5,7 +5,8 @@
 //! empty machine from the newest remote checkpoint, and load a pushed
 //! model into a pipeline.
 
-use lazytrain::trainer::push::remote_checkpoints;
+use lazytrain::trainer::push::{fetch_resume_checkpoint, remote_checkpoints};
+use lazytrain::trainer::TrainingArguments;
 use lazytrain_data::corpus::demo_corpus;
 use lazytrain_storage::emulators::{Emulator, EmulatorKind};
 use lazytrain_storage::{list, read, write, StorageUrl};
@@ -142,6 +143,26 @@ fn prepare_train_push_and_resume_through_s3() {
     bucket_run(&dir, &moto, "first-vm", "4", "s3://lt-run/run", &["--hub-strategy", "every_save"]);
     std::fs::remove_dir_all(dir.join("first-vm")).unwrap();
     assert_eq!(remote_steps("s3://lt-run/run"), [2, 4]);
+
+    // Every process of a job on one machine resumes at once: each downloads
+    // the checkpoint, the first to finish puts it in place, the others keep
+    // it (it may already be read) and drop their own copy.
+    let racing = TrainingArguments {
+        output_dir: dir.join("racing-vm").display().to_string(),
+        resume_from_checkpoint: Some("true".into()),
+        push_to: Some("s3://lt-run/run".into()),
+        ..TrainingArguments::default()
+    };
+    let resumed: Vec<_> = std::thread::scope(|scope| {
+        let handles: Vec<_> = (0..4).map(|_| scope.spawn(|| fetch_resume_checkpoint(&racing))).collect();
+        handles.into_iter().map(|h| h.join().unwrap().unwrap()).collect()
+    });
+    let local = dir.join("racing-vm/checkpoint-4");
+    assert!(resumed.iter().all(|r| r.as_deref() == Some(local.to_str().unwrap())), "{resumed:?}");
+    let remote_weights = read(&url("s3://lt-run/run/checkpoint-4/model.safetensors")).unwrap();
+    assert!(std::fs::read(local.join("model.safetensors")).unwrap() == remote_weights);
+    let names: Vec<_> = std::fs::read_dir(dir.join("racing-vm")).unwrap().map(|e| e.unwrap().file_name()).collect();
+    assert_eq!(names, ["checkpoint-4"], "no download folder left behind");
 
     // A new machine: empty output dir, same command plus resume.
     let out = bucket_run(

@@ -146,7 +146,7 @@ pub fn remove_leftovers(output_dir: &Path) -> Result<usize> {
     let mut removed = 0;
     for path in entries.filter_map(|e| e.ok().map(|e| e.path())).filter(|p| p.is_dir()) {
         let name = path.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
-        let temporary = name.starts_with(".checkpoint-") && name.contains(".tmp-");
+        let temporary = name.starts_with(".checkpoint-") && name.contains(".tmp-") && !downloading_now(&name);
         let incomplete = step_of(&path).is_some() && !path.join("trainer_state.json").is_file();
         if temporary || incomplete {
             std::fs::remove_dir_all(&path).map_err(|e| Error::Input(format!("{}: {e}", path.display())))?;
@@ -154,6 +154,15 @@ pub fn remove_leftovers(output_dir: &Path) -> Result<usize> {
         }
     }
     Ok(removed)
+}
+
+/// Whether `name` is a checkpoint download's folder (`.checkpoint-N.tmp-download-PID-K`,
+/// [`super::push::fetch_resume_checkpoint`]) whose process still runs: another
+/// process of the same job on this machine, still downloading.
+fn downloading_now(name: &str) -> bool {
+    let Some((_, rest)) = name.split_once(".tmp-download-") else { return false };
+    let pid = rest.split('-').next().and_then(|p| p.parse::<u32>().ok());
+    pid.is_some_and(|pid| pid != std::process::id() && Path::new(&format!("/proc/{pid}")).exists())
 }
 
 /// Read a JSON file of a checkpoint.
@@ -224,6 +233,26 @@ mod tests {
         let dir = folder_with("rolled-back", &[100, 200, 300, 400]);
         rotate(&dir, 1, None, &dir.join("checkpoint-200")).unwrap();
         assert_eq!(steps_in(&dir), [200, 400], "the checkpoint just written and the newest");
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    /// Leftovers go, but not a download another live process of the job is
+    /// still making (pid 1 always runs); a dead process's download goes.
+    #[test]
+    fn leftovers_spare_a_live_processs_download() {
+        let dir = folder_with("leftovers", &[100]);
+        let mine = format!(".checkpoint-200.tmp-download-{}-0", std::process::id());
+        let names =
+            [".checkpoint-200.tmp-download-1-0", ".checkpoint-200.tmp-download-4294967290-3", ".checkpoint-300.tmp-7"];
+        for name in names.iter().copied().chain([mine.as_str()]) {
+            std::fs::create_dir_all(dir.join(name)).unwrap();
+        }
+        std::fs::create_dir_all(dir.join("checkpoint-400")).unwrap();
+        assert_eq!(remove_leftovers(&dir).unwrap(), 4);
+        let mut left: Vec<String> =
+            std::fs::read_dir(&dir).unwrap().map(|e| e.unwrap().file_name().to_string_lossy().into_owned()).collect();
+        left.sort();
+        assert_eq!(left, [".checkpoint-200.tmp-download-1-0", "checkpoint-100"]);
         std::fs::remove_dir_all(&dir).unwrap();
     }
 }

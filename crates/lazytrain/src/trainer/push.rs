@@ -15,6 +15,7 @@ use crate::{Error, Result};
 use lazytrain_storage::{list, StorageError, StorageUrl, UploadJob, UploadReport, Uploader};
 use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU64, Ordering};
 
 /// The file that makes a checkpoint folder complete.
 const MARKER: &str = "trainer_state.json";
@@ -251,16 +252,30 @@ pub fn fetch_resume_checkpoint(args: &TrainingArguments) -> Result<Option<String
     let local = output_dir.join(&name);
     if !local.join(MARKER).is_file() {
         // Named like a checkpoint being written, so a killed download is
-        // cleared as a leftover on the next start.
-        let staging = output_dir.join(format!(".{name}.tmp-download-{}", std::process::id()));
+        // cleared as a leftover on the next start; unique to this call, as
+        // every process of a job on this machine may download at once.
+        static DOWNLOADS: AtomicU64 = AtomicU64::new(0);
+        let call = DOWNLOADS.fetch_add(1, Ordering::Relaxed);
+        let staging = output_dir.join(format!(".{name}.tmp-download-{}-{call}", std::process::id()));
         let _ = std::fs::remove_dir_all(&staging);
         for object in list(&remote)? {
             let relative = object.url.to_string()[remote.to_string().len()..].trim_start_matches('/').to_string();
             lazytrain_storage::download_file(&object.url, &staging.join(relative))?;
         }
-        let _ = std::fs::remove_dir_all(&local);
-        std::fs::rename(&staging, &local).map_err(|e| Error::Input(format!("{}: {e}", local.display())))?;
-        eprintln!("resuming from {remote} (downloaded to {})", local.display());
+        // An incomplete folder of that name is replaced; a complete one,
+        // another process's download finished first, is kept (and this
+        // one's dropped): it may already be reading it.
+        if local.exists() && !local.join(MARKER).is_file() {
+            let _ = std::fs::remove_dir_all(&local);
+        }
+        match std::fs::rename(&staging, &local) {
+            Ok(()) => eprintln!("resuming from {remote} (downloaded to {})", local.display()),
+            Err(_) if local.join(MARKER).is_file() => {
+                let _ = std::fs::remove_dir_all(&staging);
+                eprintln!("resuming from {remote} (downloaded to {} by another process)", local.display());
+            }
+            Err(e) => return Err(Error::Input(format!("{}: {e}", local.display()))),
+        }
     }
     Ok(Some(local.display().to_string()))
 }
