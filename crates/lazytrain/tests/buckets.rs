@@ -164,6 +164,30 @@ fn prepare_train_push_and_resume_through_s3() {
     let names: Vec<_> = std::fs::read_dir(dir.join("racing-vm")).unwrap().map(|e| e.unwrap().file_name()).collect();
     assert_eq!(names, ["checkpoint-4"], "no download folder left behind");
 
+    // A fresh run pushing where an earlier run's checkpoints are: refused,
+    // naming them (its rotation would delete them, a resume might take them).
+    let out = train(
+        &dir,
+        &moto,
+        &[
+            "--train-data",
+            "s3://lt-run/data",
+            "--output-dir",
+            "other-vm",
+            "--max-steps",
+            "2",
+            "--push-to",
+            "s3://lt-run/run",
+        ],
+    );
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        !out.status.success() && err.contains("s3://lt-run/run already holds checkpoints of an earlier run"),
+        "{err}"
+    );
+    assert!(err.contains("s3://lt-run/run/checkpoint-4") && err.contains("--overwrite-output-dir true"), "{err}");
+    assert_eq!(remote_steps("s3://lt-run/run"), [2, 4], "nothing deleted");
+
     // A new machine: empty output dir, same command plus resume.
     let out = bucket_run(
         &dir,
@@ -237,6 +261,12 @@ fn prepare_train_push_and_resume_through_s3() {
     // hub_strategy all_checkpoints: every checkpoint stays, save_total_limit or not.
     bucket_run(&dir, &moto, "sixth-vm", "6", "s3://lt-run/run4", &["--hub-strategy", "all_checkpoints"]);
     assert_eq!(remote_steps("s3://lt-run/run4"), [2, 4, 6]);
+    // Starting over there deletes them, with the local folder's flag.
+    let out = bucket_run(&dir, &moto, "seventh-vm", "2", "s3://lt-run/run4", &["--overwrite-output-dir", "true"]);
+    assert!(out.contains("overwrite_output_dir: deleted s3://lt-run/run4/checkpoint-2"), "{out}");
+    assert_eq!(remote_steps("s3://lt-run/run4"), [2], "this run's checkpoint only");
+    let left: Vec<String> = list(&url("s3://lt-run/run4")).unwrap().iter().map(|o| o.url.to_string()).collect();
+    assert!(!left.iter().any(|n| n.contains("/checkpoint-4/") || n.contains("/checkpoint-6/")), "{left:?}");
 
     // Bad URLs name themselves.
     let out =

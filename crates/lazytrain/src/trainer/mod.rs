@@ -422,7 +422,39 @@ impl<M: TaskModel> Trainer<M> {
                 );
             }
         }
+        if !resuming {
+            self.check_push_target(planning)?;
+        }
         std::fs::create_dir_all(output).map_err(|e| Error::Input(format!("{}: {e}", output.display())))
+    }
+
+    /// The same for `push_to` on a fresh run: an earlier run's checkpoints
+    /// there would be rotated away as this run's, or resumed from instead of
+    /// this run's newest; `overwrite_output_dir` deletes them (the master
+    /// does; not when only `planning`).
+    fn check_push_target(&self, planning: bool) -> Result<()> {
+        let Some(url) = &self.args.push_to else { return Ok(()) };
+        let target = lazytrain_storage::StorageUrl::parse(url)?;
+        let earlier = push::earlier_remote_checkpoints(&target)?;
+        if earlier.is_empty() {
+            return Ok(());
+        }
+        let names: Vec<String> = earlier.iter().map(ToString::to_string).collect();
+        if !self.args.overwrite_output_dir {
+            return Err(Error::Input(format!(
+                "{target} already holds checkpoints of an earlier run ({}); pass --resume-from-checkpoint true to \
+                 continue it, push to another prefix, or pass --overwrite-output-dir true to start over (which \
+                 deletes them)",
+                names.join(", ")
+            )));
+        }
+        if planning {
+            eprintln!("dry run: overwrite_output_dir would delete {}; nothing deleted", names.join(", "));
+        } else if self.is_master() {
+            push::remove_remote_checkpoints(&earlier)?;
+            eprintln!("overwrite_output_dir: deleted {} of an earlier run", names.join(", "));
+        }
+        Ok(())
     }
 
     fn log(&mut self, entry: Value, sinks: &mut LogSinks) -> Result<()> {

@@ -224,6 +224,34 @@ pub fn remote_checkpoints(target: &StorageUrl) -> Result<Vec<(u64, StorageUrl)>>
     Ok(found)
 }
 
+/// The complete checkpoints under `target` (`checkpoint-N/`, then
+/// `last-checkpoint/`): an earlier run's, when a fresh run pushes there.
+pub fn earlier_remote_checkpoints(target: &StorageUrl) -> Result<Vec<StorageUrl>> {
+    let mut found: Vec<StorageUrl> = remote_checkpoints(target)?.into_iter().map(|(_, folder)| folder).collect();
+    let last = target.join("last-checkpoint");
+    if remote_step(&last)?.is_some() {
+        found.push(last);
+    }
+    Ok(found)
+}
+
+/// Delete the remote checkpoint `folders`, each's marker first, so that a
+/// folder half deleted (the run killed meanwhile) is never taken as complete.
+pub fn remove_remote_checkpoints(folders: &[StorageUrl]) -> Result<()> {
+    for folder in folders {
+        lazytrain_storage::delete(&folder.join(MARKER))?;
+        let objects = match list(folder) {
+            Ok(objects) => objects,
+            Err(StorageError::NotFound { .. }) => Vec::new(),
+            Err(e) => return Err(e.into()),
+        };
+        for object in objects {
+            lazytrain_storage::delete(&object.url)?;
+        }
+    }
+    Ok(())
+}
+
 /// Bring the checkpoint to resume from to `output_dir`: for `true` with no
 /// complete local checkpoint, the newest complete one under `push_to`
 /// (the preempted-VM case); for a checkpoint URL, that one. Returns the
