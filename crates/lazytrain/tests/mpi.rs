@@ -141,6 +141,57 @@ fn two_processes_of_two_threads_train_like_four_threads() {
     assert_same_training(&mpi, &threads, 1e-5);
 }
 
+/// A folder per host (here one per rank, each rank given its own
+/// `--output-dir`): only the master has checkpoints, so it loads the best
+/// one and hands its weights to every rank, and the final evaluation, each
+/// rank scoring its share, scores the best model, as two threads sharing
+/// one folder do.
+#[test]
+fn with_a_folder_per_rank_every_rank_evaluates_the_best_model() {
+    let dir = data("best");
+    let best = |out: &Path| {
+        let mut args = train_args(&dir, out, 6);
+        let strategy = args.iter().position(|a| a == "--eval-strategy").unwrap() + 1;
+        args[strategy] = "steps".into();
+        args.extend(["--eval-data".into(), dir.join("data").display().to_string()]);
+        // The highest eval loss is the best: an early checkpoint, not the last.
+        for (flag, value) in [
+            ("--eval-steps", "2"),
+            ("--do-eval", "true"),
+            ("--load-best-model-at-end", "true"),
+            ("--greater-is-better", "true"),
+        ] {
+            args.extend([flag.to_string(), value.to_string()]);
+        }
+        args
+    };
+    let (rank0, rank1, threads) = (dir.join("rank0"), dir.join("rank1"), dir.join("threads"));
+    succeed(
+        mpirun(1, &SHARED_MEMORY, &[])
+            .args(best(&rank0))
+            .args([":", "-n", "1", env!("CARGO_BIN_EXE_lazytrain")])
+            .args(best(&rank1))
+            .output()
+            .unwrap(),
+    );
+    let mut threaded = Command::new(env!("CARGO_BIN_EXE_lazytrain"));
+    succeed(threaded.args(best(&threads)).args(["--num-replicas", "2"]).output().unwrap());
+    let state: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(rank0.join("trainer_state.json")).unwrap()).unwrap();
+    let chosen = state["best_model_checkpoint"].as_str().unwrap().to_string();
+    assert!(!chosen.ends_with("checkpoint-6"), "the best is not the final model: {chosen}");
+    assert!(!rank1.join(Path::new(&chosen).file_name().unwrap()).exists(), "rank 1's folder holds no checkpoint");
+    let eval_loss = |out: &Path| {
+        let text = std::fs::read_to_string(out.join("eval_results.json")).unwrap();
+        serde_json::from_str::<serde_json::Value>(&text).unwrap()["eval_loss"].as_f64().unwrap()
+    };
+    let (mpi, threaded) = (eval_loss(&rank0), eval_loss(&threads));
+    assert!(
+        (mpi - threaded).abs() <= 1e-5 * threaded.abs(),
+        "eval loss {mpi} with a folder per rank, {threaded} in one"
+    );
+}
+
 #[test]
 fn a_rank_that_traced_another_graph_fails_fast_on_every_rank() {
     let dir = data("mismatch");

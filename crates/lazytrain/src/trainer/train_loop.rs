@@ -357,7 +357,19 @@ impl<M: TaskModel> Trainer<M> {
             self.device.rendezvous()?;
         }
         if !run.interrupted && self.args.load_best_model_at_end {
-            self.load_best_model()?;
+            // The master loads the best checkpoint and hands its weights to
+            // every replica: with a folder per host, the others have none.
+            if self.is_master() {
+                if let Err(e) = self.load_best_model() {
+                    // The others wait for the weights: they fail now, not
+                    // after the collective timeout.
+                    if let Some(link) = self.device.replica() {
+                        link.collective.abort(link.rank, &format!("the master could not load the best model: {e}"));
+                    }
+                    return Err(e);
+                }
+            }
+            lazytrain_dist::broadcast_from_master(&self.device, &run.params)?;
         }
         if !run.interrupted && self.is_master() {
             crate::folder::save_folder(&run.output_dir, &self.model, self.model.config(), &self.tokenizer)?;
