@@ -22,9 +22,9 @@ pub fn broadcast_from_master(device: &Device, tensors: &[Tensor]) -> Result<()> 
 }
 
 /// Check that every replica of `device`'s group was given the same `value`
-/// of the setting `what` (a seed, say): an error naming both values when
-/// replica 0's differs from this one's.
-pub fn check_same_as_master(device: &Device, what: &str, value: u64) -> Result<()> {
+/// of the setting `what` (a seed, say): an error naming both values and
+/// then `fix` (what to do about it) when replica 0's differs from this one's.
+pub fn check_same_as_master(device: &Device, what: &str, value: u64, fix: &str) -> Result<()> {
     let Some(link) = device.replica().filter(|link| link.collective.world_size() > 1) else { return Ok(()) };
     device.wait()?;
     let mut memory = DeviceMemory::Host(HostData::I64(vec![value as i64]));
@@ -34,7 +34,7 @@ pub fn check_same_as_master(device: &Device, what: &str, value: u64) -> Result<(
         Some(HostData::I64(v)) => Err(failed(
             "broadcast",
             format!(
-                "replica {} has {what} {value} but replica 0 has {}; give every replica the same {what}",
+                "replica {} has {what} {value} but replica 0 has {}; {fix}",
                 link.rank,
                 v.first().map_or(0, |&x| x as u64)
             ),

@@ -246,17 +246,17 @@ fn replicas_start_from_replica_0s_weights_and_seed() {
         let w = Tensor::from_vec(vec![replica.rank() as f32 + 0.5; 4], [2, 2], device)?;
         let b = Tensor::from_vec(vec![replica.rank() as i64], [1], device)?;
         broadcast_from_master(device, &[w.clone(), b.clone()])?;
-        check_same_as_master(device, "seed", 42)?;
+        check_same_as_master(device, "seed", 42, "give every replica the same seed")?;
         Ok((w.to_vec::<f32>()?, b.to_vec::<i64>()?))
     })
     .unwrap();
     assert!(results.iter().all(|r| *r == (vec![0.5; 4], vec![0])), "{results:?}");
     let mismatch: Result<Vec<()>, SpawnError<NnError>> = spawn(&SpawnConfig::new(2), |replica| {
-        check_same_as_master(replica.device(), "seed", 7 + replica.rank() as u64)?;
+        check_same_as_master(replica.device(), "seed", 7 + replica.rank() as u64, "give every replica the same seed")?;
         Ok(())
     });
     let error = mismatch.unwrap_err().to_string();
-    assert!(error.contains("replica 1 has seed 8 but replica 0 has 7"), "{error}");
+    assert!(error.contains("replica 1 has seed 8 but replica 0 has 7; give every replica the same seed"), "{error}");
 }
 
 /// Collectives carry the step tag: a replica that skipped a step reduces

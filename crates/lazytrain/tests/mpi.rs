@@ -190,6 +190,25 @@ fn with_a_folder_per_rank_every_rank_evaluates_the_best_model() {
         (mpi - threaded).abs() <= 1e-5 * threaded.abs(),
         "eval loss {mpi} with a folder per rank, {threaded} in one"
     );
+    // Resuming there: rank 1 finds no checkpoint in its folder. Refused at
+    // once, naming the steps and the fix, not at the first all-reduce.
+    let resume = |out: &Path| {
+        let mut args = best(out);
+        let steps = args.iter().position(|a| a == "--max-steps").unwrap() + 1;
+        args[steps] = "8".into();
+        args.extend(["--resume-from-checkpoint", "true"].map(String::from));
+        args
+    };
+    let output = mpirun(1, &SHARED_MEMORY, &[])
+        .args(resume(&rank0))
+        .args([":", "-n", "1", env!("CARGO_BIN_EXE_lazytrain")])
+        .args(resume(&rank1))
+        .output()
+        .unwrap();
+    assert!(!output.status.success());
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(stderr.contains("replica 1 has resumed at step 0 but replica 0 has 6"), "{stderr}");
+    assert!(stderr.contains("copy it into each host's --output-dir"), "{stderr}");
 }
 
 #[test]

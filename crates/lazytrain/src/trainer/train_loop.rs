@@ -135,7 +135,17 @@ impl<M: TaskModel> Trainer<M> {
         // Replicas start from replica 0's weights and must share its seed
         // (the data order and dropout derive from it).
         let params: Vec<Tensor> = named_parameters(&self.model).into_iter().map(|(_, t)| t).collect();
-        lazytrain_dist::check_same_as_master(&self.device, "seed", self.args.seed)?;
+        lazytrain_dist::check_same_as_master(&self.device, "seed", self.args.seed, "give every replica the same seed")?;
+        // A process that found no checkpoint (a folder per host, the
+        // checkpoint on the master's only) would start over at step 0.
+        lazytrain_dist::check_same_as_master(
+            &self.device,
+            "resumed at step",
+            self.state.global_step,
+            "every process must read the checkpoint it resumes from: with a folder per host, copy it into each \
+             host's --output-dir, pass --resume-from-checkpoint with a path every host reads, or resume from a \
+             bucket (--push-to URL --resume-from-checkpoint true)",
+        )?;
         lazytrain_dist::broadcast_from_master(&self.device, &params)?;
         let report_to = if rank == 0 { self.args.report_to.clone() } else { Vec::new() };
         // A resumed run continues its JSONL log; a fresh one starts it anew.
