@@ -54,6 +54,15 @@ pub trait Collective: Send + Sync {
     /// group was aborted.
     fn barrier(&self, rank: usize) -> Result<(), String>;
 
+    /// [`Collective::barrier`] for a wait as long as one replica's host work
+    /// (the master's last uploads, of any size over any link): no collective
+    /// timeout applies, while an abort (and, across processes, a dead
+    /// process) still ends it. Every other replica must reach it or abort.
+    /// The default is [`Collective::barrier`], for groups without a timeout.
+    fn patient_barrier(&self, rank: usize) -> Result<(), String> {
+        self.barrier(rank)
+    }
+
     /// Stop the group because replica `rank` failed with `message`: replicas
     /// waiting in (or later entering) a collective or a barrier get an
     /// error naming `rank` and `message`. The first abort wins.

@@ -261,6 +261,16 @@ impl Collective for HierarchicalCollective {
         self.local.barrier(local)
     }
 
+    fn patient_barrier(&self, rank: usize) -> Result<(), String> {
+        let local = self.local_rank(rank)?;
+        self.local.barrier(local)?;
+        if local == 0 {
+            // Unwatched: MPI still ends the job if a process dies.
+            self.group.barrier()?;
+        }
+        self.local.barrier(local)
+    }
+
     fn abort(&self, rank: usize, message: &str) {
         self.local.abort(rank, message);
         if self.group.size() > 1 {

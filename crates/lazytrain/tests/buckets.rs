@@ -367,6 +367,9 @@ fn a_store_that_dies_mid_run_fails_the_push_not_the_training() {
         .args(["train", "--model", "bert-tiny", "--tokenizer", "tok", "--train-data", "data", "--output-dir", "out"])
         .args(["--max-steps", "60", "--save-steps", "2", "--per-device-train-batch-size", "4", "--report-to", "none"])
         .args(["--push-to", "s3://lt-dying/run"])
+        // Two replicas: the other one, waiting for the master's uploads,
+        // is released by the failure, not left waiting.
+        .args(["--num-replicas", "2"])
         .envs(moto.env())
         .env("LAZYTRAIN_STORAGE_ATTEMPTS", "2")
         .stdout(std::process::Stdio::null())

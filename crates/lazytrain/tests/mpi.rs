@@ -305,3 +305,24 @@ fn a_stuck_rank_ends_the_job_after_the_collective_timeout() {
     // earlier collective may already wait longer than 2 s for rank 1.
     assert!(stderr.contains("has not completed after 2 s"), "{stderr}");
 }
+
+/// The master's last uploads may take longer than the collective timeout
+/// (a large model, a slow link): the other ranks wait for them without
+/// one, and the job ends well, with its final evaluation.
+#[test]
+fn the_master_s_last_uploads_may_outlast_the_collective_timeout() {
+    let dir = data("slow-push");
+    let (out, pushed) = (dir.join("out"), dir.join("pushed"));
+    let output = mpirun(2, &SHARED_MEMORY, &[("LAZYTRAIN_FAULT_INJECT", "slow-final-push")])
+        .args(train_args(&dir, &out, 4))
+        .args(["--collective-timeout", "2", "--push-to"])
+        .arg(&pushed)
+        .arg("--eval-data")
+        .arg(dir.join("data"))
+        .args(["--do-eval", "true"])
+        .output()
+        .unwrap();
+    succeed(output);
+    assert!(out.join("eval_results.json").is_file());
+    assert!(pushed.join("model.safetensors").is_file() && pushed.join("checkpoint-4/model.safetensors").is_file());
+}

@@ -196,6 +196,18 @@ impl Device {
     /// only waits for its steps. Fails when a step failed (the group is then
     /// aborted) or another replica stopped the group.
     pub fn rendezvous(&self) -> Result<()> {
+        self.meet(false)
+    }
+
+    /// [`Device::rendezvous`] where one replica may be busy for long on the
+    /// host (the master's last uploads): no collective timeout applies
+    /// ([`Collective::patient_barrier`](crate::collective::Collective::patient_barrier)).
+    pub fn patient_rendezvous(&self) -> Result<()> {
+        self.meet(true)
+    }
+
+    /// Meet the group, through its patient barrier when `patient`.
+    fn meet(&self, patient: bool) -> Result<()> {
         let failed = |detail: String| Error::Execution { node: 0, op: "rendezvous", detail };
         if let Err(e) = self.wait() {
             let message = format!("a step failed before the rendezvous: {e}");
@@ -205,7 +217,10 @@ impl Device {
             return Err(failed(message));
         }
         match self.replica() {
-            Some(link) if link.collective.world_size() > 1 => link.collective.barrier(link.rank).map_err(failed),
+            Some(link) if link.collective.world_size() > 1 => match patient {
+                true => link.collective.patient_barrier(link.rank).map_err(failed),
+                false => link.collective.barrier(link.rank).map_err(failed),
+            },
             _ => Ok(()),
         }
     }

@@ -112,6 +112,10 @@ impl CheckpointSync {
         if push_final {
             self.push_final(output_dir)?;
         }
+        if std::env::var("LAZYTRAIN_FAULT_INJECT").is_ok_and(|v| v == "slow-final-push") {
+            // Tests: uploads that outlast the collective timeout.
+            std::thread::sleep(std::time::Duration::from_secs(4));
+        }
         let reports = self.uploader.finish();
         self.record(reports);
         match self.failures.is_empty() {

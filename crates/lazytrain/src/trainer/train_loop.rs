@@ -370,14 +370,7 @@ impl<M: TaskModel> Trainer<M> {
             // The master loads the best checkpoint and hands its weights to
             // every replica: with a folder per host, the others have none.
             if self.is_master() {
-                if let Err(e) = self.load_best_model() {
-                    // The others wait for the weights: they fail now, not
-                    // after the collective timeout.
-                    if let Some(link) = self.device.replica() {
-                        link.collective.abort(link.rank, &format!("the master could not load the best model: {e}"));
-                    }
-                    return Err(e);
-                }
+                self.load_best_model()?;
             }
             lazytrain_dist::broadcast_from_master(&self.device, &run.params)?;
         }
@@ -388,6 +381,13 @@ impl<M: TaskModel> Trainer<M> {
         }
         if let Some(sync) = self.sync.take() {
             sync.finish(&run.output_dir, !run.interrupted)?;
+        }
+        // The master waited for its uploads (any size, over any link); the
+        // others wait for it without a collective timeout, so that none
+        // enters the next collective (the final evaluation's) and times out.
+        // A master that failed is out of the group, which releases them.
+        if self.replica_position().1 > 1 {
+            self.device.patient_rendezvous()?;
         }
         let training_loss = run.losses.iter().map(|&l| l as f64).sum::<f64>() / run.losses.len().max(1) as f64;
         Ok(TrainOutput {
