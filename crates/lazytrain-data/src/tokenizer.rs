@@ -202,9 +202,13 @@ impl TextTokenizer {
         self.special.style.mask_name()
     }
 
-    /// Vocabulary size including added tokens.
+    /// Vocabulary size including added tokens: one more than the highest
+    /// id, the rows an embedding needs (a tokenizer.json whose ids skip
+    /// some, or that gives an added token a higher id than its vocabulary
+    /// entry, has more than it has tokens).
     pub fn vocab_size(&self) -> usize {
-        self.inner.get_vocab_size(true)
+        let highest = self.inner.get_vocab(true).into_values().max().map_or(0, |id| id as usize + 1);
+        highest.max(self.inner.get_vocab_size(true))
     }
 
     /// Token ids of `text`, with the post-processor's special tokens when

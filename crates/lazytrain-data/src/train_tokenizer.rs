@@ -118,6 +118,10 @@ pub fn train_tokenizer(
     train_tokenizer_with(documents, model, vocab_size, style, Normalization::Style)
 }
 
+/// The largest vocabulary [`train_tokenizer_with`] trains: far beyond any
+/// model's, small enough that the trainers' tables are always allocated.
+pub const MAX_VOCAB_SIZE: usize = 1 << 24;
+
 /// [`train_tokenizer`] with a chosen text [`Normalization`].
 pub fn train_tokenizer_with(
     documents: &[String],
@@ -128,6 +132,12 @@ pub fn train_tokenizer_with(
 ) -> Result<TextTokenizer> {
     if vocab_size < 16 {
         return Err(DataError::Invalid(format!("a vocabulary of {vocab_size} tokens is too small; use at least 16")));
+    }
+    if vocab_size > MAX_VOCAB_SIZE {
+        return Err(DataError::Invalid(format!(
+            "a vocabulary of {vocab_size} tokens is too large; use at most {MAX_VOCAB_SIZE} (the largest models use \
+             about 250 000)"
+        )));
     }
     if style == TokenizerStyle::Gpt2 && model != SubwordModel::Bpe {
         return Err(DataError::Invalid(format!(

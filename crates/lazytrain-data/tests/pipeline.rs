@@ -166,6 +166,42 @@ fn prepared(name: &str, shards: usize) -> (PathBuf, TextTokenizer, Manifest) {
     (dir, tok, manifest)
 }
 
+/// Vocabularies outside `16..=MAX_VOCAB_SIZE` are refused before training
+/// (a huge one aborted on the trainer's table).
+#[test]
+fn tokenizer_training_refuses_huge_vocabularies() {
+    use lazytrain_data::train_tokenizer::MAX_VOCAB_SIZE;
+    for model in [SubwordModel::Bpe, SubwordModel::WordPiece, SubwordModel::Unigram] {
+        for size in [MAX_VOCAB_SIZE + 1, usize::MAX] {
+            let msg = train_tokenizer(&corpus(), model, size, TokenizerStyle::Bert).err().unwrap().to_string();
+            assert!(msg.contains(&format!("a vocabulary of {size} tokens is too large")), "{msg}");
+        }
+    }
+}
+
+/// A tokenizer.json whose ids skip some (here `[PAD]` moved past the
+/// others): its vocabulary size is one more than the highest id, the rows
+/// an embedding needs, not its count of tokens.
+#[test]
+fn vocab_size_covers_the_highest_id() {
+    let fixture = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("../lazytrain-models/tests/fixtures/tiny-bert/tokenizer.json");
+    let mut json: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(fixture).unwrap()).unwrap();
+    let count = json["model"]["vocab"].as_object().unwrap().len();
+    let moved = count + 9;
+    json["model"]["vocab"]["[PAD]"] = moved.into();
+    for token in json["added_tokens"].as_array_mut().unwrap() {
+        if token["content"] == "[PAD]" {
+            token["id"] = moved.into();
+        }
+    }
+    let dir = tmp("id-gap");
+    std::fs::write(dir.join("tokenizer.json"), json.to_string()).unwrap();
+    let tok = TextTokenizer::from_path(&dir).unwrap();
+    assert_eq!(tok.special().pad as usize, moved);
+    assert_eq!(tok.vocab_size(), moved + 1, "{count} tokens, the highest id {moved}");
+}
+
 /// Block sizes outside `2..=MAX_BLOCK_SIZE` are refused before any work
 /// (a block of 10^12 tokens would have aborted on its buffer's allocation).
 #[test]

@@ -43,5 +43,5 @@ pub use launcher::{
 };
 pub use optimizer::{optimizer_step, reduce_gradients};
 pub use process_group::{HierarchicalCollective, ProcessGroup};
-pub use replica::{spawn, spawn_with, Replica, SpawnConfig, DEFAULT_COLLECTIVE_TIMEOUT};
+pub use replica::{spawn, spawn_with, Replica, SpawnConfig, DEFAULT_COLLECTIVE_TIMEOUT, MAX_REPLICAS};
 pub use step::{train_step, StepConfig, StepOutput};

@@ -27,6 +27,11 @@ pub struct SpawnConfig {
     pub collective_timeout: Duration,
 }
 
+/// The most replicas (threads) the command line lets one process run: far
+/// beyond any machine's cores, small enough that the group's bookkeeping is
+/// always allocated.
+pub const MAX_REPLICAS: usize = 1024;
+
 /// The default [`SpawnConfig::collective_timeout`].
 pub const DEFAULT_COLLECTIVE_TIMEOUT: Duration = Duration::from_secs(300);
 

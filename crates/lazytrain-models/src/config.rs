@@ -248,7 +248,10 @@ impl ModelConfig {
         }
     }
 
-    pub(crate) fn validate(&self, path: &str) -> Result<()> {
+    /// Check that the settings describe a model lazytrain can build (sizes,
+    /// token ids inside the vocabulary, supported kinds); errors name
+    /// `path`, where the settings came from.
+    pub fn validate(&self, path: &str) -> Result<()> {
         let bad = |detail: String| Err(ModelError::Config { path: path.to_string(), detail });
         if self.num_attention_heads == 0 || !self.hidden_size.is_multiple_of(self.num_attention_heads) {
             return bad(format!(

@@ -24,7 +24,7 @@ pub struct BenchArgs {
     steps: usize,
     /// Data-parallel replicas, each training on its own batch of the
     /// config's size (tokens/s counts all of them).
-    #[arg(long, default_value_t = 1)]
+    #[arg(long, default_value_t = 1, value_parser = clap::builder::RangedU64ValueParser::<usize>::new().range(1..=lazytrain_dist::MAX_REPLICAS as u64))]
     replicas: usize,
     /// bf16 mixed precision: matmuls in bf16 with f32 accumulation, f32
     /// master weights and optimizer state (`torch.autocast(bfloat16)`).

@@ -11,8 +11,8 @@ use std::time::Instant;
 pub struct FillMaskArgs {
     #[command(flatten)]
     inputs: TextInputs,
-    /// Predictions per mask.
-    #[arg(long, default_value_t = 5)]
+    /// Predictions per mask (at most the vocabulary).
+    #[arg(long, default_value_t = 5, value_parser = clap::builder::RangedU64ValueParser::<usize>::new().range(1..))]
     top_k: usize,
 }
 

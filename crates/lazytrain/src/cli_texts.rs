@@ -27,7 +27,7 @@ pub struct TextInputs {
     text_column: Option<String>,
     /// Texts per batch with --input (the last batch is padded, and lengths to 16-token buckets, so
     /// each bucket compiles once).
-    #[arg(long, default_value_t = 32, value_parser = clap::builder::RangedU64ValueParser::<usize>::new().range(1..))]
+    #[arg(long, default_value_t = 32, value_parser = clap::builder::RangedU64ValueParser::<usize>::new().range(1..=65_536))]
     pub batch_size: usize,
     /// Print JSON shaped like Hugging Face's pipeline output (with --input: one JSON value per line).
     #[arg(long)]

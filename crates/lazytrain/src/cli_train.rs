@@ -170,6 +170,7 @@ pub fn preset_config(preset: &str, tokenizer: &TextTokenizer) -> Result<ModelCon
         config.bos_token_id = Some(s.start as i64);
         config.eos_token_id = Some(s.end as i64);
     }
+    config.validate(&format!("preset {preset} with the tokenizer's special tokens"))?;
     Ok(config)
 }
 

@@ -43,10 +43,10 @@ pub struct DemoArgs {
     #[arg(long, default_value_t = 1500, value_parser = clap::value_parser!(i64).range(1..))]
     pub max_steps: i64,
     /// Sentences in the generated corpus.
-    #[arg(long, default_value_t = 60_000)]
+    #[arg(long, default_value_t = 60_000, value_parser = clap::builder::RangedU64ValueParser::<usize>::new().range(1..=100_000_000))]
     pub sentences: usize,
     /// Countries (facts) in the generated lexicon.
-    #[arg(long, default_value_t = 8, value_parser = clap::builder::RangedU64ValueParser::<usize>::new().range(1..))]
+    #[arg(long, default_value_t = 8, value_parser = clap::builder::RangedU64ValueParser::<usize>::new().range(1..=10_000))]
     pub countries: usize,
     /// Seed of everything.
     #[arg(long, default_value_t = 0)]

@@ -61,6 +61,23 @@ fn fill_mask_needs_a_mask() {
     assert!(msg.contains("no mask token [MASK]") && msg.contains("the cat is big"), "{msg}");
 }
 
+/// A `top_k` beyond the vocabulary gives every token once, best first (as
+/// Hugging Face's pipeline), not an allocation of `top_k` predictions.
+#[test]
+fn fill_mask_gives_at_most_the_vocabulary() {
+    let pipe = FillMask::from_dir(&fixtures().join("tiny-bert"), &Device::cpu()).unwrap();
+    let all = pipe.predict(&["the capital of france is [MASK] ."], usize::MAX).unwrap();
+    let five = pipe.predict(&["the capital of france is [MASK] ."], 5).unwrap();
+    let vocab = pipe.tokenizer().vocab_size();
+    assert_eq!(all[0][0].len(), vocab);
+    let tokens = |p: &[lazytrain::pipelines::MaskPrediction]| p.iter().map(|m| m.token).collect::<Vec<_>>();
+    assert_eq!(tokens(&all[0][0][..5]), tokens(&five[0][0]));
+    let mut seen = tokens(&all[0][0]);
+    seen.sort_unstable();
+    seen.dedup();
+    assert_eq!(seen.len(), vocab, "every token once");
+}
+
 #[test]
 fn feature_extraction_matches_transformers() {
     let dev = Device::cpu();
@@ -259,4 +276,23 @@ fn models_load_by_hub_id_from_the_local_cache() {
     let err = String::from_utf8_lossy(&missing.stderr);
     assert!(!missing.status.success() && err.contains("models--some-org--absent/refs/main"), "{err}");
     assert!(err.contains("never downloads") && err.contains("huggingface-cli download some-org/absent"), "{err}");
+}
+
+/// Counts that would size an allocation are refused by the flag parser,
+/// naming the flag, before anything loads.
+#[test]
+fn out_of_range_counts_are_refused_by_name() {
+    let model = fixtures().join("tiny-bert");
+    let model = model.to_str().unwrap();
+    for (args, flag) in [
+        (vec!["fill-mask", "--model", model, "--top-k", "0", "a [MASK]"], "--top-k"),
+        (vec!["fill-mask", "--model", model, "--input", "-", "--batch-size", "65537"], "--batch-size"),
+        (vec!["bench", "--replicas", "1025"], "--replicas"),
+        (vec!["demo", "--sentences", "18446744073709551615"], "--sentences"),
+        (vec!["demo", "--countries", "10001"], "--countries"),
+    ] {
+        let out = std::process::Command::new(env!("CARGO_BIN_EXE_lazytrain")).args(&args).output().unwrap();
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(!out.status.success() && stderr.contains(&format!("for '{flag}")), "{args:?}: {stderr}");
+    }
 }

@@ -449,8 +449,13 @@ fn bad_configs_are_clear_errors() {
     assert!(msg.contains("choose from jsonl, tensorboard, none"), "{msg}");
     let msg = invalid("per_device_train_batch_size = 0\n", false);
     assert!(msg.contains("at least 1"), "{msg}");
-    let msg = invalid("num_replicas = 0\n", false);
-    assert!(msg.contains("num_replicas must be at least 1"), "{msg}");
+    for replicas in [0u64, 1025, 1 << 40] {
+        let msg = invalid(&format!("num_replicas = {replicas}\n"), false);
+        assert!(
+            msg.contains(&format!("num_replicas must be in 1..=1024 (threads of one process), got {replicas}")),
+            "{msg}"
+        );
+    }
     let msg = invalid("max_steps = -1\nnum_train_epochs = 0.0\n", false);
     assert!(msg.contains("max_steps > 0 or num_train_epochs > 0"), "{msg}");
     let msg = invalid("dataloader_drop_last = false\n", false);

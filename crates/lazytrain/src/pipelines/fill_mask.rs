@@ -128,7 +128,8 @@ impl FillMask {
                 let total: f64 = exps.iter().sum();
                 let mut order: Vec<usize> = (0..vocab).collect();
                 order.sort_by(|&a, &c| exps[c].total_cmp(&exps[a]).then(a.cmp(&c)));
-                let mut predictions = Vec::with_capacity(top_k);
+                // No more predictions than tokens (as Hugging Face's pipeline).
+                let mut predictions = Vec::with_capacity(top_k.min(vocab));
                 for &token in order.iter().take(top_k) {
                     let mut filled = ids.clone();
                     filled[pos] = token as u32;

@@ -296,8 +296,12 @@ impl TrainingArguments {
                     .into(),
             ));
         }
-        if self.num_replicas == 0 {
-            return Err(invalid("num_replicas must be at least 1".into()));
+        if !(1..=lazytrain_dist::MAX_REPLICAS).contains(&self.num_replicas) {
+            return Err(invalid(format!(
+                "num_replicas must be in 1..={} (threads of one process), got {}",
+                lazytrain_dist::MAX_REPLICAS,
+                self.num_replicas
+            )));
         }
         if self.dataloader_prefetch > MAX_PREFETCH {
             return Err(invalid(format!(
