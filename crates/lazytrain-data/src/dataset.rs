@@ -153,7 +153,7 @@ impl ShardedDataset {
             .iter()
             .map(|url| url.is_remote().then(|| RangedObject::open(url)).transpose())
             .collect::<Result<Vec<_>, _>>()?;
-        let remote_bytes: u64 = objects.iter().flatten().map(RangedObject::size).sum();
+        let remote_bytes = objects.iter().flatten().map(RangedObject::size).fold(0u64, u64::saturating_add);
         let mode = read_mode(remote_bytes);
         for (url, object) in urls.iter().zip(&mut objects) {
             let (index, source) = match (url, object.take()) {
@@ -303,6 +303,12 @@ impl EpochSampler {
         if len < num_replicas {
             return Err(DataError::Invalid(format!("{len} records cannot feed {num_replicas} replicas")));
         }
+        if u32::try_from(len).is_err() {
+            return Err(DataError::Invalid(format!(
+                "{len} records are more than one epoch's order holds ({}); train on fewer shards at a time",
+                u32::MAX
+            )));
+        }
         Ok(EpochSampler { len, seed, shuffle, replica, num_replicas, epoch: None })
     }
 
@@ -316,7 +322,7 @@ impl EpochSampler {
             let mut order: Vec<u32> = (0..self.len as u32).collect();
             if self.shuffle {
                 let mut u = vec![0f32; self.len];
-                lazytrain_core::random::uniform_f32(self.seed, 0xe90c_0000 + epoch, &mut u);
+                lazytrain_core::random::uniform_f32(self.seed, 0xe90c_0000u64.wrapping_add(epoch), &mut u);
                 for i in (1..self.len).rev() {
                     let j = ((u[i] as f64) * (i + 1) as f64) as usize;
                     order.swap(i, j.min(i));
@@ -337,6 +343,15 @@ impl EpochSampler {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// More records than an epoch's order of `u32`s holds: refused by name
+    /// (they were truncated into out-of-range indices).
+    #[test]
+    fn more_records_than_an_order_holds_are_refused() {
+        let msg = EpochSampler::new(1 << 33, 7, true, 0, 1).err().unwrap().to_string();
+        assert!(msg.contains("8589934592 records are more than one epoch's order holds"), "{msg}");
+        assert!(EpochSampler::new(u32::MAX as usize, 7, true, 0, 1).is_ok());
+    }
 
     #[test]
     fn replicas_split_an_epoch_disjointly() {

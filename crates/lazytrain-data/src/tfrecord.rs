@@ -104,6 +104,11 @@ impl RecordWriter {
 /// besides its data.
 pub const FRAMING: u64 = 16;
 
+/// The longest record a shard may hold: a prepared block of the longest
+/// block size is a few MB; a longer length field is corrupt, and reading
+/// it would allocate its whole claim.
+pub const MAX_RECORD_BYTES: u64 = 1 << 30;
+
 /// The index sidecar of a shard: `train-00000-of-00002.tfrecord.idx`.
 pub fn index_path(shard: &Path) -> PathBuf {
     let mut name = shard.as_os_str().to_owned();
@@ -265,6 +270,14 @@ impl RecordIndex {
             if room < 4 || len > room - 4 {
                 return Err(corrupt(&name, record, offset, "truncated record data (the file ends mid-record)"));
             }
+            if len > MAX_RECORD_BYTES {
+                return Err(corrupt(
+                    &name,
+                    record,
+                    offset,
+                    &format!("a record of {len} bytes (at most {MAX_RECORD_BYTES})"),
+                ));
+            }
             data.resize(len as usize + 4, 0);
             source.read_at(offset + 12, &mut data)?;
             let stored = u32::from_le_bytes(data[len as usize..].try_into().expect("4 bytes"));
@@ -301,6 +314,9 @@ impl RecordIndex {
                     line,
                     format!("record at byte {offset} of {size} bytes does not follow the previous one"),
                 ));
+            }
+            if size - FRAMING > MAX_RECORD_BYTES {
+                return Err(bad(line, format!("a record of {size} bytes (at most {MAX_RECORD_BYTES} of data)")));
             }
             spans.push(RecordSpan { offset, len: size - FRAMING });
             expected = offset

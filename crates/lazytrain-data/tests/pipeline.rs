@@ -166,6 +166,24 @@ fn prepared(name: &str, shards: usize) -> (PathBuf, TextTokenizer, Manifest) {
     (dir, tok, manifest)
 }
 
+/// A scanned shard whose length field claims more than any record holds
+/// (here 1.5 GiB in a sparse 2 GiB file) is refused before the claim is
+/// allocated.
+#[test]
+fn a_record_longer_than_any_prepared_one_is_corrupt() {
+    use std::io::Write;
+    let path = tmp("huge-record").join("huge.tfrecord");
+    let len: u64 = 3 << 29;
+    let mut file = std::fs::File::create(&path).unwrap();
+    file.write_all(&len.to_le_bytes()).unwrap();
+    file.write_all(&masked_crc32c(&len.to_le_bytes()).to_le_bytes()).unwrap();
+    file.set_len(2 << 30).unwrap();
+    drop(file);
+    let msg = RecordIndex::scan(&path, CorruptPolicy::Fail).unwrap_err().to_string();
+    assert!(msg.contains("a record of 1610612736 bytes (at most 1073741824)"), "{msg}");
+    std::fs::remove_file(&path).unwrap();
+}
+
 /// Vocabularies outside `16..=MAX_VOCAB_SIZE` are refused before training
 /// (a huge one aborted on the trainer's table).
 #[test]
@@ -454,6 +472,9 @@ fn index_sidecars_match_a_scan_and_are_checked() {
     let text = std::fs::read_to_string(&sidecar).unwrap();
     let source = LocalShard::open(&shard).unwrap();
     let indexed = RecordIndex::from_sidecar(&source, "idx", &text).unwrap();
+    // A record longer than any prepared one: corrupt, refused by line.
+    let msg = RecordIndex::from_sidecar(&source, "idx", "0 2000000000\n").unwrap_err().to_string();
+    assert!(msg.contains("line 1: a record of 2000000000 bytes (at most 1073741824 of data)"), "{msg}");
     assert_eq!(indexed.spans, RecordIndex::scan(&shard, CorruptPolicy::Fail).unwrap().spans);
     let bytes = std::fs::read(&shard).unwrap();
     for k in [0, indexed.spans.len() - 1] {
@@ -472,10 +493,10 @@ fn index_sidecars_match_a_scan_and_are_checked() {
     // A sidecar that frames the shard differently: the record header disagrees.
     let (a, b) = (indexed.spans[0], indexed.spans[1]);
     let (size_a, size_b) = (a.len + 16, b.len + 16);
-    // A record size that runs past 2^64.
+    // A record size that would run past 2^64.
     let huge = format!("0 {size_a}\n{size_a} {}\n", u64::MAX);
     let msg = RecordIndex::from_sidecar(&source, "the.idx", &huge).unwrap_err().to_string();
-    assert!(msg.contains("the.idx") && msg.contains("line 2") && msg.contains("past 2^64"), "{msg}");
+    assert!(msg.contains("the.idx: line 2: a record of 18446744073709551615 bytes"), "{msg}");
     let rest: String = text.lines().skip(2).map(|l| format!("{l}\n")).collect();
     if size_a != size_b {
         let swapped = format!("0 {size_b}\n{size_b} {size_a}\n{rest}");

@@ -67,7 +67,7 @@ impl SpawnConfig {
         // ranks) has them to itself; an unbound one shares the machine's.
         let bound = online_cores().is_some_and(|all| usable < all);
         let processes = if bound { 1 } else { crate::launcher::processes_on_this_host() };
-        self.threads_per_replica.unwrap_or(usable / (self.replicas.max(1) * processes)).max(1)
+        self.threads_per_replica.unwrap_or(usable / self.replicas.max(1).saturating_mul(processes).max(1)).max(1)
     }
 }
 
