@@ -32,5 +32,5 @@ pub use ops::{
 pub use ranged::{block_cache_budget, RangedObject, ReadMode, BLOCK_SIZE};
 pub use retry::RetryPolicy;
 pub use stores::register_store;
-pub use uploader::{UploadJob, UploadReport, Uploader};
+pub use uploader::{remove_folder, UploadJob, UploadReport, Uploader};
 pub use url::{Cloud, StorageUrl};

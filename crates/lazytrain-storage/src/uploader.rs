@@ -120,8 +120,9 @@ fn run(job: UploadJob) -> Result<()> {
     Ok(())
 }
 
-/// Delete every object under `folder`, `marker` first.
-pub(crate) fn remove_folder(folder: &StorageUrl, marker: &str) -> Result<()> {
+/// Delete every object under `folder`, `marker` first, so that a folder
+/// half deleted is never taken as complete.
+pub fn remove_folder(folder: &StorageUrl, marker: &str) -> Result<()> {
     delete(&folder.join(marker))?;
     match list(folder) {
         Ok(objects) => objects.iter().try_for_each(|object| delete(&object.url)),

@@ -208,38 +208,29 @@ fn the_cli_prepares_fine_tunes_and_classifies() {
     assert!(prepared.contains("3 rows") && prepared.contains("skipped 1 bad rows: MissingColumn"), "{prepared}");
     assert!(prepared.contains("buckets [8, 16, 24]"), "{prepared}");
 
-    let train = |extra: &[&str]| {
+    // Training on `data`, evaluating on `eval`, into `out`.
+    let train_into = |eval: &str, out: &str, extra: &[&str]| {
         let mut cmd = lazytrain();
         cmd.args(["train", "--task", "sequence-classification", "--model", "bert-tiny", "--tokenizer"])
             .arg(dir.join("tokenizer"))
             .arg("--train-data")
             .arg(dir.join("data"))
             .arg("--eval-data")
-            .arg(dir.join("data"))
+            .arg(dir.join(eval))
             .arg("--output-dir")
-            .arg(dir.join("model"))
+            .arg(dir.join(out))
             .args(["--max-steps", "4", "--per-device-train-batch-size", "8", "--do-eval", "true"])
             .args(extra);
         cmd
     };
+    let train = |extra: &[&str]| train_into("data", "model", extra);
     let err = train(&["--num-labels", "3"]).output().unwrap();
     assert!(!err.status.success());
     let msg = String::from_utf8_lossy(&err.stderr);
     assert!(msg.contains("--num-labels 3 but") && msg.contains("has 2 labels (negative, positive)"), "{msg}");
     // Eval data prepared on its own, with other labels: refused, not scored
     // against the wrong classes.
-    let other = lazytrain()
-        .args(["train", "--task", "sequence-classification", "--model", "bert-tiny", "--tokenizer"])
-        .arg(dir.join("tokenizer"))
-        .arg("--train-data")
-        .arg(dir.join("data"))
-        .arg("--eval-data")
-        .arg(dir.join("extra"))
-        .arg("--output-dir")
-        .arg(dir.join("mixed"))
-        .args(["--max-steps", "1", "--do-eval", "true"])
-        .output()
-        .unwrap();
+    let other = train_into("extra", "mixed", &[]).output().unwrap();
     let msg = String::from_utf8_lossy(&other.stderr);
     assert!(!other.status.success() && msg.contains("has the labels (neg, pos)"), "{msg}");
     assert!(msg.contains("has (negative, positive)") && msg.contains("--validation-files"), "{msg}");

@@ -156,11 +156,15 @@ pub fn remove_leftovers(output_dir: &Path) -> Result<usize> {
     Ok(removed)
 }
 
+/// What names a checkpoint download's folder: `.checkpoint-N` + this +
+/// `PID-K` ([`super::push::fetch_resume_checkpoint`]).
+pub(super) const DOWNLOAD_TAG: &str = ".tmp-download-";
+
 /// Whether `name` is a checkpoint download's folder (`.checkpoint-N.tmp-download-PID-K`,
 /// [`super::push::fetch_resume_checkpoint`]) whose process still runs: another
 /// process of the same job on this machine, still downloading.
 fn downloading_now(name: &str) -> bool {
-    let Some((_, rest)) = name.split_once(".tmp-download-") else { return false };
+    let Some((_, rest)) = name.split_once(DOWNLOAD_TAG) else { return false };
     let pid = rest.split('-').next().and_then(|p| p.parse::<u32>().ok());
     pid.is_some_and(|pid| pid != std::process::id() && Path::new(&format!("/proc/{pid}")).exists())
 }

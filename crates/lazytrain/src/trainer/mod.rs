@@ -422,7 +422,9 @@ impl<M: TaskModel> Trainer<M> {
                 );
             }
         }
-        if !resuming {
+        // The master lists the bucket (a replica that fails takes the
+        // others down with it): one LIST, not one per replica.
+        if !resuming && self.is_master() {
             self.check_push_target(planning)?;
         }
         std::fs::create_dir_all(output).map_err(|e| Error::Input(format!("{}: {e}", output.display())))
@@ -430,8 +432,8 @@ impl<M: TaskModel> Trainer<M> {
 
     /// The same for `push_to` on a fresh run: an earlier run's checkpoints
     /// there would be rotated away as this run's, or resumed from instead of
-    /// this run's newest; `overwrite_output_dir` deletes them (the master
-    /// does; not when only `planning`).
+    /// this run's newest; `overwrite_output_dir` deletes them (not when only
+    /// `planning`).
     fn check_push_target(&self, planning: bool) -> Result<()> {
         let Some(url) = &self.args.push_to else { return Ok(()) };
         let target = lazytrain_storage::StorageUrl::parse(url)?;
@@ -450,7 +452,7 @@ impl<M: TaskModel> Trainer<M> {
         }
         if planning {
             eprintln!("dry run: overwrite_output_dir would delete {}; nothing deleted", names.join(", "));
-        } else if self.is_master() {
+        } else {
             push::remove_remote_checkpoints(&earlier)?;
             eprintln!("overwrite_output_dir: deleted {} of an earlier run", names.join(", "));
         }

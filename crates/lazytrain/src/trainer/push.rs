@@ -10,7 +10,7 @@
 //! run end with an error naming them (the local output is complete).
 
 use super::args::{HubStrategy, TrainingArguments};
-use super::checkpoint::{checkpoints, step_of};
+use super::checkpoint::{checkpoints, step_of, DOWNLOAD_TAG};
 use crate::{Error, Result};
 use lazytrain_storage::{list, StorageError, StorageUrl, UploadJob, UploadReport, Uploader};
 use std::collections::BTreeSet;
@@ -243,15 +243,7 @@ pub fn earlier_remote_checkpoints(target: &StorageUrl) -> Result<Vec<StorageUrl>
 /// folder half deleted (the run killed meanwhile) is never taken as complete.
 pub fn remove_remote_checkpoints(folders: &[StorageUrl]) -> Result<()> {
     for folder in folders {
-        lazytrain_storage::delete(&folder.join(MARKER))?;
-        let objects = match list(folder) {
-            Ok(objects) => objects,
-            Err(StorageError::NotFound { .. }) => Vec::new(),
-            Err(e) => return Err(e.into()),
-        };
-        for object in objects {
-            lazytrain_storage::delete(&object.url)?;
-        }
+        lazytrain_storage::remove_folder(folder, MARKER)?;
     }
     Ok(())
 }
@@ -288,7 +280,7 @@ pub fn fetch_resume_checkpoint(args: &TrainingArguments) -> Result<Option<String
         // every process of a job on this machine may download at once.
         static DOWNLOADS: AtomicU64 = AtomicU64::new(0);
         let call = DOWNLOADS.fetch_add(1, Ordering::Relaxed);
-        let staging = output_dir.join(format!(".{name}.tmp-download-{}-{call}", std::process::id()));
+        let staging = output_dir.join(format!(".{name}{DOWNLOAD_TAG}{}-{call}", std::process::id()));
         let _ = std::fs::remove_dir_all(&staging);
         for object in list(&remote)? {
             let relative = object.url.to_string()[remote.to_string().len()..].trim_start_matches('/').to_string();
