@@ -34,9 +34,7 @@ mod tests {
 
     #[test]
     fn a_failed_write_leaves_the_old_file_and_no_temporary() {
-        let dir = std::env::temp_dir().join(format!("lazytrain-atomic-{}", std::process::id()));
-        let _ = std::fs::remove_dir_all(&dir);
-        std::fs::create_dir_all(&dir).unwrap();
+        let dir = crate::ScratchDir::new("atomic").unwrap();
         let path = dir.join("manifest.json");
         write_atomically(&path, b"first").unwrap();
         write_atomically(&path, b"second").unwrap();
@@ -47,6 +45,5 @@ mod tests {
         assert!(write_atomically(&blocked, b"x").is_err());
         let names: Vec<_> = std::fs::read_dir(&dir).unwrap().map(|e| e.unwrap().file_name()).collect();
         assert_eq!(names.len(), 2, "only manifest.json and blocked/: {names:?}");
-        std::fs::remove_dir_all(&dir).unwrap();
     }
 }

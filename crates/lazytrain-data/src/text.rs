@@ -32,10 +32,8 @@ mod tests {
     use crate::formats::InputFormat;
     use std::io::Write;
 
-    fn dir() -> std::path::PathBuf {
-        let dir = std::env::temp_dir().join(format!("lazytrain-text-{}", std::process::id()));
-        std::fs::create_dir_all(&dir).unwrap();
-        dir
+    fn dir() -> lazytrain_core::ScratchDir {
+        lazytrain_core::ScratchDir::new("text").unwrap()
     }
 
     #[test]

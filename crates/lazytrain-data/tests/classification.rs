@@ -15,13 +15,11 @@ use lazytrain_data::loader::{DeviceLoader, LoaderPlan};
 use lazytrain_data::tfrecord::CorruptPolicy;
 use lazytrain_data::train_tokenizer::{train_tokenizer, SubwordModel};
 use lazytrain_data::{TextTokenizer, TokenizerStyle};
-use std::path::{Path, PathBuf};
+use std::path::Path;
 
-fn tmp(name: &str) -> PathBuf {
-    let dir = std::env::temp_dir().join(format!("lazytrain-cls-{}-{name}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&dir);
-    std::fs::create_dir_all(&dir).unwrap();
-    dir
+/// A fresh scratch folder, removed when the test passes.
+fn tmp(name: &str) -> lazytrain_core::ScratchDir {
+    lazytrain_core::ScratchDir::new(&format!("cls-{name}")).unwrap()
 }
 
 fn tokenizer() -> TextTokenizer {

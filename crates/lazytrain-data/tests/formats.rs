@@ -15,11 +15,9 @@ fn fixture(name: &str) -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/formats").join(name)
 }
 
-fn tmp(name: &str) -> PathBuf {
-    let dir = std::env::temp_dir().join(format!("lazytrain-formats-{}-{name}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&dir);
-    std::fs::create_dir_all(&dir).unwrap();
-    dir
+/// A fresh scratch folder, removed when the test passes.
+fn tmp(name: &str) -> lazytrain_core::ScratchDir {
+    lazytrain_core::ScratchDir::new(&format!("formats-{name}")).unwrap()
 }
 
 const CORPUS: [&str; 6] =

@@ -1,7 +1,7 @@
 //! The data path end to end: tokenizer training, prepare, TFRecord
 //! integrity, sharded reading with resume, and the prefetching loader.
 
-use lazytrain_core::Device;
+use lazytrain_core::{Device, ScratchDir};
 use lazytrain_data::collator::{Collator, HostBatch, MlmCollator};
 use lazytrain_data::corpus::demo_corpus;
 use lazytrain_data::dataset::{find_shards, EpochSampler, ShardedDataset};
@@ -10,14 +10,11 @@ use lazytrain_data::prepare::{prepare, Manifest, PrepareOptions};
 use lazytrain_data::tfrecord::{index_path, masked_crc32c, CorruptPolicy, LocalShard, RecordIndex};
 use lazytrain_data::train_tokenizer::{train_tokenizer, SubwordModel};
 use lazytrain_data::{TextTokenizer, TokenizerStyle};
-use std::path::PathBuf;
 use std::sync::Arc;
 
-fn tmp(name: &str) -> PathBuf {
-    let dir = std::env::temp_dir().join(format!("lazytrain-data-{}-{name}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&dir);
-    std::fs::create_dir_all(&dir).unwrap();
-    dir
+/// A fresh scratch folder, removed when the test passes.
+fn tmp(name: &str) -> ScratchDir {
+    ScratchDir::new(&format!("data-{name}")).unwrap()
 }
 
 fn corpus() -> Vec<String> {
@@ -151,7 +148,7 @@ fn a_tokenizer_without_special_tokens_is_refused() {
     assert!(msg.contains("[MASK]") && msg.contains("special tokens"), "{msg}");
 }
 
-fn prepared(name: &str, shards: usize) -> (PathBuf, TextTokenizer, Manifest) {
+fn prepared(name: &str, shards: usize) -> (ScratchDir, TextTokenizer, Manifest) {
     let tok = train_tokenizer(&corpus(), SubwordModel::WordPiece, 300, TokenizerStyle::Bert).unwrap();
     let dir = tmp(name);
     let options = PrepareOptions {
@@ -172,7 +169,8 @@ fn prepared(name: &str, shards: usize) -> (PathBuf, TextTokenizer, Manifest) {
 #[test]
 fn a_record_longer_than_any_prepared_one_is_corrupt() {
     use std::io::Write;
-    let path = tmp("huge-record").join("huge.tfrecord");
+    let dir = tmp("huge-record");
+    let path = dir.join("huge.tfrecord");
     let len: u64 = 3 << 29;
     let mut file = std::fs::File::create(&path).unwrap();
     file.write_all(&len.to_le_bytes()).unwrap();

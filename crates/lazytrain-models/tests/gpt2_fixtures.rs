@@ -197,8 +197,9 @@ fn held_out_loss_matches_transformers() -> Result<()> {
     Ok(())
 }
 
-fn tmp(name: &str) -> PathBuf {
-    std::env::temp_dir().join(format!("lazytrain-gpt2-{}-{name}", std::process::id()))
+/// A fresh scratch folder, removed when the test passes.
+fn tmp(name: &str) -> lazytrain_core::ScratchDir {
+    lazytrain_core::ScratchDir::new(&format!("gpt2-{name}")).unwrap()
 }
 
 #[test]
@@ -223,7 +224,6 @@ fn save_then_load_is_bit_identical_in_hf_layout() -> Result<()> {
         load_safetensors(&dir.join("model.safetensors"), &dev)?.entries().iter().map(|(n, _)| n.clone()).collect();
     assert!(names.contains(&"transformer.h.1.mlp.c_fc.weight".to_string()), "{names:?}");
     assert!(!names.iter().any(|n| n.starts_with("lm_head")), "the tied head is not saved: {names:?}");
-    std::fs::remove_dir_all(&dir).ok();
     Ok(())
 }
 

@@ -109,8 +109,9 @@ fn training_trajectory_matches_pytorch() -> Result<()> {
     Ok(())
 }
 
-fn tmp(name: &str) -> PathBuf {
-    std::env::temp_dir().join(format!("lazytrain-models-{}-{name}", std::process::id()))
+/// A fresh scratch folder, removed when the test passes.
+fn tmp(name: &str) -> lazytrain_core::ScratchDir {
+    lazytrain_core::ScratchDir::new(&format!("models-{name}")).unwrap()
 }
 
 #[test]
@@ -133,9 +134,8 @@ fn save_then_load_is_bit_identical() -> Result<()> {
     Ok(())
 }
 
-fn write_folder(name: &str, config: &str, weights_from: Option<&Path>) -> PathBuf {
+fn write_folder(name: &str, config: &str, weights_from: Option<&Path>) -> lazytrain_core::ScratchDir {
     let dir = tmp(name);
-    std::fs::create_dir_all(&dir).unwrap();
     std::fs::write(dir.join("config.json"), config).unwrap();
     if let Some(src) = weights_from {
         std::fs::copy(src, dir.join("model.safetensors")).unwrap();

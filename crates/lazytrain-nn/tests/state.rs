@@ -30,10 +30,9 @@ impl Module for Net {
     }
 }
 
-fn tmp(name: &str) -> std::path::PathBuf {
-    let dir = std::env::temp_dir().join(format!("lazytrain-nn-state-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
-    dir.join(name)
+/// A fresh scratch folder, removed when the test passes.
+fn scratch() -> lazytrain_core::ScratchDir {
+    lazytrain_core::ScratchDir::new("nn-state").unwrap()
 }
 
 #[test]
@@ -41,7 +40,8 @@ fn module_state_round_trips_through_safetensors() -> Result<()> {
     let dev = Device::cpu();
     let a = Net::new(1, &dev)?;
     let b = Net::new(2, &dev)?;
-    let path = tmp("model.safetensors");
+    let dir = scratch();
+    let path = dir.join("model.safetensors");
     save_safetensors(&path, &state_dict(&a), &[("format", "pt")])?;
     let loaded = load_safetensors(&path, &dev)?;
     let mut names = loaded.names();
@@ -83,13 +83,14 @@ fn mismatched_state_lists_every_problem() -> Result<()> {
 #[test]
 fn truncated_and_missing_files_are_clear_errors() -> Result<()> {
     let dev = Device::cpu();
-    let path = tmp("truncated.safetensors");
+    let dir = scratch();
+    let path = dir.join("truncated.safetensors");
     save_safetensors(&path, &state_dict(&Net::new(1, &dev)?), &[])?;
     let bytes = std::fs::read(&path).unwrap();
     std::fs::write(&path, &bytes[..bytes.len() - 7]).unwrap();
     let msg = load_safetensors(&path, &dev).err().unwrap().to_string();
     assert!(msg.contains("truncated.safetensors") && msg.contains("truncated or corrupt"), "{msg}");
-    let msg = load_safetensors(&tmp("absent.safetensors"), &dev).err().unwrap().to_string();
+    let msg = load_safetensors(&dir.join("absent.safetensors"), &dev).err().unwrap().to_string();
     assert!(msg.contains("absent.safetensors") && msg.contains("cannot read"), "{msg}");
     Ok(())
 }
@@ -104,7 +105,8 @@ fn train(steps: usize, resume_at: Option<usize>) -> Result<Vec<f32>> {
     let mut opt = AdamW::new(decay_groups(named_parameters(&net), 0.01), config)?;
     for step in 0..steps {
         if Some(step) == resume_at {
-            let (model_path, opt_path) = (tmp("resume-model.safetensors"), tmp("resume-opt.safetensors"));
+            let dir = scratch();
+            let (model_path, opt_path) = (dir.join("resume-model.safetensors"), dir.join("resume-opt.safetensors"));
             save_safetensors(&model_path, &state_dict(&net), &[])?;
             save_safetensors(&opt_path, &opt.state_dict(), &[])?;
             net = Net::new(99, &dev)?;

@@ -95,7 +95,8 @@ fn s3_through_moto() {
     moto.register("lt-storage");
     round_trips("s3", "lt-storage");
     // Folders and single objects fetched into the cache: direct children only.
-    std::env::set_var("LAZYTRAIN_CACHE", std::env::temp_dir().join(format!("lt-cache-{}", std::process::id())));
+    let cache = lazytrain_core::ScratchDir::new("storage-cache").unwrap();
+    std::env::set_var("LAZYTRAIN_CACHE", &*cache);
     let folder = fetch_folder(&url("s3://lt-storage/texts")).unwrap();
     let mut names: Vec<String> =
         std::fs::read_dir(&folder).unwrap().map(|e| e.unwrap().file_name().to_string_lossy().into_owned()).collect();

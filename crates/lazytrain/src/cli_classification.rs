@@ -1,6 +1,6 @@
 //! `lazytrain prepare-classification` and `lazytrain text-classification`.
 
-use crate::cli_storage::{input_files, tokenizer_path, OutputFolder, Staging};
+use crate::cli_storage::{input_files, staging, tokenizer_path, OutputFolder};
 use crate::cli_texts::TextInputs;
 use clap::Args;
 use lazytrain::pipelines::{LabelScore, TextClassification};
@@ -63,7 +63,7 @@ pub struct PrepareClassificationArgs {
 pub fn prepare(args: &PrepareClassificationArgs) -> lazytrain::Result<()> {
     let start = Instant::now();
     let tokenizer = TextTokenizer::from_path(&tokenizer_path(&args.tokenizer)?)?;
-    let staging = Staging::new("inputs")?;
+    let staging = staging("inputs")?;
     let files = input_files(&args.files, &staging)?;
     let validation_files = input_files(&args.validation_files, &staging)?;
     let options = ClassificationOptions {

@@ -1,6 +1,6 @@
 //! `lazytrain train-tokenizer` and `lazytrain prepare`.
 
-use crate::cli_storage::{input_files, tokenizer_path, OutputFolder, Staging};
+use crate::cli_storage::{input_files, staging, tokenizer_path, OutputFolder};
 use clap::Args;
 use lazytrain_data::formats::{Documents, InputFormat, TextSource};
 use lazytrain_data::prepare::{prepare_with_validation, Packing, PrepareOptions};
@@ -26,7 +26,7 @@ impl InputColumns {
     fn read(&self, files: &[StorageUrl]) -> lazytrain::Result<Documents> {
         let format = self.format.as_deref().map(InputFormat::parse).transpose()?;
         let source = TextSource { format, text_column: self.text_column.clone() };
-        let staging = Staging::new("inputs")?;
+        let staging = staging("inputs")?;
         let docs = read_all_documents(&input_files(files, &staging)?, &source)?;
         if docs.null_rows > 0 {
             eprintln!("note: skipped {} rows whose `{}` is null", docs.null_rows, self.text_column);

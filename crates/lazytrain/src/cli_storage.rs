@@ -3,41 +3,22 @@
 //! written locally then published to the bucket, the manifest last.
 
 use lazytrain::{Error, Result};
+use lazytrain_core::ScratchDir;
 use lazytrain_storage::{fetch_folder, glob, upload_folder, StorageUrl};
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 
-/// A temporary local folder, removed on drop.
-pub struct Staging(PathBuf);
-
-impl Staging {
-    /// A new empty folder under the system's temporary directory.
-    pub fn new(purpose: &str) -> Result<Staging> {
-        use std::sync::atomic::{AtomicU64, Ordering};
-        static COUNT: AtomicU64 = AtomicU64::new(0);
-        let n = COUNT.fetch_add(1, Ordering::Relaxed);
-        let dir = std::env::temp_dir().join(format!("lazytrain-{purpose}-{}-{n}", std::process::id()));
-        let _ = std::fs::remove_dir_all(&dir);
-        std::fs::create_dir_all(&dir).map_err(|e| Error::Input(format!("{}: {e}", dir.display())))?;
-        Ok(Staging(dir))
-    }
-
-    /// The folder.
-    pub fn path(&self) -> &Path {
-        &self.0
-    }
-}
-
-impl Drop for Staging {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_dir_all(&self.0);
-    }
+/// A fresh local folder for `purpose` under the system's temporary
+/// directory (downloaded inputs, outputs before their upload), removed with
+/// its files when dropped.
+pub fn staging(purpose: &str) -> Result<ScratchDir> {
+    ScratchDir::new(purpose).map_err(|e| Error::Input(format!("a temporary folder for the {purpose}: {e}")))
 }
 
 /// Local files for `--files`: plain paths as given; bucket objects and
 /// bucket patterns (`gs://b/texts/*.txt`, matched as `tf.io.gfile.glob`
 /// does) downloaded into `staging`, keeping their names (the format comes
 /// from the extension).
-pub fn input_files(specs: &[StorageUrl], staging: &Staging) -> Result<Vec<PathBuf>> {
+pub fn input_files(specs: &[StorageUrl], staging: &ScratchDir) -> Result<Vec<PathBuf>> {
     let mut files = Vec::new();
     for spec in specs {
         let StorageUrl::Remote { .. } = spec else {
@@ -67,13 +48,13 @@ pub fn tokenizer_path(spec: &StorageUrl) -> Result<PathBuf> {
 /// bucket URL a staging folder published by [`OutputFolder::publish`].
 pub struct OutputFolder {
     target: StorageUrl,
-    staging: Option<Staging>,
+    staging: Option<ScratchDir>,
 }
 
 impl OutputFolder {
     /// Prepare to write `target`.
     pub fn new(target: &StorageUrl) -> Result<OutputFolder> {
-        let staging = target.is_remote().then(|| Staging::new("output")).transpose()?;
+        let staging = target.is_remote().then(|| staging("output")).transpose()?;
         Ok(OutputFolder { target: target.clone(), staging })
     }
 

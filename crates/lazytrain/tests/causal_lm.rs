@@ -5,7 +5,7 @@
 use lazytrain::pipelines::TextGeneration;
 use lazytrain::trainer::{checkpoint::latest_checkpoint, Control};
 use lazytrain::trainer::{run_replicas, IntervalStrategy, Trainer, TrainerCallback, TrainerState, TrainingArguments};
-use lazytrain_core::Device;
+use lazytrain_core::{Device, ScratchDir};
 use lazytrain_data::corpus::demo_corpus;
 use lazytrain_data::prepare::{prepare, PrepareOptions};
 use lazytrain_data::train_tokenizer::{train_tokenizer, SubwordModel};
@@ -13,19 +13,19 @@ use lazytrain_data::{TextTokenizer, TokenizerStyle};
 use lazytrain_models::{hub, Gpt2LMHeadModel, ModelConfig};
 use lazytrain_nn::init::Initializer;
 use lazytrain_nn::named_parameters;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::process::Command;
 
 mod common;
 
 use common::open;
 
-fn tmp(name: &str) -> PathBuf {
+fn tmp(name: &str) -> ScratchDir {
     common::tmp("causal", name)
 }
 
 /// A GPT-2 style tokenizer and prepared shards (blocks of 16) from the demo corpus.
-fn data(name: &str) -> (PathBuf, TextTokenizer) {
+fn data(name: &str) -> (ScratchDir, TextTokenizer) {
     let dir = tmp(name);
     let docs = demo_corpus(1, 6, 1500).sentences;
     let tok = train_tokenizer(&docs, SubwordModel::Bpe, 300, TokenizerStyle::Gpt2).unwrap();

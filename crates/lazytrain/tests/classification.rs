@@ -4,25 +4,24 @@
 
 use lazytrain::pipelines::TextClassification;
 use lazytrain::trainer::{IntervalStrategy, Trainer, TrainingArguments};
-use lazytrain_core::Device;
+use lazytrain_core::{Device, ScratchDir};
 use lazytrain_data::classification::ClassificationManifest;
 use lazytrain_data::TextTokenizer;
 use lazytrain_models::ForSequenceClassification;
 use lazytrain_nn::init::Initializer;
 use lazytrain_nn::{named_parameters, Context};
-use std::path::PathBuf;
 use std::process::Command;
 
 mod common;
 
 use common::{open, review_data, tiny_classifier_config};
 
-fn tmp(name: &str) -> PathBuf {
+fn tmp(name: &str) -> ScratchDir {
     common::tmp("classify", name)
 }
 
 /// A tokenizer folder, generated reviews as JSON Lines and their prepared shards.
-fn data(name: &str) -> (PathBuf, TextTokenizer, ClassificationManifest) {
+fn data(name: &str) -> (ScratchDir, TextTokenizer, ClassificationManifest) {
     let dir = tmp(name);
     let (tok, manifest) = review_data(&dir, 1200, &[16]);
     tok.save(&dir.join("tokenizer"), 512).unwrap();

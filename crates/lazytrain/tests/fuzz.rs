@@ -177,10 +177,9 @@ fn fixture(path: &str) -> Vec<u8> {
     std::fs::read(Path::new(env!("CARGO_MANIFEST_DIR")).join("..").join(path)).unwrap()
 }
 
-fn scratch(name: &str) -> PathBuf {
-    let dir = std::env::temp_dir().join(format!("lazytrain-fuzz-{}-{name}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
-    dir
+/// A fresh scratch folder for one harness, removed with the harness.
+fn scratch(name: &str) -> lazytrain_core::ScratchDir {
+    lazytrain_core::ScratchDir::new(&format!("fuzz-{name}")).unwrap()
 }
 
 /// Write `bytes` to `dir/file` (the parsers under test read files).
@@ -321,10 +320,10 @@ fn harnesses() -> Vec<Harness> {
     list.push(json_harness::<SchedulerState>("scheduler.json", scheduler, |s| drop(serde_json::to_string(&s))));
 
     // Training configs as TOML and JSON.
-    let dir = scratch("training-config");
+    let dir = std::sync::Arc::new(scratch("training-config"));
     let args = TrainingArguments::default();
     let toml_seed = toml::to_string(&args).unwrap().into_bytes();
-    let dir2 = dir.clone();
+    let dir2 = std::sync::Arc::clone(&dir);
     list.push(Harness {
         name: "training config (TOML)",
         seeds: vec![toml_seed],

@@ -7,17 +7,17 @@
 
 mod common;
 
-use lazytrain_core::Device;
+use lazytrain_core::{Device, ScratchDir};
 use lazytrain_data::corpus::demo_corpus;
 use lazytrain_data::prepare::{prepare, PrepareOptions};
 use lazytrain_data::train_tokenizer::{train_tokenizer, SubwordModel};
 use lazytrain_data::TokenizerStyle;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::process::{Command, Output, Stdio};
 use std::time::{Duration, Instant};
 
 /// A tokenizer and masked-LM shards under a fresh folder.
-fn data(name: &str) -> PathBuf {
+fn data(name: &str) -> ScratchDir {
     let dir = common::tmp("mpi", name);
     let docs = demo_corpus(1, 6, 1500).sentences;
     let tok = train_tokenizer(&docs, SubwordModel::WordPiece, 200, TokenizerStyle::Bert).unwrap();

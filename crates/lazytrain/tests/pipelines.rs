@@ -102,7 +102,7 @@ fn exported_folders_load_back_and_pad_ids_are_checked() {
     let src = fixtures().join("tiny-bert");
     let (model, _) = hub::load_masked_lm(&src, &dev).unwrap();
     let tokenizer = TextTokenizer::from_path(&src).unwrap();
-    let out = std::env::temp_dir().join(format!("lazytrain-export-{}", std::process::id()));
+    let out = lazytrain_core::ScratchDir::new("export").unwrap();
     save_folder(&out, &model, model.config(), &tokenizer).unwrap();
     for file in
         ["config.json", "model.safetensors", "tokenizer.json", "tokenizer_config.json", "special_tokens_map.json"]
@@ -172,9 +172,8 @@ fn text_generation_refuses_bad_input() {
 }
 
 /// A classifier folder: tiny-bert-cls's weights with tiny-bert's tokenizer.
-fn classifier_folder(name: &str) -> PathBuf {
-    let dir = std::env::temp_dir().join(format!("lazytrain-pipelines-{}-{name}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
+fn classifier_folder(name: &str) -> lazytrain_core::ScratchDir {
+    let dir = lazytrain_core::ScratchDir::new(&format!("pipelines-{name}")).unwrap();
     for (from, file) in [("tiny-bert-cls", "config.json"), ("tiny-bert-cls", "model.safetensors")]
         .into_iter()
         .chain([("tiny-bert", "tokenizer.json"), ("tiny-bert", "tokenizer_config.json")])
@@ -248,7 +247,7 @@ fn text_classification_streams_a_file_in_order() {
 /// model missing from it is an error naming the paths tried.
 #[test]
 fn models_load_by_hub_id_from_the_local_cache() {
-    let cache = std::env::temp_dir().join(format!("lazytrain-pipelines-{}-hub", std::process::id()));
+    let cache = lazytrain_core::ScratchDir::new("pipelines-hub").unwrap();
     let repo = cache.join("models--some-org--tiny-bert");
     let commit = "0123456789abcdef0123456789abcdef01234567";
     let snapshot = repo.join("snapshots").join(commit);

@@ -5,7 +5,7 @@
 use lazytrain::trainer::checkpoint::{checkpoints, latest_checkpoint};
 use lazytrain::trainer::events::{read_scalars, EventWriter};
 use lazytrain::trainer::{Control, IntervalStrategy, Trainer, TrainerCallback, TrainerState, TrainingArguments};
-use lazytrain_core::Device;
+use lazytrain_core::{Device, ScratchDir};
 use lazytrain_data::corpus::demo_corpus;
 use lazytrain_data::prepare::{prepare, PrepareOptions};
 use lazytrain_data::train_tokenizer::{train_tokenizer, SubwordModel};
@@ -20,17 +20,17 @@ mod common;
 
 use common::open;
 
-fn tmp(name: &str) -> PathBuf {
+fn tmp(name: &str) -> ScratchDir {
     common::tmp("trainer", name)
 }
 
 /// A tokenizer folder and prepared shards (blocks of 16) from the demo corpus.
-fn data(name: &str) -> (PathBuf, TextTokenizer) {
+fn data(name: &str) -> (ScratchDir, TextTokenizer) {
     data_in_blocks(name, 16)
 }
 
 /// [`data`] in blocks of `block_size` tokens.
-fn data_in_blocks(name: &str, block_size: usize) -> (PathBuf, TextTokenizer) {
+fn data_in_blocks(name: &str, block_size: usize) -> (ScratchDir, TextTokenizer) {
     let dir = tmp(name);
     let docs = demo_corpus(1, 6, 1500).sentences;
     let tok = train_tokenizer(&docs, SubwordModel::WordPiece, 200, TokenizerStyle::Bert).unwrap();
@@ -464,7 +464,8 @@ fn bad_configs_are_clear_errors() {
     assert!(msg.contains("dataloader_prefetch must be at most 64 batches"), "{msg}");
     let msg = invalid("mlm_probability = 1.5\n", false);
     assert!(msg.contains("mlm_probability must be in [0, 1], got 1.5"), "{msg}");
-    let json = tmp("json").join("args.json");
+    let json_dir = tmp("json");
+    let json = json_dir.join("args.json");
     std::fs::write(&json, "{\"output_dir\": \"x\", \"max_steps\": 10, \"warmup_steps\": 0.1}").unwrap();
     let a = TrainingArguments::from_file(&json).unwrap();
     assert_eq!((a.max_steps, a.warmup_for(10)), (10, 1));

@@ -3,10 +3,11 @@
 //! tokenizer, a preset without a tokenizer, an unknown model, a negative
 //! number as a flag value; and held-out files as the eval split.
 
+use lazytrain_core::ScratchDir;
 use lazytrain_data::corpus::demo_corpus;
 use lazytrain_data::train_tokenizer::{train_tokenizer, SubwordModel};
 use lazytrain_data::TokenizerStyle;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::process::Command;
 
 mod common;
@@ -21,7 +22,7 @@ fn lazytrain(dir: &Path, args: &[&str]) -> (bool, String, String) {
 }
 
 /// A folder with `train.txt`, `val.txt`, two tokenizers (`tok`, `small`) and `data` prepared by `tok`.
-fn workspace(name: &str) -> PathBuf {
+fn workspace(name: &str) -> ScratchDir {
     let dir = common::tmp("trip", name);
     let docs = demo_corpus(2, 4, 1200).sentences;
     std::fs::write(dir.join("train.txt"), docs[..1000].join("\n")).unwrap();

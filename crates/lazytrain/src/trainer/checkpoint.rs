@@ -182,9 +182,8 @@ mod tests {
     use super::*;
 
     /// A folder with complete `checkpoint-{step}` folders for `steps`.
-    fn folder_with(name: &str, steps: &[u64]) -> PathBuf {
-        let dir = std::env::temp_dir().join(format!("lazytrain-rotate-{}-{name}", std::process::id()));
-        let _ = std::fs::remove_dir_all(&dir);
+    fn folder_with(name: &str, steps: &[u64]) -> lazytrain_core::ScratchDir {
+        let dir = lazytrain_core::ScratchDir::new(&format!("rotate-{name}")).unwrap();
         for step in steps {
             let c = dir.join(format!("checkpoint-{step}"));
             std::fs::create_dir_all(&c).unwrap();
@@ -203,24 +202,20 @@ mod tests {
         let best = dir.join("checkpoint-100").display().to_string();
         rotate(&dir, 1, Some(&best), &dir.join("checkpoint-300")).unwrap();
         assert_eq!(steps_in(&dir), [100, 300], "limit 1 with an older best keeps best and newest");
-        std::fs::remove_dir_all(&dir).unwrap();
 
         let dir = folder_with("best-newest", &[100, 200, 300]);
         let best = dir.join("checkpoint-300").display().to_string();
         rotate(&dir, 1, Some(&best), &dir.join("checkpoint-300")).unwrap();
         assert_eq!(steps_in(&dir), [300]);
-        std::fs::remove_dir_all(&dir).unwrap();
 
         let dir = folder_with("no-best", &[100, 200, 300, 400]);
         rotate(&dir, 2, None, &dir.join("checkpoint-400")).unwrap();
         assert_eq!(steps_in(&dir), [300, 400]);
-        std::fs::remove_dir_all(&dir).unwrap();
 
         let dir = folder_with("best-in-middle", &[100, 200, 300, 400]);
         let best = dir.join("checkpoint-200").display().to_string();
         rotate(&dir, 2, Some(&best), &dir.join("checkpoint-400")).unwrap();
         assert_eq!(steps_in(&dir), [200, 400]);
-        std::fs::remove_dir_all(&dir).unwrap();
     }
 
     /// The best checkpoint recorded under another spelling of the folder
@@ -232,12 +227,10 @@ mod tests {
         let dir = folder_with("best-elsewhere", &[100, 200, 300]);
         rotate(&dir, 1, Some("/somewhere/else/checkpoint-100"), &dir.join("checkpoint-300")).unwrap();
         assert_eq!(steps_in(&dir), [100, 300], "the best by its folder's name");
-        std::fs::remove_dir_all(&dir).unwrap();
 
         let dir = folder_with("rolled-back", &[100, 200, 300, 400]);
         rotate(&dir, 1, None, &dir.join("checkpoint-200")).unwrap();
         assert_eq!(steps_in(&dir), [200, 400], "the checkpoint just written and the newest");
-        std::fs::remove_dir_all(&dir).unwrap();
     }
 
     /// Leftovers go, but not a download another live process of the job is
@@ -257,6 +250,5 @@ mod tests {
             std::fs::read_dir(&dir).unwrap().map(|e| e.unwrap().file_name().to_string_lossy().into_owned()).collect();
         left.sort();
         assert_eq!(left, [".checkpoint-200.tmp-download-1-0", "checkpoint-100"]);
-        std::fs::remove_dir_all(&dir).unwrap();
     }
 }

@@ -3,6 +3,7 @@
 
 #![allow(dead_code)] // each test binary uses its own subset
 
+use lazytrain_core::ScratchDir;
 use lazytrain_data::classification::demo_task::sentiment_reviews;
 use lazytrain_data::classification::{
     prepare_classification, ClassificationManifest, ClassificationOptions, Columns, LabelOrder,
@@ -13,15 +14,13 @@ use lazytrain_data::tfrecord::CorruptPolicy;
 use lazytrain_data::train_tokenizer::{train_tokenizer, SubwordModel};
 use lazytrain_data::{TextTokenizer, TokenizerStyle};
 use lazytrain_models::ModelConfig;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::sync::Arc;
 
-/// A fresh, empty folder `lazytrain-{suite}-{pid}-{name}` in the temp dir.
-pub fn tmp(suite: &str, name: &str) -> PathBuf {
-    let dir = std::env::temp_dir().join(format!("lazytrain-{suite}-{}-{name}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&dir);
-    std::fs::create_dir_all(&dir).unwrap();
-    dir
+/// A fresh, empty scratch folder `lazytrain-{suite}-{name}-…` in the temp
+/// dir, removed when the test passes (kept when it fails).
+pub fn tmp(suite: &str, name: &str) -> ScratchDir {
+    ScratchDir::new(&format!("{suite}-{name}")).unwrap()
 }
 
 /// The prepared shards of `split` under `dir/data`.
