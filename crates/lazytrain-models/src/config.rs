@@ -299,7 +299,39 @@ impl ModelConfig {
         if self.pad_token_id < 0 || self.pad_token_id as usize >= self.vocab_size {
             return bad(format!("pad_token_id {} is outside the vocabulary of {}", self.pad_token_id, self.vocab_size));
         }
+        self.check_numbers().map_or(Ok(()), bad)?;
+        if let Some(labels) = &self.id2label {
+            if let Some(key) = labels.keys().find(|k| !k.parse::<usize>().is_ok_and(|id| id < labels.len())) {
+                return bad(format!(
+                    "id2label's keys must be the label ids 0 to {} (one per label), found \"{key}\"",
+                    labels.len().saturating_sub(1)
+                ));
+            }
+        }
         Ok(())
+    }
+
+    /// The LayerNorm epsilon, dropout probabilities and initialiser range,
+    /// named as this model type's `config.json` spells them, when one is out
+    /// of its range (a negative epsilon makes every output NaN).
+    fn check_numbers(&self) -> Option<String> {
+        let gpt2 = self.gpt2.is_some();
+        let (eps, hidden, attention) = match gpt2 {
+            true => ("layer_norm_epsilon", "resid_pdrop", "attn_pdrop"),
+            false => ("layer_norm_eps", "hidden_dropout_prob", "attention_probs_dropout_prob"),
+        };
+        if !(self.layer_norm_eps > 0.0 && self.layer_norm_eps.is_finite()) {
+            return Some(format!("{eps} {} must be a small positive number (e.g. 1e-12 or 1e-5)", self.layer_norm_eps));
+        }
+        for (name, p) in [(hidden, self.hidden_dropout_prob), (attention, self.attention_probs_dropout_prob)] {
+            if !(0.0..1.0).contains(&p) {
+                return Some(format!("{name} {p} is not in [0, 1)"));
+            }
+        }
+        if !(self.initializer_range >= 0.0 && self.initializer_range.is_finite()) {
+            return Some(format!("initializer_range {} must be a finite number >= 0", self.initializer_range));
+        }
+        None
     }
 
     /// This config for a sequence classifier over `labels` (names in id

@@ -127,7 +127,8 @@ pub fn generate(
     let last = Tensor::from_vec(last, [batch, 1, model.config().hidden_size], device)?;
     let logits = model.head(&hidden.gather(1, &last)?)?;
     cache.set_lengths(&prompts.iter().map(Vec::len).collect::<Vec<_>>())?;
-    let mut chosen = read_ids(&choose(&logits, config, 0, device)?, device)?;
+    let vocab = model.config().vocab_size;
+    let mut chosen = read_ids(&choose(&logits, config, 0, device)?, vocab, 0, device)?;
 
     let mut tokens: Vec<Vec<u32>> = vec![Vec::new(); batch];
     let mut done = vec![false; batch];
@@ -145,27 +146,47 @@ pub fn generate(
         let next = Tensor::from_vec(chosen.iter().map(|&t| t as i64).collect::<Vec<_>>(), [batch, 1], device)?;
         let hidden = model.transformer.forward_cached(&next, &mut cache, &ctx)?;
         decode_steps += 1;
-        chosen = read_ids(&choose(&model.head(&hidden)?, config, decode_steps, device)?, device)?;
+        chosen = read_ids(&choose(&model.head(&hidden)?, config, decode_steps, device)?, vocab, decode_steps, device)?;
     }
     Ok(Generation { tokens, decode_steps })
 }
 
-/// Run the step and read the chosen ids.
-fn read_ids(ids: &Tensor, device: &Device) -> Result<Vec<u32>> {
+/// Run the step and read the chosen ids of new token `step`; an id past
+/// the vocabulary marks logits that are not numbers ([`choose`]).
+fn read_ids(ids: &Tensor, vocab: usize, step: usize, device: &Device) -> Result<Vec<u32>> {
     device.mark_step()?;
-    Ok(ids.to_vec::<i64>()?.into_iter().map(|t| t as u32).collect())
+    let ids = ids.to_vec::<i64>()?;
+    if let Some(row) = ids.iter().position(|&id| id < 0 || id as usize >= vocab) {
+        return Err(ModelError::Config {
+            path: "generation".into(),
+            detail: format!(
+                "the model's logits for prompt {} are NaN at new token {}: its weights hold non-finite \
+                 values or its config.json a broken setting; check the folder it was loaded from",
+                row + 1,
+                step + 1
+            ),
+        });
+    }
+    Ok(ids.into_iter().map(|t| t as u32).collect())
 }
 
 /// The next id of each row `[batch]` from logits `[batch, 1, vocab]`, in
 /// the graph: the argmax, or a sample after temperature, top-k and top-p
 /// (Hugging Face's order), drawn by the Gumbel-max trick with uniforms
-/// keyed by the seed and `step`.
+/// keyed by the seed and `step`. A row whose logits hold a NaN gets the id
+/// `vocab`, which [`read_ids`] refuses.
 fn choose(logits: &Tensor, config: &GenerationConfig, step: usize, device: &Device) -> Result<Tensor> {
     let [batch, _, vocab] = crate::error::dims_of(logits, "the logits", "[batch, 1, vocab]")?;
-    let mut x = logits.reshape([batch, vocab])?.cast(DType::F32)?;
-    if !config.do_sample {
-        return argmax(&x);
-    }
+    let x = logits.reshape([batch, vocab])?.cast(DType::F32)?;
+    let id = if config.do_sample { sample(x.clone(), config, step, device)? } else { argmax(&x)? };
+    let not_a_number = x.ne(&x)?.cast(DType::F32)?.max(&[-1], false)?.gt_scalar(0.0)?;
+    let past_end = Tensor::full([], vocab as f64, DType::I64, device)?;
+    Ok(Tensor::select(&not_a_number, &past_end, &id)?)
+}
+
+/// [`choose`]'s sample from scores `x` (`[batch, vocab]`).
+fn sample(mut x: Tensor, config: &GenerationConfig, step: usize, device: &Device) -> Result<Tensor> {
+    let [batch, vocab] = crate::error::dims_of(&x, "the scores", "[batch, vocab]")?;
     let never = Tensor::full([], f64::NEG_INFINITY, DType::F32, device)?;
     x = x.mul_scalar(1.0 / config.temperature)?;
     if let Some(k) = config.top_k.filter(|&k| k < vocab) {

@@ -101,6 +101,7 @@ pub fn load_weights(
         }
     }
     if !problems.is_empty() {
+        lazytrain_nn::state::shorten_problems(&mut problems);
         return Err(ModelError::Checkpoint { path: weights.display().to_string(), problems });
     }
     for (param, value) in assignments {
@@ -121,6 +122,39 @@ pub fn save_pretrained(dir: &Path, module: &dyn Module, config: &ModelConfig) ->
     Ok(())
 }
 
+/// Refuse a folder whose `config.json` describes far more parameters than
+/// its `model.safetensors` can hold (two bytes a value, the narrowest float
+/// a checkpoint stores) before the model is built: one mistyped size
+/// (`num_hidden_layers: 100000`) would otherwise allocate and initialise
+/// gigabytes only to find every tensor missing. A missing file is left to
+/// the load, which names it, and a folder of the other family (a decoder
+/// where `wanted` is an encoder, `Bert` or `Roberta`, or the reverse) to the
+/// model's constructor, which says which class loads it.
+fn check_weights_hold(dir: &Path, config: &ModelConfig, wanted: ModelType) -> Result<()> {
+    let decoder = |t: ModelType| t == ModelType::Gpt2;
+    if decoder(config.model_type) != decoder(wanted) {
+        return Ok(());
+    }
+    let Ok(file) = std::fs::metadata(dir.join("model.safetensors")) else { return Ok(()) };
+    let parameters = config.parameter_count().unwrap_or(usize::MAX);
+    if (parameters as u64).saturating_mul(2) <= file.len() {
+        return Ok(());
+    }
+    Err(ModelError::Config {
+        path: dir.join("config.json").display().to_string(),
+        detail: format!(
+            "the sizes describe about {parameters} parameters (num_hidden_layers {}, hidden_size {}, intermediate_size \
+             {}, vocab_size {}), but model.safetensors has {} bytes, too few to hold them: the config and the \
+             weights disagree; is one of the sizes wrong?",
+            config.num_hidden_layers,
+            config.hidden_size,
+            config.intermediate_size,
+            config.vocab_size,
+            file.len()
+        ),
+    })
+}
+
 /// Read a folder's `config.json`.
 pub fn load_config(dir: &Path) -> Result<ModelConfig> {
     ModelConfig::from_file(&dir.join("config.json"))
@@ -129,6 +163,7 @@ pub fn load_config(dir: &Path) -> Result<ModelConfig> {
 /// A masked-LM model from a Hugging Face folder; returns it with the load warnings.
 pub fn load_masked_lm(dir: &Path, device: &Device) -> Result<(ForMaskedLM, Vec<String>)> {
     let config = load_config(dir)?;
+    check_weights_hold(dir, &config, ModelType::Bert)?;
     let model = ForMaskedLM::new(&mut Initializer::new(0, device), &config)?;
     let warnings = load_weights(&model, config.model_type, &dir.join("model.safetensors"), device, &|_| false)?;
     Ok((model, warnings))
@@ -139,6 +174,7 @@ pub fn load_masked_lm(dir: &Path, device: &Device) -> Result<(ForMaskedLM, Vec<S
 /// the load warnings.
 pub fn load_causal_lm(dir: &Path, device: &Device) -> Result<(Gpt2LMHeadModel, Vec<String>)> {
     let config = load_config(dir)?;
+    check_weights_hold(dir, &config, ModelType::Gpt2)?;
     let model = Gpt2LMHeadModel::new(&mut Initializer::new(0, device), &config)?;
     let warnings = load_weights(&model, config.model_type, &dir.join("model.safetensors"), device, &|_| false)?;
     Ok((model, warnings))
@@ -175,6 +211,7 @@ fn classifier_from(
     seed: u64,
     device: &Device,
 ) -> Result<(ForSequenceClassification, Vec<String>)> {
+    check_weights_hold(dir, &config, ModelType::Bert)?;
     let model = ForSequenceClassification::new(&mut Initializer::new(seed, device), &config, num_labels)?;
     let fresh = |name: &str| name.contains("classifier.") || name.contains("pooler.");
     let warnings = load_weights(&model, config.model_type, &dir.join("model.safetensors"), device, &fresh)?;

@@ -156,6 +156,23 @@ fn bad_generation_settings_are_refused() -> Result<()> {
     Ok(())
 }
 
+/// Weights holding a NaN make every logit NaN: generation (greedy and
+/// sampled) stops with an error naming the prompt and the token instead of
+/// feeding an id past the vocabulary back into the model.
+#[test]
+fn logits_that_are_not_numbers_stop_generation_by_name() -> Result<()> {
+    let dev = Device::cpu();
+    let (model, _) = load_causal_lm(&fixture("tiny-gpt2"), &dev)?;
+    let (_, norm) = named_parameters(&model).into_iter().find(|(n, _)| n.ends_with("ln_f.weight")).expect("ln_f");
+    norm.assign(&Tensor::full(norm.dims().to_vec(), f64::NAN, lazytrain_core::DType::F32, &dev)?)?;
+    for do_sample in [false, true] {
+        let config = GenerationConfig { max_new_tokens: 4, do_sample, top_k: Some(5), ..Default::default() };
+        let err = generate(&model, &[vec![17, 45], vec![9]], &config, &dev).unwrap_err().to_string();
+        assert!(err.contains("the model's logits for prompt 1 are NaN at new token 1"), "{err}");
+    }
+    Ok(())
+}
+
 #[test]
 fn training_trajectory_matches_pytorch() -> Result<()> {
     let dev = Device::cpu();

@@ -185,6 +185,25 @@ fn bad_checkpoints_are_clear_errors() {
     let msg = load_masked_lm(&write_folder("no-types", &no_types, Some(&weights)), &dev).err().unwrap().to_string();
     assert!(msg.contains("type_vocab_size must be at least 1"), "{msg}");
 
+    // One mistyped size is refused before the model is built, not after
+    // allocating it and listing every tensor as missing.
+    let deep = good_config.replace("\"num_hidden_layers\": 2", "\"num_hidden_layers\": 100000");
+    assert_ne!(deep, good_config);
+    let msg = load_masked_lm(&write_folder("deep", &deep, Some(&weights)), &dev).err().unwrap().to_string();
+    assert!(msg.contains("num_hidden_layers 100000") && msg.contains("too few to hold them"), "{msg}");
+    for (from, to, expected) in [
+        ("\"layer_norm_eps\": 1e-12", "\"layer_norm_eps\": -1", "layer_norm_eps -1 must be a small positive number"),
+        ("\"hidden_dropout_prob\": 0.1", "\"hidden_dropout_prob\": 1.5", "hidden_dropout_prob 1.5 is not in [0, 1)"),
+    ] {
+        let bad = good_config.replace(from, to);
+        assert_ne!(bad, good_config, "{from}");
+        let msg = load_masked_lm(&write_folder("numbers", &bad, Some(&weights)), &dev).err().unwrap().to_string();
+        assert!(msg.contains(expected), "{msg}");
+    }
+    let labels = good_config.replacen('{', "{\"id2label\": {\"0\": \"A\", \"1\": \"B\", \"5\": \"C\"},", 1);
+    let msg = load_masked_lm(&write_folder("labels", &labels, Some(&weights)), &dev).err().unwrap().to_string();
+    assert!(msg.contains("id2label's keys must be the label ids 0 to 2 (one per label), found \"5\""), "{msg}");
+
     let dir = write_folder("truncated", &good_config, Some(&weights));
     let bytes = std::fs::read(dir.join("model.safetensors")).unwrap();
     std::fs::write(dir.join("model.safetensors"), &bytes[..bytes.len() / 2]).unwrap();

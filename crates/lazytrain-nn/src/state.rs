@@ -67,6 +67,20 @@ pub fn load_state_dict(module: &dyn Module, state: &StateDict) -> Result<()> {
     check_and_load("module", &state_dict(module), state)
 }
 
+/// The most lines of tensor problems an error lists.
+pub const MAX_LISTED_PROBLEMS: usize = 40;
+
+/// Keep the first [`MAX_LISTED_PROBLEMS`] lines of a tensor-problem list and
+/// count the rest in a last line, so that a config and checkpoint that
+/// disagree everywhere make an error one can read.
+pub fn shorten_problems(problems: &mut Vec<String>) {
+    if problems.len() > MAX_LISTED_PROBLEMS {
+        let more = problems.len() - MAX_LISTED_PROBLEMS;
+        problems.truncate(MAX_LISTED_PROBLEMS);
+        problems.push(format!("  ... and {more} more"));
+    }
+}
+
 /// Check that `incoming` has exactly `own`'s names, shapes and dtypes (one
 /// error listing every missing, unexpected and mismatched tensor), then
 /// assign each incoming value to its own tensor.
@@ -91,6 +105,7 @@ pub(crate) fn check_and_load(target: &str, own: &StateDict, incoming: &StateDict
         }
     }
     if !problems.is_empty() {
+        shorten_problems(&mut problems);
         return Err(NnError::StateMismatch { target: target.to_string(), problems });
     }
     for (name, t) in own.entries() {
@@ -196,4 +211,21 @@ pub fn load_safetensors(path: &Path, device: &Device) -> Result<StateDict> {
         state.push(name, Tensor::from_host(data, view.shape().to_vec(), device)?);
     }
     Ok(state)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn long_problem_lists_are_cut_and_counted() {
+        let mut problems: Vec<String> = (0..MAX_LISTED_PROBLEMS + 7).map(|i| format!("  missing: t{i}")).collect();
+        shorten_problems(&mut problems);
+        assert_eq!(problems.len(), MAX_LISTED_PROBLEMS + 1);
+        assert_eq!(problems[MAX_LISTED_PROBLEMS - 1], format!("  missing: t{}", MAX_LISTED_PROBLEMS - 1));
+        assert_eq!(problems.last().unwrap(), "  ... and 7 more");
+        let mut few = vec!["  missing: a".to_string()];
+        shorten_problems(&mut few);
+        assert_eq!(few, ["  missing: a"]);
+    }
 }
