@@ -126,8 +126,8 @@ const SMALL_VALIDATION: u64 = 50;
 pub struct TextClassificationArgs {
     #[command(flatten)]
     inputs: TextInputs,
-    /// Labels per text, most likely first.
-    #[arg(long, default_value_t = 1)]
+    /// Labels per text, most likely first (at most the model's labels are shown).
+    #[arg(long, default_value_t = 1, value_parser = clap::builder::RangedU64ValueParser::<usize>::new().range(1..))]
     top_k: usize,
 }
 

@@ -68,23 +68,36 @@ impl TextInputs {
         let reader: Box<dyn BufRead> = if name == "-" {
             Box::new(std::io::stdin().lock())
         } else {
+            if input.is_dir() {
+                return Err(Error::Input(format!("--input {name} is a folder; give a text file, one text a line")));
+            }
             let file = std::fs::File::open(input).map_err(|e| Error::Input(format!("{name}: {e}")))?;
             Box::new(std::io::BufReader::new(file))
         };
         let mut batch = Vec::with_capacity(self.batch_size);
         let mut count = 0;
+        // A pipeline's error counts the batch's texts from 1: say which lines they are.
+        let mut run_lines = |batch: &[String], first: usize| {
+            run(batch).map_err(|e| match e {
+                Error::Input(detail) if batch.len() == 1 => Error::Input(format!("{name}: line {first}: {detail}")),
+                Error::Input(detail) => {
+                    Error::Input(format!("{name}: the batch of lines {first} to {}: {detail}", first + batch.len() - 1))
+                }
+                other => other,
+            })
+        };
         for (index, line) in reader.lines().enumerate() {
             let line =
                 line.map_err(|e| Error::Input(format!("{name}: line {}: {e} (is it UTF-8 text?)", index + 1)))?;
             batch.push(self.text_of(line, &name, index + 1)?);
             if batch.len() == self.batch_size {
-                run(&batch)?;
+                run_lines(&batch, count + 1)?;
                 count += batch.len();
                 batch.clear();
             }
         }
         if !batch.is_empty() {
-            run(&batch)?;
+            run_lines(&batch, count + 1)?;
             count += batch.len();
         }
         if count == 0 {

@@ -21,6 +21,17 @@ pub enum Error {
     /// Inputs a pipeline cannot handle.
     #[error("{0}")]
     Input(String),
+    /// A checkpoint that could not be resumed from (a damaged file, files of
+    /// two saves), with the newest checkpoint before it, which may be intact.
+    #[error("cannot resume from {checkpoint}: {source}{}", earlier_hint(checkpoint, earlier.as_deref()))]
+    Resume {
+        /// The checkpoint folder.
+        checkpoint: String,
+        /// The newest checkpoint before it in the same folder, if any.
+        earlier: Option<String>,
+        /// What was wrong with it.
+        source: Box<Error>,
+    },
     /// A data-parallel replica failed (its error, or a panic), stopping the others.
     #[error("replica {rank}: {source}")]
     Replica {
@@ -41,6 +52,16 @@ impl From<lazytrain_dist::SpawnError<Error>> for Error {
             lazytrain_dist::SpawnError::Setup(detail) => Error::Input(detail),
         }
     }
+}
+
+/// The fix [`Error::Resume`] suggests: the checkpoint before the damaged one.
+fn earlier_hint(checkpoint: &str, earlier: Option<&str>) -> String {
+    earlier.map_or(String::new(), |e| {
+        format!(
+            "\nthe checkpoint before it, {e}, may be intact: resume from it with --resume-from-checkpoint {e} \
+             (or move {checkpoint} away)"
+        )
+    })
 }
 
 /// `Result` with [`Error`].

@@ -59,6 +59,37 @@ fn fill_mask_needs_a_mask() {
     let pipe = FillMask::from_dir(&fixtures().join("tiny-bert"), &Device::cpu()).unwrap();
     let msg = pipe.predict(&["the cat is big"], 5).err().unwrap().to_string();
     assert!(msg.contains("no mask token [MASK]") && msg.contains("the cat is big"), "{msg}");
+    // A long line is quoted by its head, not echoed whole.
+    let long = "word ".repeat(20_000);
+    let msg = pipe.predict(&["a [MASK] .", &long], 5).err().unwrap().to_string();
+    assert!(msg.starts_with("text 2 (\"word word") && msg.contains("...) has no mask token"), "{msg}");
+    assert!(msg.len() < 300, "{} bytes", msg.len());
+}
+
+/// Errors about one line of `--input` name the line (empty lines included);
+/// a folder given as the input file is named as such.
+#[test]
+fn input_lines_are_named_in_errors() {
+    let dir = lazytrain_core::ScratchDir::new("pipelines-lines").unwrap();
+    let input = dir.join("texts.txt");
+    std::fs::write(&input, "a [MASK] .\n\nthe [MASK] .\n").unwrap();
+    let model = fixtures().join("tiny-bert");
+    let run = |input: &Path, batch: &str| {
+        let args = ["fill-mask", "--model", model.to_str().unwrap(), "--input", input.to_str().unwrap()];
+        let out = std::process::Command::new(env!("CARGO_BIN_EXE_lazytrain"))
+            .args(args)
+            .args(["--batch-size", batch])
+            .output()
+            .unwrap();
+        assert!(!out.status.success());
+        String::from_utf8(out.stderr).unwrap()
+    };
+    let err = run(&input, "1");
+    assert!(err.contains("texts.txt: line 2: text 1 (\"\") has no mask token [MASK]"), "{err}");
+    let err = run(&input, "8");
+    assert!(err.contains("texts.txt: the batch of lines 1 to 3: text 2 (\"\") has no mask token"), "{err}");
+    let err = run(&dir, "1");
+    assert!(err.contains("is a folder; give a text file"), "{err}");
 }
 
 /// A `top_k` beyond the vocabulary gives every token once, best first (as
@@ -285,6 +316,7 @@ fn out_of_range_counts_are_refused_by_name() {
     let model = model.to_str().unwrap();
     for (args, flag) in [
         (vec!["fill-mask", "--model", model, "--top-k", "0", "a [MASK]"], "--top-k"),
+        (vec!["text-classification", "--model", model, "--top-k", "0", "a text"], "--top-k"),
         (vec!["fill-mask", "--model", model, "--input", "-", "--batch-size", "65537"], "--batch-size"),
         (vec!["bench", "--replicas", "1025"], "--replicas"),
         (vec!["demo", "--sentences", "18446744073709551615"], "--sentences"),
@@ -294,4 +326,33 @@ fn out_of_range_counts_are_refused_by_name() {
         let stderr = String::from_utf8_lossy(&out.stderr);
         assert!(!out.status.success() && stderr.contains(&format!("for '{flag}")), "{args:?}: {stderr}");
     }
+}
+
+/// `export` writes into a new or empty folder; one that holds files (a
+/// training run, another model) is refused unless `--overwrite` says to
+/// replace them, and a file in the way is named.
+#[test]
+fn export_refuses_a_folder_holding_files_unless_told() {
+    let src = fixtures().join("tiny-bert");
+    let out = lazytrain_core::ScratchDir::new("export-guard").unwrap();
+    let target = out.join("model");
+    let export = |extra: &[&str]| {
+        let mut args = vec!["export", "--model", src.to_str().unwrap(), "--output", target.to_str().unwrap()];
+        args.extend_from_slice(extra);
+        let run = std::process::Command::new(env!("CARGO_BIN_EXE_lazytrain")).args(&args).output().unwrap();
+        (run.status.success(), String::from_utf8(run.stderr).unwrap())
+    };
+    assert!(export(&[]).0, "a new folder");
+    let (ok, err) = export(&[]);
+    assert!(
+        !ok && err.contains("already holds 5 entries (config.json, model.safetensors, special_tokens_map.json, ...)")
+    );
+    assert!(err.contains("pass --overwrite"), "{err}");
+    std::fs::write(target.join("trainer_state.json"), "{}").unwrap();
+    assert!(export(&["--overwrite"]).0, "told to replace");
+    assert!(target.join("trainer_state.json").exists(), "other files stay");
+    std::fs::remove_dir_all(&target).unwrap();
+    std::fs::write(&target, "not a folder").unwrap();
+    let (ok, err) = export(&[]);
+    assert!(!ok && err.contains("is a file; name a folder"), "{err}");
 }

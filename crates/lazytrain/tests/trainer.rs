@@ -213,6 +213,38 @@ fn a_checkpoint_mixing_two_saves_is_refused() {
     assert!(err.contains("checkpoint-3") && err.contains("resume from another checkpoint"), "{err}");
 }
 
+/// A damaged newest checkpoint is refused naming the one before it as the
+/// way out; a checkpoint whose folder name or RNG state disagrees with its
+/// trainer state is refused as one mixing two saves.
+#[test]
+fn a_damaged_checkpoint_points_to_the_one_before_it() {
+    let (dir, tok) = data("damaged");
+    let out = dir.join("out");
+    trainer(&dir, &tok, args(&out), &Device::cpu()).train().unwrap();
+    assert_eq!(checkpoint_steps(&out), [3, 6]);
+    let weights = out.join("checkpoint-6/model.safetensors");
+    let bytes = std::fs::read(&weights).unwrap();
+    std::fs::write(&weights, &bytes[..100]).unwrap();
+    let resume = |from: &str| TrainingArguments { resume_from_checkpoint: Some(from.into()), ..args(&out) };
+    let err = trainer(&dir, &tok, resume("true"), &Device::cpu()).train().unwrap_err().to_string();
+    let (newest, before) = (out.join("checkpoint-6"), out.join("checkpoint-3"));
+    assert!(err.starts_with(&format!("cannot resume from {}: ", newest.display())), "{err}");
+    assert!(err.contains("model.safetensors"), "{err}");
+    assert!(err.contains(&format!("resume from it with --resume-from-checkpoint {}", before.display())), "{err}");
+
+    let renamed = out.join("checkpoint-4");
+    std::fs::rename(&before, &renamed).unwrap();
+    let err = trainer(&dir, &tok, resume(renamed.to_str().unwrap()), &Device::cpu()).train().unwrap_err().to_string();
+    assert!(err.contains("the folder's name is at step 4 but trainer_state.json at step 3"), "{err}");
+    std::fs::rename(&renamed, &before).unwrap();
+    let rng = before.join("rng_state.json");
+    let text = std::fs::read_to_string(&rng).unwrap();
+    std::fs::write(&rng, text.replace("\"dropout_step\": 3", "\"dropout_step\": 2")).unwrap();
+    let err = trainer(&dir, &tok, resume(before.to_str().unwrap()), &Device::cpu()).train().unwrap_err().to_string();
+    assert!(err.contains("rng_state.json is at step 2 but trainer_state.json at step 3"), "{err}");
+    assert!(!err.contains("the checkpoint before it"), "nothing before checkpoint-3: {err}");
+}
+
 /// A fresh run over an earlier run's checkpoints is refused (also with
 /// `resume_from_checkpoint = "false"`); with `overwrite_output_dir` it
 /// removes them, so a later resume continues this run, not the earlier one.
@@ -433,10 +465,11 @@ fn invalid(toml: &str, has_eval: bool) -> String {
 fn bad_configs_are_clear_errors() {
     let msg = invalid("output_dir = \"x\"\nlearning_rat = 0.1\n", false);
     assert!(msg.contains("unknown field `learning_rat`") && msg.contains("learning_rate"), "{msg}");
+    // Named in the file itself: the CLI's overrides would see only a JSON null.
     let msg = invalid("num_train_epochs = nan\n", false);
-    assert!(msg.contains("num_train_epochs must be a finite number, got NaN"), "{msg}");
+    assert!(msg.contains("args.toml: num_train_epochs = nan: every number must be finite"), "{msg}");
     let msg = invalid("learning_rate = inf\n", false);
-    assert!(msg.contains("learning_rate must be a finite number"), "{msg}");
+    assert!(msg.contains("learning_rate = inf: every number must be finite"), "{msg}");
     let msg = invalid("lr_scheduler_type = \"polynomial\"\n", false);
     assert!(msg.contains("choose one of linear, cosine, constant, constant_with_warmup"), "{msg}");
     let msg = invalid("eval_strategy = \"steps\"\n", false);
@@ -463,7 +496,13 @@ fn bad_configs_are_clear_errors() {
     let msg = invalid("dataloader_prefetch = 10000000000\n", false);
     assert!(msg.contains("dataloader_prefetch must be at most 64 batches"), "{msg}");
     let msg = invalid("mlm_probability = 1.5\n", false);
-    assert!(msg.contains("mlm_probability must be in [0, 1], got 1.5"), "{msg}");
+    assert!(msg.contains("mlm_probability must be in (0, 1]") && msg.contains("got 1.5"), "{msg}");
+    let msg = invalid("mlm_probability = 0.0\n", false);
+    assert!(msg.contains("at 0 no token is masked and nothing is learned), got 0"), "{msg}");
+    let msg = invalid("max_steps = 2\nadam_beta1 = 1.5\n", false);
+    assert!(msg.contains("adam_beta1 must be in [0, 1), got 1.5"), "{msg}");
+    let msg = invalid("max_steps = 2\nadam_epsilon = -1e-8\n", false);
+    assert!(msg.contains("adam_epsilon must not be negative"), "{msg}");
     let json_dir = tmp("json");
     let json = json_dir.join("args.json");
     std::fs::write(&json, "{\"output_dir\": \"x\", \"max_steps\": 10, \"warmup_steps\": 0.1}").unwrap();

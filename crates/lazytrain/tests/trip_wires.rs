@@ -101,6 +101,12 @@ fn each_trip_wire_names_the_problem_and_the_fix() {
         &["--model", "roberta-tiny", "--tokenizer", "tok", "--train-data", "data", "--learning-rate", "-1"],
         &["learning_rate must be positive"],
     );
+    // A file where the run's folder should be.
+    std::fs::write(dir.join("afile"), "x").unwrap();
+    refuse(
+        &["--model", "roberta-tiny", "--tokenizer", "tok", "--train-data", "data", "--output-dir", "afile"],
+        &["output_dir afile is a file; name a folder"],
+    );
     // A model folder with its own tokenizer refuses another one.
     let (ok, _, err) =
         train(&dir, &["--model", "roberta-tiny", "--tokenizer", "tok", "--train-data", "data", "--output-dir", "m"]);

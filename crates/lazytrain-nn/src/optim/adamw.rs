@@ -51,7 +51,10 @@ impl AdamW {
         if !(0.0..1.0).contains(&config.beta1) || !(0.0..1.0).contains(&config.beta2) || config.eps < 0.0 {
             return Err(NnError::Invalid {
                 what: "AdamW hyperparameters",
-                detail: format!("betas must be in [0, 1) and eps >= 0, got {config:?}"),
+                detail: format!(
+                    "betas must be in [0, 1) and eps >= 0, got beta1 {}, beta2 {}, eps {}",
+                    config.beta1, config.beta2, config.eps
+                ),
             });
         }
         let mut slots = Vec::new();

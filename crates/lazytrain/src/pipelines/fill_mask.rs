@@ -102,11 +102,12 @@ impl FillMask {
     /// [`FillMask::predict`] on one batch of `rows` rows.
     fn predict_batch(&self, texts: &[&str], top_k: usize, rows: usize) -> Result<Vec<TextPredictions>> {
         let (mask_id, mask_token) = (self.mask_id, self.mask_token);
-        for text in texts {
+        for (i, text) in texts.iter().enumerate() {
             if !self.tokenizer.encode(text, true)?.contains(&mask_id) {
                 return Err(Error::Input(format!(
-                    "no mask token {} found in {text:?}; put {} where a word should be predicted",
-                    mask_token, mask_token
+                    "text {} ({}) has no mask token {mask_token}; put {mask_token} where a word should be predicted",
+                    i + 1,
+                    super::excerpt(text)
                 )));
             }
         }

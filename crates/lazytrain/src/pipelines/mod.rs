@@ -55,9 +55,21 @@ pub(crate) struct Batch {
     pub seq: usize,
 }
 
+/// Longest part of a text an error quotes, in characters.
+const QUOTED_CHARS: usize = 60;
+
+/// A text as an error quotes it: its first [`QUOTED_CHARS`] characters,
+/// quoted, and `...` when the text is longer (a 50 MB line is not echoed).
+pub(crate) fn excerpt(text: &str) -> String {
+    let head: String = text.chars().take(QUOTED_CHARS).collect();
+    let more = if head.len() < text.len() { "..." } else { "" };
+    format!("{head:?}{more}")
+}
+
 /// Tokenize `texts` (with special tokens) into one batch of at least
 /// `rows` rows (extra rows are all padding), padded to a multiple of
 /// [`SEQ_BUCKET`] tokens; texts longer than `max_len` tokens are refused.
+/// Errors count texts from 1.
 pub(crate) fn encode_batch(
     tokenizer: &TextTokenizer,
     texts: &[&str],
@@ -73,8 +85,9 @@ pub(crate) fn encode_batch(
     if longest > max_len {
         let (i, _) = ids.iter().enumerate().max_by_key(|(_, row)| row.len()).unwrap_or((0, &ids[0]));
         return Err(crate::Error::Input(format!(
-            "text {i} ({:?}) has {longest} tokens but the model accepts at most {max_len}",
-            texts[i].chars().take(60).collect::<String>()
+            "text {} ({}) has {longest} tokens but the model accepts at most {max_len}",
+            i + 1,
+            excerpt(texts[i])
         )));
     }
     let seq = (longest.div_ceil(SEQ_BUCKET) * SEQ_BUCKET).min(max_len);

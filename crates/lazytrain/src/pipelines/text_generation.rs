@@ -99,7 +99,11 @@ impl TextGeneration {
         let prompts =
             texts.iter().map(|t| self.tokenizer.encode(t, true)).collect::<lazytrain_data::Result<Vec<_>>>()?;
         if let Some(i) = prompts.iter().position(Vec::is_empty) {
-            return Err(Error::Input(format!("text {i} ({:?}) has no tokens to continue", texts[i])));
+            return Err(Error::Input(format!(
+                "text {} ({}) has no tokens to continue",
+                i + 1,
+                super::excerpt(texts[i])
+            )));
         }
         let start = Instant::now();
         let compiles = self.device.metrics().compiles;

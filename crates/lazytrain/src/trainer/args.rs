@@ -171,13 +171,24 @@ fn invalid(detail: String) -> Error {
     Error::Input(format!("invalid training arguments: {detail}"))
 }
 
+/// The first setting of a TOML config whose value is `nan` or `inf`, named
+/// (every number of the arguments must be finite; later steps would see it
+/// only as a JSON `null`).
+fn non_finite_setting(text: &str) -> Option<String> {
+    let table: toml::Table = toml::from_str(text).ok()?;
+    let (key, value) = table.iter().find(|(_, v)| v.as_float().is_some_and(|f| !f.is_finite()))?;
+    Some(format!("{key} = {value}: every number must be finite"))
+}
+
 impl TrainingArguments {
     /// Read a `.toml` or `.json` file (unknown keys are errors that list the valid ones).
     pub fn from_file(path: &Path) -> Result<TrainingArguments> {
         let text = std::fs::read_to_string(path)
             .map_err(|e| Error::Input(format!("{}: cannot read the config: {e}", path.display())))?;
         let parsed = match path.extension().and_then(|e| e.to_str()) {
-            Some("toml") => toml::from_str(&text).map_err(|e| e.to_string()),
+            Some("toml") => {
+                non_finite_setting(&text).map_or_else(|| toml::from_str(&text).map_err(|e| e.to_string()), Err)
+            }
             Some("json") => serde_json::from_str(&text).map_err(|e| e.to_string()),
             _ => return Err(Error::Input(format!("{}: use a .toml or .json config file", path.display()))),
         };
@@ -271,6 +282,14 @@ impl TrainingArguments {
         if self.learning_rate <= 0.0 || self.warmup_steps < 0.0 || self.max_grad_norm < 0.0 {
             return Err(invalid("learning_rate must be positive; warmup_steps and max_grad_norm not negative".into()));
         }
+        for (name, beta) in [("adam_beta1", self.adam_beta1), ("adam_beta2", self.adam_beta2)] {
+            if !(0.0..1.0).contains(&beta) {
+                return Err(invalid(format!("{name} must be in [0, 1), got {beta}")));
+            }
+        }
+        if self.adam_epsilon < 0.0 {
+            return Err(invalid(format!("adam_epsilon must not be negative, got {}", self.adam_epsilon)));
+        }
         if self.save_strategy == IntervalStrategy::Steps && self.save_steps == 0 || self.logging_steps == 0 {
             return Err(invalid("save_steps and logging_steps must be at least 1".into()));
         }
@@ -309,8 +328,11 @@ impl TrainingArguments {
                 self.dataloader_prefetch
             )));
         }
-        if !(0.0..=1.0).contains(&self.mlm_probability) {
-            return Err(invalid(format!("mlm_probability must be in [0, 1], got {}", self.mlm_probability)));
+        if !(self.mlm_probability > 0.0 && self.mlm_probability <= 1.0) {
+            return Err(invalid(format!(
+                "mlm_probability must be in (0, 1] (at 0 no token is masked and nothing is learned), got {}",
+                self.mlm_probability
+            )));
         }
         if self.collective_timeout <= 0.0 || self.collective_timeout > 1e9 {
             return Err(invalid(format!(

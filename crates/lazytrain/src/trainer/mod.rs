@@ -387,6 +387,12 @@ impl<M: TaskModel> Trainer<M> {
     /// nothing.
     fn check_output_dir(&self, planning: bool) -> Result<()> {
         let output = Path::new(&self.args.output_dir);
+        if output.exists() && !output.is_dir() {
+            return Err(Error::Input(format!(
+                "output_dir {} is a file; name a folder for the run's checkpoints, logs and model",
+                output.display()
+            )));
+        }
         let resuming = !matches!(self.args.resume_from_checkpoint.as_deref(), None | Some("false"));
         if self.is_master() && !planning {
             let removed = checkpoint::remove_leftovers(output)?;
@@ -604,13 +610,25 @@ impl<M: TaskModel> Trainer<M> {
         let saved: TrainerState = read_json(dir, "trainer_state.json")?;
         let rng: RngState = read_json(dir, "rng_state.json")?;
         let scheduler: SchedulerState = read_json(dir, "scheduler.json")?;
-        if scheduler.last_step != saved.global_step {
+        // Every file, and the folder's name, must be of the same step.
+        let steps = [
+            ("scheduler.json is", Some(scheduler.last_step)),
+            ("optimizer.safetensors is", Some(optimizer.steps())),
+            ("rng_state.json is", Some(rng.dropout_step)),
+            ("the folder's name is", checkpoint::step_of(dir)),
+        ];
+        if let Some((what, Some(step))) = steps.iter().find(|(_, step)| step.is_some_and(|s| s != saved.global_step)) {
             return Err(Error::Input(format!(
-                "{}: scheduler.json is at step {} but trainer_state.json at step {}: the files come from two \
-                 saves; resume from another checkpoint",
+                "{}: {what} at step {step} but trainer_state.json at step {}: the files come from two saves; \
+                 resume from another checkpoint",
                 dir.display(),
-                scheduler.last_step,
                 saved.global_step
+            )));
+        }
+        if rng.replicas == Some(0) {
+            return Err(Error::Input(format!(
+                "{}: rng_state.json says 0 replicas saved it; the file is damaged, resume from another checkpoint",
+                dir.display()
             )));
         }
         if rng.seed != self.args.seed {

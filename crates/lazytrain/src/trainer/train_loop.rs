@@ -3,7 +3,7 @@
 //! each a named step of its own.
 
 use super::callbacks::Control;
-use super::checkpoint::latest_checkpoint;
+use super::checkpoint::{checkpoints, latest_checkpoint, step_of};
 use super::logs::LogSinks;
 use super::plan;
 use super::{IntervalStrategy, TrainOutput, Trainer, TrainerState, INTERRUPTED, REPLICA_SEED_STRIDE};
@@ -126,7 +126,16 @@ impl<M: TaskModel> Trainer<M> {
         };
         let resumed = self.resume_dir()?;
         if let Some(dir) = &resumed {
-            self.restore(dir, &mut optimizer, &schedule)?;
+            self.restore(dir, &mut optimizer, &schedule).map_err(|e| {
+                let parent = dir.parent().unwrap_or(std::path::Path::new("."));
+                let step = step_of(dir).unwrap_or(u64::MAX);
+                let earlier = checkpoints(parent).into_iter().rev().find(|c| step_of(c).is_some_and(|s| s < step));
+                Error::Resume {
+                    checkpoint: dir.display().to_string(),
+                    earlier: earlier.map(|c| c.display().to_string()),
+                    source: Box::new(e),
+                }
+            })?;
         }
         if self.is_master() {
             self.sync = super::push::CheckpointSync::for_args(&self.args)?;
@@ -150,6 +159,18 @@ impl<M: TaskModel> Trainer<M> {
         let report_to = if rank == 0 { self.args.report_to.clone() } else { Vec::new() };
         // A resumed run continues its JSONL log; a fresh one starts it anew.
         let sinks = LogSinks::open(&output_dir, &report_to, resumed.is_some() || planning)?;
+        let epoch_samples = self.batches_per_epoch()? as usize * self.args.per_device_train_batch_size;
+        if self.state.data_sample >= epoch_samples {
+            // Saved over more data (or a damaged file): no such position here.
+            if rank == 0 {
+                eprintln!(
+                    "note: the checkpoint's data position (sample {} of epoch {}) is past this data's epoch of {} \
+                     samples; the epoch restarts from its first sample",
+                    self.state.data_sample, self.state.data_epoch, epoch_samples
+                );
+            }
+            self.state.data_sample = 0;
+        }
         let remaining = total.saturating_sub(self.state.global_step);
         let sampler = EpochSampler::new(self.train.len(), self.args.seed, true, rank, world)?;
         let plan = LoaderPlan {
@@ -162,7 +183,6 @@ impl<M: TaskModel> Trainer<M> {
         };
         let loader =
             DeviceLoader::new(self.train.clone(), sampler, self.collator(self.args.seed, true)?, plan, &self.device)?;
-        let epoch_samples = self.batches_per_epoch()? as usize * self.args.per_device_train_batch_size;
         let bar = progress_bar(total, self.show_progress && rank == 0, "step {pos}/{len} [{bar:30}] {msg} eta {eta}");
         bar.set_position(self.state.global_step);
         for cb in &mut self.callbacks {
