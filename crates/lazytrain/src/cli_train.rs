@@ -416,6 +416,17 @@ fn report((out, eval): &(Option<TrainOutput>, Option<EvalMetrics>), output_dir: 
         return;
     }
     let ran = out.losses.len() as u64;
+    if ran == 0 {
+        println!(
+            "trained 0 steps: the run resumed at step {}, where its training already ends (raise --max-steps or \
+             --num-train-epochs to train further); model saved to {output_dir}",
+            out.global_step
+        );
+        if let Some(eval) = eval {
+            println!("eval: {eval}");
+        }
+        return;
+    }
     let steps = match out.global_step - ran.min(out.global_step) {
         0 => format!("{ran} steps"),
         resumed => format!("{ran} steps (resumed at step {resumed}, now at step {})", out.global_step),

@@ -16,6 +16,7 @@ const HEIGHT: u32 = 540;
 const MARGIN: (i32, i32, i32, i32) = (60, 30, 80, 70); // top, right, left, bottom
 
 /// The curves of a run: `(step, training loss)` and `(step, eval loss)`.
+#[derive(Debug)]
 pub struct Curves {
     /// Training loss per logged step.
     pub train: Vec<(f64, f64)>,
@@ -24,20 +25,20 @@ pub struct Curves {
 }
 
 /// Read the curves from a run folder's `trainer_state.json` (or, for a run
-/// still in progress, `logs/log.jsonl`).
+/// still in progress, `logs/log.jsonl`). A damaged `trainer_state.json`
+/// beside a readable log is noted and the log plotted.
 pub fn read_curves(run: &Path) -> Result<Curves> {
-    let entries: Vec<Value> = if let Ok(text) = std::fs::read_to_string(run.join("trainer_state.json")) {
-        let state: Value = serde_json::from_str(&text).map_err(|e| Error::Input(format!("{}: {e}", run.display())))?;
-        state["log_history"].as_array().cloned().unwrap_or_default()
-    } else {
-        let log = run.join("logs/log.jsonl");
-        let text = std::fs::read_to_string(&log).map_err(|_| {
-            Error::Input(format!(
-                "{} has neither trainer_state.json nor logs/log.jsonl; is it a training run?",
-                run.display()
-            ))
-        })?;
-        text.lines().filter_map(|l| serde_json::from_str(l).ok()).collect()
+    let state_path = run.join("trainer_state.json");
+    let entries = match read_log_history(&state_path) {
+        Ok(Some(entries)) => entries,
+        Ok(None) => read_log_lines(run)?,
+        Err(damaged) => match read_log_lines(run) {
+            Ok(entries) => {
+                eprintln!("note: {damaged}; plotting logs/log.jsonl instead");
+                entries
+            }
+            Err(_) => return Err(Error::Input(damaged)),
+        },
     };
     let series = |key: &str| -> Vec<(f64, f64)> {
         entries.iter().filter_map(|e| Some((e.get("step")?.as_f64()?, e.get(key)?.as_f64()?))).collect()
@@ -47,6 +48,43 @@ pub fn read_curves(run: &Path) -> Result<Curves> {
         return Err(Error::Input(format!("{} has no logged losses yet", run.display())));
     }
     Ok(curves)
+}
+
+/// The `log_history` of a `trainer_state.json`; `None` when there is no
+/// such file, the file and what is wrong with it when it cannot be read.
+fn read_log_history(path: &Path) -> std::result::Result<Option<Vec<Value>>, String> {
+    let text = match std::fs::read_to_string(path) {
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
+        Err(e) => return Err(format!("{}: {e}", path.display())),
+        Ok(text) => text,
+    };
+    let state: Value =
+        serde_json::from_str(&text).map_err(|e| format!("{}: {e} (is the file damaged?)", path.display()))?;
+    Ok(Some(state["log_history"].as_array().cloned().unwrap_or_default()))
+}
+
+/// The entries of a run's `logs/log.jsonl` (lines that are not JSON, such
+/// as a last line cut short by a kill, are skipped); an error names the file
+/// when it is missing or none of its lines is an entry.
+fn read_log_lines(run: &Path) -> Result<Vec<Value>> {
+    let log = run.join("logs/log.jsonl");
+    let bytes = std::fs::read(&log).map_err(|e| match e.kind() {
+        std::io::ErrorKind::NotFound => Error::Input(format!(
+            "{} has neither trainer_state.json nor logs/log.jsonl; is it a training run?",
+            run.display()
+        )),
+        _ => Error::Input(format!("{}: {e}", log.display())),
+    })?;
+    let text = String::from_utf8_lossy(&bytes);
+    let entries: Vec<Value> = text.lines().filter_map(|l| serde_json::from_str(l).ok()).collect();
+    let lines = text.lines().filter(|l| !l.trim().is_empty()).count();
+    if entries.is_empty() && lines > 0 {
+        return Err(Error::Input(format!(
+            "{}: none of its {lines} lines is a JSON log entry; is the file damaged?",
+            log.display()
+        )));
+    }
+    Ok(entries)
 }
 
 fn draw_text(buf: &mut [u8], font: &FontRef, text: &str, size: f32, (x, y): (f32, f32), color: [u8; 3]) {
@@ -82,10 +120,17 @@ fn plot_error(e: impl std::fmt::Display) -> Error {
     Error::Input(format!("drawing the plot failed: {e}"))
 }
 
+/// Losses beyond this size are left off the axis (a diverged run's 1e308
+/// would make the axis's span overflow to infinity); their points fall
+/// outside the plot.
+const LARGEST_PLOTTED_LOSS: f64 = 1e300;
+
 /// The loss axis's range: the data's, padded by 5 % (a single value gets
 /// ±5 % of itself), never below 0 for non-negative losses.
 fn loss_range(values: impl Iterator<Item = f64>) -> (f64, f64) {
-    let (lo, hi) = values.filter(|v| v.is_finite()).fold((f64::MAX, f64::MIN), |(lo, hi), v| (lo.min(v), hi.max(v)));
+    let (lo, hi) = values
+        .filter(|v| v.abs() <= LARGEST_PLOTTED_LOSS)
+        .fold((f64::MAX, f64::MIN), |(lo, hi), v| (lo.min(v), hi.max(v)));
     if lo > hi {
         return (0.0, 1.0);
     }
@@ -194,11 +239,29 @@ mod tests {
         assert!(rows_of(&buf, [255, 0, 0]).is_empty(), "no eval series, so no eval legend");
     }
 
+    /// A damaged `trainer_state.json` or log is named; a damaged state beside
+    /// a readable log plots the log.
+    #[test]
+    fn damaged_run_files_are_named() {
+        let run = lazytrain_core::ScratchDir::new("plot-damaged").unwrap();
+        std::fs::create_dir_all(run.join("logs")).unwrap();
+        std::fs::write(run.join("logs/log.jsonl"), [0xffu8, 0xfe, b'\n', 0x80, b'x']).unwrap();
+        let err = read_curves(&run).unwrap_err().to_string();
+        assert!(err.contains("log.jsonl: none of its 2 lines is a JSON log entry"), "{err}");
+        std::fs::write(run.join("trainer_state.json"), "").unwrap();
+        let err = read_curves(&run).unwrap_err().to_string();
+        assert!(err.contains("trainer_state.json: EOF while parsing") && err.contains("damaged"), "{err}");
+        std::fs::write(run.join("logs/log.jsonl"), "{\"step\": 1, \"loss\": 2.5}\n{\"step\": 2, \"lo").unwrap();
+        assert_eq!(read_curves(&run).unwrap().train, [(1.0, 2.5)], "the log, its cut last line skipped");
+    }
+
     #[test]
     fn the_loss_axis_fits_the_data() {
         assert_eq!(loss_range([2.0, 4.0].into_iter()), (1.9, 4.1));
         let (lo, hi) = loss_range([5.0].into_iter());
         assert!((lo - 4.75).abs() < 1e-12 && (hi - 5.25).abs() < 1e-12);
+        // Non-finite and absurd losses stay off the axis.
+        assert_eq!(loss_range([2.0, 4.0, f64::NAN, 1e308, -1e308].into_iter()), (1.9, 4.1));
         // Losses between 10.0 and 10.2 fill the plot's height, not its top sliver.
         let curves = Curves { train: (0..20).map(|i| (i as f64, 10.2 - 0.01 * i as f64)).collect(), eval: Vec::new() };
         let rows = rows_of(&render(&curves, "narrow").unwrap(), [0, 0, 255]);

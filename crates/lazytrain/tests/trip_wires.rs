@@ -209,6 +209,22 @@ fn progress_resume_summary_and_ties_are_reported() {
     // The longer run changes the schedule: said once, naming what changed.
     assert!(err.contains("the learning-rate schedule differs") && err.contains("(total steps 2 -> 4)"), "{err}");
     assert!(err.contains("this run's applies from step 2"), "{err}");
+    // Resumed where training already ends: said so, not a mean loss of nothing.
+    let ended: Vec<&str> = args.iter().map(|a| if *a == "4" { "3" } else { a }).collect();
+    let (ok, out, err) = lazytrain(&dir, &ended);
+    assert!(ok, "{err}");
+    assert!(out.contains("trained 0 steps: the run resumed at step 4, where its training already ends"), "{out}");
+    // A saved data position past this data's epoch (more data then, or a
+    // damaged file) goes on with the next epoch, said once.
+    let state = dir.join("run/checkpoint-4/trainer_state.json");
+    let mut json: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(&state).unwrap()).unwrap();
+    json["data_sample"] = serde_json::json!(99_999_999_999u64);
+    std::fs::write(&state, json.to_string()).unwrap();
+    let longer: Vec<&str> = args.iter().map(|a| if *a == "4" { "5" } else { a }).collect();
+    let (ok, out, err) = lazytrain(&dir, &longer);
+    assert!(ok, "{err}");
+    assert!(err.contains("(sample 99999999999 of epoch") && err.contains("training goes on with epoch"), "{err}");
+    assert!(out.contains("now at step 5"), "{out}");
 
     // A learning rate too small to move f32 weights: every evaluation ties.
     let (ok, _, err) = lazytrain(

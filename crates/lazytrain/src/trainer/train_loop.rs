@@ -161,15 +161,18 @@ impl<M: TaskModel> Trainer<M> {
         let sinks = LogSinks::open(&output_dir, &report_to, resumed.is_some() || planning)?;
         let epoch_samples = self.batches_per_epoch()? as usize * self.args.per_device_train_batch_size;
         if self.state.data_sample >= epoch_samples {
-            // Saved over more data (or a damaged file): no such position here.
+            // Saved over more data (or a damaged file): that epoch is over here.
             if rank == 0 {
                 eprintln!(
                     "note: the checkpoint's data position (sample {} of epoch {}) is past this data's epoch of {} \
-                     samples; the epoch restarts from its first sample",
-                    self.state.data_sample, self.state.data_epoch, epoch_samples
+                     samples; training goes on with epoch {}",
+                    self.state.data_sample,
+                    self.state.data_epoch,
+                    epoch_samples,
+                    self.state.data_epoch + 1
                 );
             }
-            self.state.data_sample = 0;
+            (self.state.data_epoch, self.state.data_sample) = (self.state.data_epoch + 1, 0);
         }
         let remaining = total.saturating_sub(self.state.global_step);
         let sampler = EpochSampler::new(self.train.len(), self.args.seed, true, rank, world)?;
