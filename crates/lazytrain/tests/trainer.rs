@@ -245,6 +245,29 @@ fn a_damaged_checkpoint_points_to_the_one_before_it() {
     assert!(!err.contains("the checkpoint before it"), "nothing before checkpoint-3: {err}");
 }
 
+/// A non-finite loss stops training with the step and the likely cause:
+/// before any update, the weights it started from (the learning rate has
+/// played no part yet); later, a learning rate that diverged.
+#[test]
+fn a_non_finite_loss_names_its_likely_cause() {
+    let (dir, tok) = data("non-finite");
+    let device = Device::cpu();
+    let broken = small_model(&tok, &device);
+    let (_, norm) = named_parameters(&broken).into_iter().find(|(n, _)| n.ends_with("LayerNorm.weight")).unwrap();
+    norm.assign(
+        &lazytrain_core::Tensor::full(norm.dims().to_vec(), f64::NAN, lazytrain_core::DType::F32, &device).unwrap(),
+    )
+    .unwrap();
+    let mut first =
+        Trainer::new(args(&dir.join("nan")), broken, tok.clone(), open(&dir, "train"), None, 16, &device).unwrap();
+    let err = first.train().unwrap_err().to_string();
+    assert!(err.contains("the loss became NaN at step 1") && err.contains("the weights it started from"), "{err}");
+    let huge = TrainingArguments { learning_rate: 1e30, max_grad_norm: 0.0, ..args(&dir.join("huge")) };
+    let err = trainer(&dir, &tok, huge, &device).train().unwrap_err().to_string();
+    assert!(err.contains("training stopped") && err.contains("lower the learning rate"), "{err}");
+    assert!(!err.contains("at step 1;"), "the first step's loss is the initial weights': {err}");
+}
+
 /// A fresh run over an earlier run's checkpoints is refused (also with
 /// `resume_from_checkpoint = "false"`); with `overwrite_output_dir` it
 /// removes them, so a later resume continues this run, not the earlier one.

@@ -282,8 +282,16 @@ impl<M: TaskModel> Trainer<M> {
             let kept = latest_checkpoint(&run.output_dir).map_or("no checkpoint was saved".to_string(), |p| {
                 format!("the last good checkpoint is {}", p.display())
             });
+            // Before this run's first update the learning rate played no part.
+            let fix = match run.losses.is_empty() {
+                true => {
+                    "the weights it started from hold non-finite values or its config.json a broken setting \
+                         (such as layer_norm_eps), or the data is broken; check the model folder"
+                }
+                false => "lower the learning rate or check the data",
+            };
             return Err(Error::Input(format!(
-                "the loss became {loss} at step {}; training stopped ({kept}); lower the learning rate or check the data",
+                "the loss became {loss} at step {}; training stopped ({kept}); {fix}",
                 step + 1
             )));
         }
