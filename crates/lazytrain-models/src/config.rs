@@ -232,9 +232,29 @@ impl ModelConfig {
         }
         };
         let value: serde_json::Value = serde_json::from_str(text).map_err(bad)?;
+        let Some(fields) = value.as_object() else {
+            return Err(ModelError::Config {
+                path: path.to_string(),
+                detail: format!(
+                    "a config must be a JSON object of settings ({{\"model_type\": ...}}), not {value:.40}"
+                ),
+            });
+        };
+        // serde names the type a null should have been, not the field: name them.
+        let nulls: Vec<&str> = fields.iter().filter(|(_, v)| v.is_null()).map(|(k, _)| k.as_str()).collect();
+        let bad_value = |e: serde_json::Error| match e.to_string().contains("invalid type: null") && !nulls.is_empty() {
+            true => ModelError::Config {
+                path: path.to_string(),
+                detail: format!(
+                    "{e}: a setting that must be a number or text is null (null here: {})",
+                    nulls.join(", ")
+                ),
+            },
+            false => bad(e),
+        };
         let config = match value.get("model_type").and_then(|t| t.as_str()) {
-            Some("gpt2") => crate::gpt2_config::from_json(value).map_err(bad)?,
-            _ => serde_json::from_value(value).map_err(bad)?,
+            Some("gpt2") => crate::gpt2_config::from_json(value.clone()).map_err(bad_value)?,
+            _ => serde_json::from_value(value.clone()).map_err(bad_value)?,
         };
         config.validate(path)?;
         Ok(config)
@@ -274,9 +294,11 @@ impl ModelConfig {
             ));
         }
         if self.tie_word_embeddings == Some(false) {
-            return bad("tie_word_embeddings = false (an untied masked-LM decoder) is not supported; lazytrain's \
-                 decoder always shares the word embeddings"
-                .into());
+            let head = if self.gpt2.is_some() { "an lm_head of its own" } else { "an untied masked-LM decoder" };
+            return bad(format!(
+                "tie_word_embeddings = false ({head}) is not supported; lazytrain's output layer always shares the \
+                 word embeddings"
+            ));
         }
         if self.parameter_count().is_none_or(|n| n > MAX_PARAMETERS) {
             return bad(format!(

@@ -165,8 +165,25 @@ pub fn load_masked_lm(dir: &Path, device: &Device) -> Result<(ForMaskedLM, Vec<S
     let config = load_config(dir)?;
     check_weights_hold(dir, &config, ModelType::Bert)?;
     let model = ForMaskedLM::new(&mut Initializer::new(0, device), &config)?;
-    let warnings = load_weights(&model, config.model_type, &dir.join("model.safetensors"), device, &|_| false)?;
+    let warnings = load_weights(&model, config.model_type, &dir.join("model.safetensors"), device, &|_| false)
+        .map_err(|e| name_a_classifier(e, &config))?;
     Ok((model, warnings))
+}
+
+/// A masked-LM load that failed on a sequence classifier's folder (no
+/// masked-LM head) says what the folder holds and what reads it.
+fn name_a_classifier(error: ModelError, config: &ModelConfig) -> ModelError {
+    let classifier = config.architectures.iter().find(|a| a.ends_with("ForSequenceClassification"));
+    match (error, classifier) {
+        (ModelError::Checkpoint { path, mut problems }, Some(class)) => {
+            problems.push(format!(
+                "  config.json says this folder holds a {class}: a sequence classifier, without a masked-LM head; \
+                 run it with `lazytrain text-classification`"
+            ));
+            ModelError::Checkpoint { path, problems }
+        }
+        (error, _) => error,
+    }
 }
 
 /// A GPT-2 LM from a Hugging Face folder (saved by `GPT2LMHeadModel` or

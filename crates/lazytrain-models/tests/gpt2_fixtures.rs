@@ -254,6 +254,14 @@ fn gpt2_configs_are_checked_by_name() {
     refuse(r#"{"model_type": "gpt2", "n_embd": 30, "n_head": 4}"#, "multiple of num_attention_heads");
     refuse(r#"{"model_type": "gpt2", "activation_function": "swish"}"#, "swish");
     refuse(r#"{"model_type": "gpt2", "vocab_size": 10, "eos_token_id": 50256}"#, "outside the vocabulary");
+    refuse(r#"{"model_type": "gpt2", "tie_word_embeddings": false}"#, "(an lm_head of its own) is not supported");
+    refuse("[]", "a config must be a JSON object of settings");
+    // A GPT-2 config relabelled as BERT: the null that does not fit is named.
+    refuse(
+        r#"{"model_type": "bert", "vocab_size": 10, "hidden_size": 8, "num_hidden_layers": 1,
+            "num_attention_heads": 2, "intermediate_size": 16, "pad_token_id": null}"#,
+        "null here: pad_token_id",
+    );
     let config = ModelConfig::from_json(r#"{"model_type": "gpt2"}"#, "config.json").unwrap();
     assert_eq!((config.hidden_size, config.num_hidden_layers, config.vocab_size), (768, 12, 50257), "HF's defaults");
     assert_eq!(config.intermediate_size, 3072);

@@ -71,6 +71,10 @@ fn roberta_masked_lm_matches_transformers() -> Result<()> {
 #[test]
 fn bert_sequence_classification_matches_transformers() -> Result<()> {
     let dev = Device::cpu();
+    // Loaded as a masked LM, the classifier's folder is named for what it is.
+    let err = load_masked_lm(&fixture("tiny-bert-cls"), &dev).err().expect("no masked-LM head").to_string();
+    assert!(err.contains("missing: cls.predictions"), "{err}");
+    assert!(err.contains("holds a BertForSequenceClassification") && err.contains("text-classification"), "{err}");
     let (model, warnings) = load_sequence_classifier(&fixture("tiny-bert-cls"), 3, 0, &dev)?;
     assert!(warnings.is_empty(), "{warnings:?}");
     let out = json(fixture("tiny-bert-cls").join("outputs.json"));

@@ -63,6 +63,11 @@ pub fn model_folder(spec: &str, revision: Option<&str>) -> Result<PathBuf> {
         return Ok(lazytrain_storage::fetch_folder(&url)?);
     }
     let path = Path::new(spec);
+    if path.is_file() {
+        return Err(crate::Error::Input(format!(
+            "--model {spec} is a file; give a model folder (config.json, model.safetensors and the tokenizer files)"
+        )));
+    }
     if path.is_dir() || !is_hub_id(spec) {
         return Ok(path.to_path_buf());
     }

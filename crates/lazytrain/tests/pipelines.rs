@@ -306,6 +306,11 @@ fn models_load_by_hub_id_from_the_local_cache() {
     let err = String::from_utf8_lossy(&missing.stderr);
     assert!(!missing.status.success() && err.contains("models--some-org--absent/refs/main"), "{err}");
     assert!(err.contains("never downloads") && err.contains("huggingface-cli download some-org/absent"), "{err}");
+    // A file is not mistaken for a Hub id.
+    let file = fixtures().join("tiny-bert/config.json");
+    let not_a_folder = run(&["fill-mask", "--model", file.to_str().unwrap(), text]);
+    let err = String::from_utf8_lossy(&not_a_folder.stderr);
+    assert!(!not_a_folder.status.success() && err.contains("config.json is a file; give a model folder"), "{err}");
 }
 
 /// Counts that would size an allocation are refused by the flag parser,
