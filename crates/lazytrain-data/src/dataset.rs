@@ -45,6 +45,27 @@ pub fn find_shards(spec: &Path, split: &str) -> Result<Vec<PathBuf>> {
     Ok(files)
 }
 
+/// The records the manifest of the prepared folder `spec` lists for `split`
+/// (`prepare` and `prepare-classification` both count them per shard);
+/// `None` for a single shard or a pattern, which have no manifest.
+pub fn manifest_records(spec: &StorageUrl, split: &str) -> Result<Option<u64>> {
+    let text = spec.to_string();
+    if text.contains(['*', '?']) || text.ends_with(".tfrecord") {
+        return Ok(None);
+    }
+    let manifest = spec.join("manifest.json");
+    let bytes = match lazytrain_storage::read(&manifest) {
+        Ok(bytes) => bytes,
+        Err(StorageError::NotFound { .. }) => return Ok(None),
+        Err(e) => return Err(e.into()),
+    };
+    let value: serde_json::Value = serde_json::from_slice(&bytes)
+        .map_err(|e| DataError::Io { path: manifest.to_string(), detail: format!("{e} (is the file damaged?)") })?;
+    let counts: Option<Vec<u64>> =
+        value[split].as_array().map(|shards| shards.iter().filter_map(|s| s["records"].as_u64()).collect());
+    Ok(counts.map(|c| c.iter().sum()))
+}
+
 /// The shards matching `spec`, a local path (see [`find_shards`]) or a
 /// bucket URL: a prepared prefix (the shards its `manifest.json` lists, so
 /// no listing is needed), a pattern with `*`/`?` (`gs://b/data/train-*`),

@@ -197,17 +197,15 @@ pub fn prepare_with_validation(
         Packing::GroupTexts => 2,
         Packing::Wrapped => 3,
     };
-    if !(min_block..=MAX_BLOCK_SIZE).contains(&options.block_size)
-        || options.num_shards == 0
-        || !(0.0..1.0).contains(&options.validation_fraction)
-    {
+    if !(min_block..=MAX_BLOCK_SIZE).contains(&options.block_size) {
         return Err(DataError::Invalid(format!(
-            "need block_size in {min_block}..={MAX_BLOCK_SIZE}, num_shards >= 1 and validation_fraction in [0, 1), \
-             got {}, {}, {}",
-            options.block_size, options.num_shards, options.validation_fraction
+            "--block-size {} must be in {min_block}..={MAX_BLOCK_SIZE}",
+            options.block_size
         )));
     }
+    check_split_options(options.num_shards, options.validation_fraction)?;
     let io = |p: &Path, e: std::io::Error| DataError::Io { path: p.display().to_string(), detail: e.to_string() };
+    check_output_folder(out_dir)?;
     std::fs::create_dir_all(out_dir).map_err(|e| io(out_dir, e))?;
     let (blocks, dropped) = tokenize_and_pack(tokenizer, documents, options, "tokenizing")?;
     if blocks.is_empty() {
@@ -396,6 +394,39 @@ pub(crate) fn read_manifest<T: serde::de::DeserializeOwned>(
         return Err(io(mismatch.to_string()));
     }
     serde_json::from_value(value).map_err(|e| io(e.to_string()))
+}
+
+/// The most shards a split is written into: every shard is an open file
+/// while the split is written (TensorFlow's largest public datasets use
+/// 1024).
+pub const MAX_SHARDS: usize = 1024;
+
+/// Refuse an output path that is a file (the shards go into a folder).
+pub(crate) fn check_output_folder(out_dir: &Path) -> Result<()> {
+    match out_dir.exists() && !out_dir.is_dir() {
+        true => Err(DataError::Io {
+            path: out_dir.display().to_string(),
+            detail: "is a file; --output names the folder the shards and manifest.json go into".into(),
+        }),
+        false => Ok(()),
+    }
+}
+
+/// Check the split settings `prepare` and `prepare-classification` share,
+/// each named by its flag.
+pub(crate) fn check_split_options(num_shards: usize, validation_fraction: f64) -> Result<()> {
+    if !(1..=MAX_SHARDS).contains(&num_shards) {
+        return Err(DataError::Invalid(format!(
+            "--num-shards {num_shards} must be in 1..={MAX_SHARDS} (each shard is an open file while it is written)"
+        )));
+    }
+    if !(0.0..1.0).contains(&validation_fraction) {
+        return Err(DataError::Invalid(format!(
+            "--validation-fraction {validation_fraction} must be in [0, 1) (the share of the data held out; 0 \
+             holds out none)"
+        )));
+    }
+    Ok(())
 }
 
 /// `n` shard writers `{split}-{i:05}-of-{n:05}.tfrecord` in `out_dir`.

@@ -32,9 +32,17 @@ pub(crate) type WordCounts = Vec<(String, u64)>;
 /// then depends only on the (sorted) insertion order.
 const WORD_MAP_SEEDS: [u64; 4] = [0x6c61_7a79, 0x7472_6169, 0x6e5f_7365, 0x6564_7321];
 
+/// The longest word (a pre-tokenizer's split, in bytes) that tokenizer
+/// training counts. Longer ones — base64 blobs, binary data read as text —
+/// are left out: the trainers' work grows with the square of a word's length
+/// and the unigram trainer's recursion overflowed the stack on an 80 KB word.
+/// SentencePiece skips sentences over 4192 bytes for the same reason.
+pub const MAX_TRAINING_WORD_BYTES: usize = 4096;
+
 /// Normalise and pre-tokenize every document with `tokenizer`'s own
 /// normaliser and pre-tokenizer (as `Tokenizer::train` does before any token
-/// is added) and count the words.
+/// is added) and count the words; words longer than
+/// [`MAX_TRAINING_WORD_BYTES`] are left out, said in a note.
 pub(crate) fn count_words(tokenizer: &Tokenizer, documents: &[String]) -> Result<WordCounts> {
     let words_of = |document: &String| -> Result<Vec<String>> {
         let mut normalized = document.as_str().into();
@@ -51,20 +59,35 @@ pub(crate) fn count_words(tokenizer: &Tokenizer, documents: &[String]) -> Result
             .map(|(word, _, _)| word.to_owned())
             .collect())
     };
-    let counts = documents
+    let (counts, too_long) = documents
         .par_iter()
-        .try_fold(HashMap::<String, u64>::new, |mut counts, document| {
-            for word in words_of(document)? {
-                *counts.entry(word).or_default() += 1;
-            }
-            Ok::<_, DataError>(counts)
-        })
-        .try_reduce(HashMap::new, |mut total, part| {
-            for (word, count) in part {
-                *total.entry(word).or_default() += count;
-            }
-            Ok(total)
-        })?;
+        .try_fold(
+            || (HashMap::<String, u64>::new(), 0u64),
+            |(mut counts, mut too_long), document| {
+                for word in words_of(document)? {
+                    match word.len() > MAX_TRAINING_WORD_BYTES {
+                        true => too_long += 1,
+                        false => *counts.entry(word).or_default() += 1,
+                    }
+                }
+                Ok::<_, DataError>((counts, too_long))
+            },
+        )
+        .try_reduce(
+            || (HashMap::new(), 0),
+            |(mut total, too_long), (part, part_too_long)| {
+                for (word, count) in part {
+                    *total.entry(word).or_default() += count;
+                }
+                Ok((total, too_long + part_too_long))
+            },
+        )?;
+    if too_long > 0 {
+        eprintln!(
+            "note: left {too_long} word(s) longer than {MAX_TRAINING_WORD_BYTES} bytes out of tokenizer training \
+             (base64 or binary data in the text?)"
+        );
+    }
     let mut sorted: WordCounts = counts.into_iter().collect();
     sorted.sort_unstable();
     Ok(sorted)

@@ -1,5 +1,6 @@
 //! Training a tokenizer with the `tokenizers` crate.
 
+pub use crate::reproducible_training::MAX_TRAINING_WORD_BYTES;
 use crate::reproducible_training::{count_words, train_byte_level_bpe, train_unigram, train_wordpiece};
 use crate::tokenizer::{TextTokenizer, TokenizerStyle};
 use crate::{DataError, Result};
@@ -101,7 +102,13 @@ impl TokenizerStyle {
 
 /// A training failure, as the error users see.
 pub(crate) fn train_error(e: impl std::fmt::Display) -> DataError {
-    DataError::Invalid(format!("tokenizer training failed: {e}"))
+    let e = e.to_string();
+    // The unigram trainer's words for a vocabulary smaller than the alphabet.
+    let fix = match e.contains("not large enough to contain all chars") {
+        true => "; raise --vocab-size: it must hold every character of the text (binary or base64 data has many)",
+        false => "",
+    };
+    DataError::Invalid(format!("tokenizer training failed: {e}{fix}"))
 }
 
 /// Train a `model` tokenizer of about `vocab_size` tokens on `documents`,
@@ -208,6 +215,39 @@ mod tests {
         assert_eq!(Normalization::parse("nfkc-lowercase").unwrap(), Normalization::NfkcLowercase);
         let e = Normalization::parse("nfkd").unwrap_err().to_string();
         assert!(e.contains("`nfkd`") && e.contains("style or nfkc-lowercase"), "{e}");
+    }
+
+    /// An 80 KB word without spaces (a base64 blob) overflowed the unigram
+    /// trainer's stack and made WordPiece's work quadratic: it is left out,
+    /// and the rest of the text trains the same vocabulary as without it.
+    #[test]
+    fn words_too_long_to_train_on_are_left_out() {
+        let mut state = 0x2545_f491_4f6c_dd1du64;
+        let blob: String = (0..80_000)
+            .map(|_| {
+                state = state.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+                char::from(b'a' + (state >> 59) as u8 % 26)
+            })
+            .collect();
+        assert!(blob.len() > MAX_TRAINING_WORD_BYTES);
+        let docs: Vec<String> = (0..30).map(|i| format!("the state of the union {i} is strong")).collect();
+        let with_blob: Vec<String> = docs.iter().cloned().chain([blob]).collect();
+        for model in [SubwordModel::Unigram, SubwordModel::WordPiece] {
+            let vocab = |docs: &[String]| {
+                let tok = train_tokenizer(docs, model, 100, TokenizerStyle::Roberta).unwrap();
+                let mut v: Vec<(String, u32)> = tok.inner().get_vocab(true).into_iter().collect();
+                v.sort();
+                v
+            };
+            assert_eq!(vocab(&with_blob), vocab(&docs), "{model:?}");
+        }
+    }
+
+    #[test]
+    fn a_vocabulary_smaller_than_the_alphabet_names_the_flag() {
+        let docs: Vec<String> = (0..20).map(|i| format!("abcdefghijklmnopqrstuvwxyz 0123456789 {i}")).collect();
+        let err = train_tokenizer(&docs, SubwordModel::Unigram, 16, TokenizerStyle::Roberta).err().unwrap().to_string();
+        assert!(err.contains("raise --vocab-size: it must hold every character"), "{err}");
     }
 
     #[test]

@@ -141,6 +141,10 @@ fn pairs_get_segment_ids_and_long_rows_are_truncated_and_counted() {
         msg.to_string().contains("--max-length 3 leaves no room") && msg.to_string().contains("3 special"),
         "{msg}"
     );
+    // Rows pad to their bucket: a length far beyond any model's is refused before any work.
+    let huge = ClassificationOptions { max_length: 10_000_000, ..o.clone() };
+    let msg = prepare_classification(&tok, &[dir.join("nli.jsonl")], &[], &dir.join("huge"), &huge).err().unwrap();
+    assert!(msg.to_string().contains("--max-length 10000000 must be at most 65536"), "{msg}");
     let single = ClassificationOptions { max_length: 3, ..options(3, vec![]) };
     let two = "{\"text\": \"the park is superb\", \"label\": \"pos\"}\n{\"text\": \"awful\", \"label\": \"neg\"}\n";
     std::fs::write(dir.join("one.jsonl"), two).unwrap();
@@ -187,7 +191,13 @@ fn every_bad_row_class_is_an_error_naming_file_and_line() {
             "null.jsonl",
             format!("{good}{{\"text\": null, \"label\": \"pos\"}}\n").into_bytes(),
             None,
-            "null.jsonl:3: missing column `text`",
+            "null.jsonl:3: column `text` is null",
+        ),
+        (
+            "big.jsonl",
+            format!("{good}{{\"text\": \"c\", \"label\": 99999999999999999999999}}\n").into_bytes(),
+            None,
+            "big.jsonl:3: column `label` is a number that is not a 64-bit integer; a label must be",
         ),
         (
             "utf8.jsonl",
@@ -201,7 +211,8 @@ fn every_bad_row_class_is_an_error_naming_file_and_line() {
             "type.jsonl",
             format!("{good}{{\"text\": \"c\", \"label\": 0.5}}\n").into_bytes(),
             None,
-            "type.jsonl:3: column `text` must be a string and `label` a string, integer or boolean",
+            "type.jsonl:3: column `label` is a number that is not a 64-bit integer; a label must be a string, an \
+             integer (of at most 64 bits) or a boolean",
         ),
         (
             "empty.jsonl",

@@ -4,7 +4,7 @@
 //! tokenizer and byte-identical shards; bad files are errors naming the
 //! file and the problem.
 
-use lazytrain_data::formats::{InputFormat, TextSource};
+use lazytrain_data::formats::{InputFormat, TextSource, MAX_LINE_BYTES};
 use lazytrain_data::prepare::{prepare, prepare_with_validation, PrepareOptions};
 use lazytrain_data::text::{read_all_documents, read_documents};
 use lazytrain_data::train_tokenizer::{train_tokenizer, SubwordModel};
@@ -97,6 +97,20 @@ fn gzip_format_override_and_several_files() {
 
 #[test]
 fn null_rows_are_skipped_and_counted() {
+    // A CSV row too short to have the text column counts as a null.
+    let dir = tmp("short-rows");
+    let csv = dir.join("short.csv");
+    std::fs::write(&csv, "id,text\n1\n2,c d\n").unwrap();
+    let docs = read_documents(&csv, &TextSource::default()).unwrap();
+    assert_eq!((docs.texts, docs.null_rows), (vec!["c d".to_string()], 1));
+    // A byte-order mark before the first JSON line is not part of it.
+    let bom = dir.join("bom.jsonl");
+    std::fs::write(&bom, "\u{feff}{\"text\": \"first\"}\n{\"text\": \"second\"}\n").unwrap();
+    assert_eq!(read_documents(&bom, &TextSource::default()).unwrap().texts, ["first", "second"]);
+    let empty = dir.join("empty.csv");
+    std::fs::write(&empty, "").unwrap();
+    let err = error(&empty, &TextSource::default());
+    assert!(err.contains("no header row (is the file empty?)"), "{err}");
     let docs = read_documents(&fixture("nulls.parquet"), &TextSource::default()).unwrap();
     assert_eq!((docs.texts, docs.null_rows), (vec!["first".to_string(), "second".into()], 2));
 }
@@ -149,6 +163,26 @@ fn bad_files_are_errors_naming_the_file_and_the_problem() {
     let gz_parquet = dir.join("corpus.parquet.gz");
     std::fs::write(&gz_parquet, &bytes).unwrap();
     assert!(error(&gz_parquet, &source).contains("gzipped Parquet or Arrow files are not read"));
+    // Text lines keep CRLF files' documents the same as LF files'.
+    let crlf = dir.join("crlf.txt");
+    std::fs::write(&crlf, "one line\r\ntwo lines\r\n").unwrap();
+    assert_eq!(read_documents(&crlf, &source).unwrap().texts, ["one line", "two lines"]);
+    // A folder is named as one; garbage in a .gz is not called "not UTF-8".
+    let err = error(&dir, &source);
+    assert!(err.contains("is a folder; give the files in it"), "{err}");
+    let bad_gz = dir.join("bad.txt.gz");
+    std::fs::write(&bad_gz, b"not gzip at all").unwrap();
+    assert!(
+        error(&bad_gz, &source).contains("(is it a complete gzip file of UTF-8 text?)"),
+        "{}",
+        error(&bad_gz, &source)
+    );
+    // A file without line breaks (sparse here, as /dev/zero or binary data
+    // would be) is refused at the line cap, not read into one allocation.
+    let sparse = dir.join("sparse.txt");
+    std::fs::File::create(&sparse).unwrap().set_len(MAX_LINE_BYTES as u64 + 4096).unwrap();
+    let err = error(&sparse, &source);
+    assert!(err.contains("line 1 is longer than 256 MiB; is it a text file?"), "{err}");
 }
 
 #[test]

@@ -226,8 +226,27 @@ fn prepare_refuses_block_sizes_out_of_range() {
     for block_size in [1, lazytrain_data::prepare::MAX_BLOCK_SIZE + 1, 1 << 40] {
         let options = PrepareOptions { block_size, progress: false, ..Default::default() };
         let msg = prepare(&tok, &corpus(), &tmp("block-range"), &options).unwrap_err().to_string();
-        assert!(msg.contains(&format!("need block_size in 2..={}", lazytrain_data::prepare::MAX_BLOCK_SIZE)), "{msg}");
+        assert!(msg.contains(&format!("--block-size {block_size} must be in 2..=")), "{msg}");
     }
+    // The split settings are named by their flags too.
+    for (options, expected) in [
+        (PrepareOptions { num_shards: 0, ..Default::default() }, "--num-shards 0 must be in 1..=1024"),
+        (PrepareOptions { num_shards: 1 << 40, ..Default::default() }, "must be in 1..=1024"),
+        (
+            PrepareOptions { validation_fraction: 1.0, ..Default::default() },
+            "--validation-fraction 1 must be in [0, 1)",
+        ),
+        (PrepareOptions { validation_fraction: f64::NAN, ..Default::default() }, "--validation-fraction NaN"),
+    ] {
+        let msg = prepare(&tok, &corpus(), &tmp("split-range"), &options).unwrap_err().to_string();
+        assert!(msg.contains(expected), "{msg}");
+    }
+    let dir = tmp("output-file");
+    let file = dir.join("afile");
+    std::fs::write(&file, "x").unwrap();
+    let options = PrepareOptions { progress: false, ..Default::default() };
+    let msg = prepare(&tok, &corpus(), &file, &options).unwrap_err().to_string();
+    assert!(msg.contains("afile: is a file; --output names the folder"), "{msg}");
 }
 
 #[test]

@@ -29,7 +29,7 @@ impl InputColumns {
         let staging = staging("inputs")?;
         let docs = read_all_documents(&input_files(files, &staging)?, &source)?;
         if docs.null_rows > 0 {
-            eprintln!("note: skipped {} rows whose `{}` is null", docs.null_rows, self.text_column);
+            eprintln!("note: skipped {} rows whose `{}` is null or missing", docs.null_rows, self.text_column);
         }
         Ok(docs)
     }
@@ -178,6 +178,9 @@ pub struct BenchLoaderArgs {
     /// Batches to time.
     #[arg(long, default_value_t = 200)]
     batches: u64,
+    /// Skip corrupt records (counted in a warning) instead of failing.
+    #[arg(long)]
+    skip_corrupt: bool,
 }
 
 /// Time the DeviceLoader alone: read, collate (masking for a masked-LM
@@ -185,12 +188,17 @@ pub struct BenchLoaderArgs {
 pub fn bench_loader(args: &BenchLoaderArgs) -> lazytrain::Result<()> {
     use lazytrain::trainer::task::TaskCollator;
     use lazytrain_data::collator::{CausalLmCollator, MlmCollator};
-    use lazytrain_data::dataset::{find_shard_urls, EpochSampler, ShardedDataset};
+    use lazytrain_data::dataset::EpochSampler;
     use lazytrain_data::loader::{DeviceLoader, LoaderPlan};
-    use lazytrain_data::tfrecord::CorruptPolicy;
-    let tokenizer = TextTokenizer::from_path(&tokenizer_path(&args.tokenizer)?)?;
-    let data =
-        std::sync::Arc::new(ShardedDataset::open_urls(&find_shard_urls(&args.data, "train")?, CorruptPolicy::Fail)?);
+    let tokenizer_dir = tokenizer_path(&args.tokenizer)?;
+    let tokenizer = TextTokenizer::from_path(&tokenizer_dir)?;
+    // The same checks as `train`: the tokenizer that prepared the data, and
+    // every record the manifest lists.
+    if let Ok(manifest) = lazytrain_data::prepare::Manifest::read_url(&args.data) {
+        let prepared_with = (manifest.tokenizer_hash.as_str(), manifest.vocab_size);
+        crate::cli_inputs::check_data_tokenizer(&args.data, prepared_with, &tokenizer, &tokenizer_dir)?;
+    }
+    let data = crate::cli_train::open_split(&args.data, "train", args.skip_corrupt)?;
     let collator = match tokenizer.special().mask {
         Some(_) => TaskCollator::MaskedLm(MlmCollator::for_tokenizer(&tokenizer, 0.15, 0)?),
         None => TaskCollator::CausalLm(CausalLmCollator { pad_id: tokenizer.special().pad, pad_to_multiple_of: 8 }),

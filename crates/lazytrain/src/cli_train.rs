@@ -9,7 +9,7 @@ use lazytrain::trainer::{
 };
 use lazytrain::{Error, Result};
 use lazytrain_core::Device;
-use lazytrain_data::dataset::{find_shard_urls, ShardedDataset};
+use lazytrain_data::dataset::{find_shard_urls, manifest_records, ShardedDataset};
 use lazytrain_data::tfrecord::CorruptPolicy;
 use lazytrain_data::TextTokenizer;
 use lazytrain_models::{hub, ForMaskedLM, ForSequenceClassification, Gpt2LMHeadModel, ModelConfig, TaskModel};
@@ -180,6 +180,15 @@ pub fn open_split(dir: &StorageUrl, split: &str, skip_corrupt: bool) -> Result<A
     crate::cli_inputs::check_prepared(dir)?;
     let policy = if skip_corrupt { CorruptPolicy::Skip } else { CorruptPolicy::Fail };
     let data = ShardedDataset::open_urls(&find_shard_urls(dir, split)?, policy)?;
+    // A shard cut short at a record's end (a copy or upload that stopped)
+    // reads without a checksum error: only the manifest's count tells.
+    if let Some(listed) = manifest_records(dir, split)?.filter(|&n| !skip_corrupt && n != data.len() as u64) {
+        return Err(Error::Input(format!(
+            "{dir}: the manifest lists {listed} {split} records but the shards hold {}: a shard is missing or cut \
+             short (copied before it was complete?); copy the folder again or prepare it anew",
+            data.len()
+        )));
+    }
     if data.skipped() > 0 {
         let lost = match data.unframed_bytes() {
             0 => String::new(),

@@ -330,3 +330,29 @@ fn a_dry_run_prints_the_plan_and_trains_nothing() {
     assert!(err.contains("would remove 1 checkpoint(s)") && err.contains("nothing removed"), "{err}");
     assert!(dir.join("kept/checkpoint-1/trainer_state.json").is_file(), "the earlier run's checkpoint stays");
 }
+
+/// A shard cut short at a record's end reads without a checksum error; the
+/// manifest's count tells, for `train` and `bench-loader` alike, which also
+/// checks the tokenizer and takes `--skip-corrupt` as its hint says.
+#[test]
+fn shards_short_of_their_manifest_and_another_tokenizer_are_refused() {
+    let dir = workspace("short-shards");
+    let bench = |data: &str, tokenizer: &str, extra: &[&str]| {
+        let args = ["bench-loader", "--data", data, "--tokenizer", tokenizer, "--batch-size", "2", "--batches", "3"];
+        lazytrain(&dir, &args.iter().copied().chain(extra.iter().copied()).collect::<Vec<_>>())
+    };
+    let (ok, _, err) = bench("data", "tok", &["--skip-corrupt"]);
+    assert!(ok, "{err}");
+    let (ok, _, err) = bench("data", "small", &[]);
+    assert!(!ok && err.contains("data was prepared with another tokenizer"), "{err}");
+    // Keep the first record of the shard: a whole record, a valid checksum.
+    let shard = dir.join("data/train-00000-of-00001.tfrecord");
+    let bytes = std::fs::read(&shard).unwrap();
+    let first = 16 + u64::from_le_bytes(bytes[..8].try_into().unwrap()) as usize;
+    std::fs::write(&shard, &bytes[..first]).unwrap();
+    let (ok, _, err) = bench("data", "tok", &[]);
+    assert!(!ok && err.contains("records but the shards hold 1: a shard is missing or cut short"), "{err}");
+    let (ok, _, err) =
+        train(&dir, &["--model", "roberta-tiny", "--tokenizer", "tok", "--train-data", "data", "--output-dir", "o"]);
+    assert!(!ok && err.contains("but the shards hold 1"), "{err}");
+}

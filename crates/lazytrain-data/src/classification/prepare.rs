@@ -113,6 +113,11 @@ struct LabelsFile<'a> {
     note: &'a str,
 }
 
+/// The longest `--max-length`: rows are padded to their bucket, so the
+/// prepared data (and the memory that writes it) grows with rows × length;
+/// far beyond any encoder's positions.
+pub const MAX_LENGTH: usize = 1 << 16;
+
 /// `max_length` must leave room for text after the special tokens the
 /// tokenizer adds (`[CLS] .. [SEP]`, three with a text pair on BERT).
 fn check_room_for_text(tokenizer: &TextTokenizer, max_length: usize, pairs: bool) -> Result<()> {
@@ -163,12 +168,15 @@ pub fn prepare_classification(
     out_dir: &Path,
     options: &ClassificationOptions,
 ) -> Result<ClassificationManifest> {
-    if options.num_shards == 0 || !(0.0..1.0).contains(&options.validation_fraction) || train_files.is_empty() {
+    if train_files.is_empty() {
+        return Err(DataError::Invalid("give at least one training file (--files)".into()));
+    }
+    crate::prepare::check_split_options(options.num_shards, options.validation_fraction)?;
+    if options.max_length > MAX_LENGTH {
         return Err(DataError::Invalid(format!(
-            "need at least one training file, num_shards >= 1 and validation_fraction in [0, 1), got {} files, {}, {}",
-            train_files.len(),
-            options.num_shards,
-            options.validation_fraction
+            "--max-length {} must be at most {MAX_LENGTH}: every row is padded to its bucket (the model's \
+             positions, often 512, are the usual choice)",
+            options.max_length
         )));
     }
     let buckets = resolve_buckets(&options.buckets, options.max_length)?;
@@ -206,6 +214,7 @@ pub fn prepare_classification(
         }
     }
     let encoder = Encoder::new(tokenizer, options.max_length, &buckets)?;
+    crate::prepare::check_output_folder(out_dir)?;
     std::fs::create_dir_all(out_dir)
         .map_err(|e| DataError::Io { path: out_dir.display().to_string(), detail: e.to_string() })?;
     if train.is_empty() {

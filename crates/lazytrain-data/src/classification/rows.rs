@@ -102,6 +102,20 @@ fn read_bytes(path: &Path) -> Result<Vec<u8>> {
     std::fs::read(path).map_err(|e| DataError::Io { path: path.display().to_string(), detail: e.to_string() })
 }
 
+/// What kind of JSON value `value` is, for errors (a number that is not a
+/// 64-bit integer said as such).
+fn json_kind(value: &serde_json::Value) -> &'static str {
+    match value {
+        serde_json::Value::Null => "null",
+        serde_json::Value::Bool(_) => "a boolean",
+        serde_json::Value::Number(n) if n.is_i64() || n.is_u64() => "an integer",
+        serde_json::Value::Number(_) => "a number that is not a 64-bit integer",
+        serde_json::Value::String(_) => "a string",
+        serde_json::Value::Array(_) => "an array",
+        serde_json::Value::Object(_) => "an object",
+    }
+}
+
 /// A JSON value as label text: strings as they are, integers and booleans
 /// in their JSON spelling.
 fn label_text(value: &serde_json::Value) -> Option<String> {
@@ -122,6 +136,8 @@ fn read_json_lines(path: &Path, columns: &Columns, policy: &mut RowPolicy) -> Re
             policy.reject(BadRowKind::InvalidUtf8, line, "invalid UTF-8".into())?;
             continue;
         };
+        // Editors on Windows start UTF-8 files with a byte-order mark.
+        let text = if line == 1 { text.strip_prefix('\u{feff}').unwrap_or(text) } else { text };
         if text.trim().is_empty() {
             continue;
         }
@@ -141,16 +157,30 @@ fn read_json_lines(path: &Path, columns: &Columns, policy: &mut RowPolicy) -> Re
         missing.extend(columns.text_pair.as_deref());
         missing.retain(|name| present(name).is_none());
         if !missing.is_empty() {
+            let (null, absent): (Vec<&str>, Vec<&str>) = missing.iter().partition(|name| object.contains_key(**name));
             let have: Vec<&str> = object.keys().map(String::as_str).collect();
-            let detail = format!("missing column `{}` (the row has: {})", missing.join("`, `"), have.join(", "));
+            let detail = match absent.is_empty() {
+                true => format!("column `{}` is null", null.join("`, `")),
+                false => format!("missing column `{}` (the row has: {})", absent.join("`, `"), have.join(", ")),
+            };
             policy.reject(BadRowKind::MissingColumn, line, detail)?;
             continue;
         }
         let string = |name: &str| present(name).and_then(|v| v.as_str()).map(str::to_string);
-        let (Some(text), Some(label)) = (string(&columns.text), present(&columns.label).and_then(label_text)) else {
+        let Some(text) = string(&columns.text) else {
+            let value = present(&columns.text).map_or("null", json_kind);
+            policy.reject(
+                BadRowKind::Malformed,
+                line,
+                format!("column `{}` is {value}, not a string", columns.text),
+            )?;
+            continue;
+        };
+        let Some(label) = present(&columns.label).and_then(label_text) else {
+            let value = present(&columns.label).map_or("null", json_kind);
             let detail = format!(
-                "column `{}` must be a string and `{}` a string, integer or boolean",
-                columns.text, columns.label
+                "column `{}` is {value}; a label must be a string, an integer (of at most 64 bits) or a boolean",
+                columns.label
             );
             policy.reject(BadRowKind::Malformed, line, detail)?;
             continue;

@@ -6,6 +6,7 @@
 mod columnar;
 pub(crate) use columnar::{read_table, ColumnKind};
 mod rows;
+pub use rows::MAX_LINE_BYTES;
 
 use crate::{DataError, Result};
 use std::io::Read;
@@ -88,7 +89,7 @@ impl Default for TextSource {
 pub struct Documents {
     /// The texts in file order.
     pub texts: Vec<String>,
-    /// Rows whose text was null (skipped).
+    /// Rows whose text was null, or (CSV, TSV) missing from a short row: skipped.
     pub null_rows: u64,
 }
 
@@ -109,6 +110,9 @@ pub(crate) fn io_error(path: &Path, detail: impl Into<String>) -> DataError {
 
 /// Open `path`, decompressing it when `gzipped`.
 pub(crate) fn open(path: &Path, gzipped: bool) -> Result<Box<dyn Read>> {
+    if path.is_dir() {
+        return Err(io_error(path, "is a folder; give the files in it (--files accepts several)"));
+    }
     let file = std::fs::File::open(path).map_err(|e| io_error(path, format!("cannot open the input file: {e}")))?;
     Ok(match gzipped {
         true => Box::new(flate2::read::MultiGzDecoder::new(file)),

@@ -6,11 +6,42 @@ use crate::Result;
 use std::io::{BufRead, BufReader};
 use std::path::Path;
 
+/// The longest line the line-oriented readers take, in bytes: a document
+/// per line is never this long, while a file without line breaks (binary
+/// data, a sparse or endless file) would otherwise be read into one
+/// allocation as large as itself.
+pub const MAX_LINE_BYTES: usize = 256 << 20;
+
+/// Read the next line of `reader` (with its line break) into `raw`: false at
+/// the end of the input. `line` is its number, for errors.
+fn next_line(reader: &mut impl BufRead, raw: &mut Vec<u8>, path: &Path, gzipped: bool, line: u64) -> Result<bool> {
+    raw.clear();
+    let hint = if gzipped { " (is it a complete gzip file of UTF-8 text?)" } else { "" };
+    let read = std::io::Read::take(&mut *reader, MAX_LINE_BYTES as u64 + 1)
+        .read_until(b'\n', raw)
+        .map_err(|e| io_error(path, format!("line {line}: cannot read: {e}{hint}")))?;
+    if raw.len() > MAX_LINE_BYTES {
+        return Err(io_error(
+            path,
+            format!(
+                "line {line} is longer than {} MiB; is it a text file? (the line-oriented formats read a document a line)",
+                MAX_LINE_BYTES >> 20
+            ),
+        ));
+    }
+    Ok(read > 0)
+}
+
 /// Every non-blank line is one document.
 pub(super) fn read_lines(path: &Path, gzipped: bool, docs: &mut Documents) -> Result<()> {
-    for (n, line) in BufReader::new(open(path, gzipped)?).lines().enumerate() {
-        let line = line.map_err(|e| io_error(path, format!("line {}: {e} (is it UTF-8 text?)", n + 1)))?;
-        docs.push(&line);
+    let mut reader = BufReader::new(open(path, gzipped)?);
+    let mut raw = Vec::new();
+    let mut line = 0u64;
+    while next_line(&mut reader, &mut raw, path, gzipped, line + 1)? {
+        line += 1;
+        let text = std::str::from_utf8(&raw)
+            .map_err(|_| io_error(path, format!("line {line}: invalid UTF-8 (is it UTF-8 text?)")))?;
+        docs.push(text.strip_suffix('\n').map_or(text, |t| t.strip_suffix('\r').unwrap_or(t)));
     }
     Ok(())
 }
@@ -33,14 +64,14 @@ pub(super) fn read_json_lines(path: &Path, gzipped: bool, column: &str, docs: &m
     let mut raw = Vec::new();
     let mut line = 0u64;
     loop {
-        raw.clear();
-        let read = reader.read_until(b'\n', &mut raw).map_err(|e| io_error(path, format!("cannot read: {e}")))?;
-        if read == 0 {
+        if !next_line(&mut reader, &mut raw, path, gzipped, line + 1)? {
             return Ok(());
         }
         line += 1;
         let bad = |detail: String| io_error(path, format!("line {line}: {detail}"));
         let text = std::str::from_utf8(&raw).map_err(|_| bad("invalid UTF-8".into()))?;
+        // Editors on Windows start UTF-8 files with a byte-order mark.
+        let text = if line == 1 { text.strip_prefix('\u{feff}').unwrap_or(text) } else { text };
         if text.trim().is_empty() {
             continue;
         }
@@ -77,6 +108,9 @@ pub(super) fn read_delimited(
     let mut reader = csv::ReaderBuilder::new().delimiter(delimiter).flexible(true).from_reader(open(path, gzipped)?);
     let headers = reader.byte_headers().map_err(|e| io_error(path, format!("cannot read the header row: {e}")))?;
     let names: Vec<String> = headers.iter().map(|h| String::from_utf8_lossy(h).trim().to_string()).collect();
+    if names.iter().all(String::is_empty) {
+        return Err(io_error(path, "no header row (is the file empty?); the first row must name the columns"));
+    }
     let Some(index) = names.iter().position(|n| n == column) else {
         return Err(io_error(
             path,
@@ -86,7 +120,11 @@ pub(super) fn read_delimited(
     for record in reader.byte_records() {
         let record = record.map_err(|e| io_error(path, format!("malformed row: {e}")))?;
         let line = record.position().map_or(0, |p| p.line());
-        let field = record.get(index).unwrap_or_default();
+        // A row too short to have the column is skipped and counted, as a null is.
+        let Some(field) = record.get(index) else {
+            docs.null_rows += 1;
+            continue;
+        };
         let text = std::str::from_utf8(field).map_err(|_| io_error(path, format!("line {line}: invalid UTF-8")))?;
         docs.push(text);
     }
