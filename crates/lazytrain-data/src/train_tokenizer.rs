@@ -174,6 +174,12 @@ pub fn train_tokenizer_with(
     tokenizer.with_pre_tokenizer(Some(pre));
     tokenizer.with_decoder(Some(decoder));
     let words = count_words(&tokenizer, documents)?;
+    if words.is_empty() {
+        return Err(DataError::Invalid(format!(
+            "no words to train the tokenizer on: the text is empty or every word is longer than \
+             {MAX_TRAINING_WORD_BYTES} bytes"
+        )));
+    }
     let trained = match model {
         SubwordModel::Unigram => train_unigram(&words, vocab_size, &specials, unk)?,
         SubwordModel::WordPiece => train_wordpiece(&words, vocab_size, &specials, unk)?,
@@ -230,6 +236,9 @@ mod tests {
             })
             .collect();
         assert!(blob.len() > MAX_TRAINING_WORD_BYTES);
+        let alone = train_tokenizer(&[blob.clone()], SubwordModel::Unigram, 100, TokenizerStyle::Roberta);
+        let err = alone.err().expect("nothing left to train on").to_string();
+        assert!(err.contains("no words to train the tokenizer on"), "{err}");
         let docs: Vec<String> = (0..30).map(|i| format!("the state of the union {i} is strong")).collect();
         let with_blob: Vec<String> = docs.iter().cloned().chain([blob]).collect();
         for model in [SubwordModel::Unigram, SubwordModel::WordPiece] {
