@@ -237,6 +237,10 @@ fn a_damaged_checkpoint_points_to_the_one_before_it() {
     let err = trainer(&dir, &tok, resume(renamed.to_str().unwrap()), &Device::cpu()).train().unwrap_err().to_string();
     assert!(err.contains("the folder's name is at step 4 but trainer_state.json at step 3"), "{err}");
     std::fs::rename(&renamed, &before).unwrap();
+    // Another seed is no damage: no checkpoint is suggested.
+    let other_seed = TrainingArguments { seed: 7, ..resume(before.to_str().unwrap()) };
+    let err = trainer(&dir, &tok, other_seed, &Device::cpu()).train().unwrap_err().to_string();
+    assert!(err.contains("was trained with seed 42, not 7") && !err.contains("cannot resume from"), "{err}");
     let rng = before.join("rng_state.json");
     let text = std::fs::read_to_string(&rng).unwrap();
     std::fs::write(&rng, text.replace("\"dropout_step\": 3", "\"dropout_step\": 2")).unwrap();

@@ -597,8 +597,10 @@ impl<M: TaskModel> Trainer<M> {
     }
 
     /// Restore weights, optimizer, schedule position, RNG and data position;
-    /// `schedule` (this run's) is compared with the saved one.
-    fn restore(&mut self, dir: &Path, optimizer: &mut AdamW, schedule: &LrSchedule) -> Result<()> {
+    /// `schedule` (this run's) is compared with the saved one. Returns the
+    /// seed the checkpoint was trained with, which the caller compares with
+    /// this run's (a mismatch is not a damaged checkpoint).
+    fn restore(&mut self, dir: &Path, optimizer: &mut AdamW, schedule: &LrSchedule) -> Result<u64> {
         hub::load_weights(
             &self.model,
             self.model.config().model_type,
@@ -629,14 +631,6 @@ impl<M: TaskModel> Trainer<M> {
             return Err(Error::Input(format!(
                 "{}: rng_state.json says 0 replicas saved it; the file is damaged, resume from another checkpoint",
                 dir.display()
-            )));
-        }
-        if rng.seed != self.args.seed {
-            return Err(Error::Input(format!(
-                "{} was trained with seed {}, not {}; resume with the same seed to continue the same run",
-                dir.display(),
-                rng.seed,
-                self.args.seed
             )));
         }
         // This run's intervals apply from here on (as in Hugging Face, which
@@ -672,6 +666,6 @@ impl<M: TaskModel> Trainer<M> {
             self.state.data_sample = 0;
         }
         self.device.sync()?;
-        Ok(())
+        Ok(rng.seed)
     }
 }

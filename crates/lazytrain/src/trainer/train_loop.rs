@@ -126,16 +126,26 @@ impl<M: TaskModel> Trainer<M> {
         };
         let resumed = self.resume_dir()?;
         if let Some(dir) = &resumed {
-            self.restore(dir, &mut optimizer, &schedule).map_err(|e| {
+            let seed = self.restore(dir, &mut optimizer, &schedule).map_err(|e| {
+                // Weights of another shape mean another model, which every
+                // earlier checkpoint of the run shares: no checkpoint to suggest.
+                let damaged = !matches!(e, Error::Model(lazytrain_models::ModelError::Checkpoint { .. }));
                 let parent = dir.parent().unwrap_or(std::path::Path::new("."));
                 let step = step_of(dir).unwrap_or(u64::MAX);
                 let earlier = checkpoints(parent).into_iter().rev().find(|c| step_of(c).is_some_and(|s| s < step));
                 Error::Resume {
                     checkpoint: dir.display().to_string(),
-                    earlier: earlier.map(|c| c.display().to_string()),
+                    earlier: earlier.filter(|_| damaged).map(|c| c.display().to_string()),
                     source: Box::new(e),
                 }
             })?;
+            if seed != self.args.seed {
+                return Err(Error::Input(format!(
+                    "{} was trained with seed {seed}, not {}; resume with the same seed to continue the same run",
+                    dir.display(),
+                    self.args.seed
+                )));
+            }
         }
         if self.is_master() {
             self.sync = super::push::CheckpointSync::for_args(&self.args)?;
