@@ -236,7 +236,7 @@ mod tests {
             })
             .collect();
         assert!(blob.len() > MAX_TRAINING_WORD_BYTES);
-        let alone = train_tokenizer(&[blob.clone()], SubwordModel::Unigram, 100, TokenizerStyle::Roberta);
+        let alone = train_tokenizer(std::slice::from_ref(&blob), SubwordModel::Unigram, 100, TokenizerStyle::Roberta);
         let err = alone.err().expect("nothing left to train on").to_string();
         assert!(err.contains("no words to train the tokenizer on"), "{err}");
         let docs: Vec<String> = (0..30).map(|i| format!("the state of the union {i} is strong")).collect();
