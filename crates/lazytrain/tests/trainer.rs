@@ -213,15 +213,21 @@ fn a_checkpoint_mixing_two_saves_is_refused() {
     assert!(err.contains("checkpoint-3") && err.contains("resume from another checkpoint"), "{err}");
 }
 
+/// A whole run of [`args`] into `out` of a fresh folder: checkpoints 3 and 6.
+fn finished_run(name: &str) -> (ScratchDir, TextTokenizer, PathBuf) {
+    let (dir, tok) = data(name);
+    let out = dir.join("out");
+    trainer(&dir, &tok, args(&out), &Device::cpu()).train().unwrap();
+    assert_eq!(checkpoint_steps(&out), [3, 6]);
+    (dir, tok, out)
+}
+
 /// A damaged newest checkpoint is refused naming the one before it as the
 /// way out; a checkpoint whose folder name or RNG state disagrees with its
 /// trainer state is refused as one mixing two saves.
 #[test]
 fn a_damaged_checkpoint_points_to_the_one_before_it() {
-    let (dir, tok) = data("damaged");
-    let out = dir.join("out");
-    trainer(&dir, &tok, args(&out), &Device::cpu()).train().unwrap();
-    assert_eq!(checkpoint_steps(&out), [3, 6]);
+    let (dir, tok, out) = finished_run("damaged");
     let weights = out.join("checkpoint-6/model.safetensors");
     let bytes = std::fs::read(&weights).unwrap();
     std::fs::write(&weights, &bytes[..100]).unwrap();
@@ -277,10 +283,7 @@ fn a_non_finite_loss_names_its_likely_cause() {
 /// removes them, so a later resume continues this run, not the earlier one.
 #[test]
 fn a_fresh_run_never_mixes_its_checkpoints_with_an_earlier_runs() {
-    let (dir, tok) = data("overwrite");
-    let out = dir.join("out");
-    trainer(&dir, &tok, args(&out), &Device::cpu()).train().unwrap();
-    assert_eq!(checkpoint_steps(&out), [3, 6]);
+    let (dir, tok, out) = finished_run("overwrite");
     let no_resume = TrainingArguments { resume_from_checkpoint: Some("false".into()), ..args(&out) };
     let msg = trainer(&dir, &tok, no_resume, &Device::cpu()).train().err().unwrap().to_string();
     assert!(msg.contains("already holds checkpoints") && msg.contains("--overwrite-output-dir"), "{msg}");
