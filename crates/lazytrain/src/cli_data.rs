@@ -59,7 +59,7 @@ pub struct TrainTokenizerArgs {
     #[arg(long, default_value = "style")]
     normalizer: String,
     /// Maximum sequence length recorded in tokenizer_config.json.
-    #[arg(long, default_value_t = 512)]
+    #[arg(long, default_value_t = 512, value_parser = clap::builder::RangedU64ValueParser::<usize>::new().range(1..))]
     model_max_length: usize,
     /// Output folder, or a gs://, s3:// prefix.
     #[arg(long)]
@@ -137,6 +137,12 @@ pub fn run_prepare(args: &PrepareArgs) -> lazytrain::Result<()> {
         true => Vec::new(),
         false => args.input.read(&args.validation_files)?.texts,
     };
+    if let Some(both) = args.validation_files.iter().find(|v| args.files.contains(v)) {
+        eprintln!(
+            "warning: {both} is both a training and a validation file: the eval loss will score text the model \
+             trained on"
+        );
+    }
     let default_fraction = if held_out.is_empty() { 0.01 } else { 0.0 };
     let options = PrepareOptions {
         block_size: args.block_size,

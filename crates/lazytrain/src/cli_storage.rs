@@ -14,20 +14,22 @@ pub fn staging(purpose: &str) -> Result<ScratchDir> {
     ScratchDir::new(purpose).map_err(|e| Error::Input(format!("a temporary folder for the {purpose}: {e}")))
 }
 
-/// Local files for `--files`: plain paths as given; bucket objects and
-/// bucket patterns (`gs://b/texts/*.txt`, matched as `tf.io.gfile.glob`
-/// does) downloaded into `staging`, keeping their names (the format comes
-/// from the extension).
+/// Local files for `--files`: plain paths as given, local patterns
+/// (`texts/*.txt`, quoted so that no shell expands them) as they match;
+/// bucket objects and bucket patterns (`gs://b/texts/*.txt`, matched as
+/// `tf.io.gfile.glob` does) downloaded into `staging`, keeping their names
+/// (the format comes from the extension).
 pub fn input_files(specs: &[StorageUrl], staging: &ScratchDir) -> Result<Vec<PathBuf>> {
     let mut files = Vec::new();
     for spec in specs {
-        let StorageUrl::Remote { .. } = spec else {
-            files.push(spec.local_path().expect("local").to_path_buf());
-            continue;
-        };
-        let matched = if spec.to_string().contains(['*', '?']) { glob(spec)? } else { vec![spec.clone()] };
+        let pattern = spec.to_string().contains(['*', '?']);
+        let matched = if pattern { glob(spec)? } else { vec![spec.clone()] };
         if matched.is_empty() {
-            return Err(Error::Input(format!("--files {spec} matches no objects")));
+            return Err(Error::Input(format!("--files {spec} matches no files")));
+        }
+        if let StorageUrl::Local(_) = spec {
+            files.extend(matched.iter().filter_map(|url| url.local_path().map(PathBuf::from)));
+            continue;
         }
         for url in matched {
             let name = url.file_name().unwrap_or_default();

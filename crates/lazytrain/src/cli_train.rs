@@ -180,6 +180,9 @@ pub fn open_split(dir: &StorageUrl, split: &str, skip_corrupt: bool) -> Result<A
     crate::cli_inputs::check_prepared(dir)?;
     let policy = if skip_corrupt { CorruptPolicy::Skip } else { CorruptPolicy::Fail };
     let data = ShardedDataset::open_urls(&find_shard_urls(dir, split)?, policy)?;
+    if data.is_empty() {
+        return Err(Error::Input(format!("{dir} holds no {split} records (are its shards empty?)")));
+    }
     // A shard cut short at a record's end (a copy or upload that stopped)
     // reads without a checksum error: only the manifest's count tells.
     if let Some(listed) = manifest_records(dir, split)?.filter(|&n| !skip_corrupt && n != data.len() as u64) {

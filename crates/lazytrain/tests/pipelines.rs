@@ -326,6 +326,7 @@ fn out_of_range_counts_are_refused_by_name() {
         (vec!["bench", "--replicas", "1025"], "--replicas"),
         (vec!["demo", "--sentences", "18446744073709551615"], "--sentences"),
         (vec!["demo", "--countries", "10001"], "--countries"),
+        (vec!["train-tokenizer", "--files", "x.txt", "--output", "t", "--model-max-length", "0"], "--model-max-length"),
     ] {
         let out = std::process::Command::new(env!("CARGO_BIN_EXE_lazytrain")).args(&args).output().unwrap();
         let stderr = String::from_utf8_lossy(&out.stderr);

@@ -178,6 +178,18 @@ fn held_out_files_are_the_eval_split() {
         // A causal LM predicts 15 next tokens in each block of 16: exactly val.txt's blocks.
         assert_eq!(results["eval_predictions"], 15 * blocks as u64, "{eval}");
     }
+    // A quoted local pattern is matched as a bucket pattern is: the same documents as the file.
+    let base = ["prepare", "--tokenizer", "tok", "--block-size", "16", "--num-shards", "1", "--output"];
+    let (ok, _, err) = lazytrain(&dir, &[&base[..], &["pattern", "--files", "tr*.txt"]].concat());
+    assert!(ok, "{err}");
+    let documents = |out: &str| lazytrain_data::prepare::Manifest::read(&dir.join(out)).unwrap().documents;
+    assert_eq!(documents("pattern"), documents("data"));
+    let (ok, _, err) = lazytrain(&dir, &[&base[..], &["none", "--files", "nothing-*.txt"]].concat());
+    assert!(!ok && err.contains("--files nothing-*.txt matches no files"), "{err}");
+    // Held-out text that is also training text is said to be.
+    let (ok, _, err) =
+        lazytrain(&dir, &[&base[..], &["leak", "--files", "train.txt", "--validation-files", "train.txt"]].concat());
+    assert!(ok && err.contains("train.txt is both a training and a validation file"), "{err}");
 }
 
 /// Without a terminal the run still shows progress (a line per logging
@@ -355,4 +367,7 @@ fn shards_short_of_their_manifest_and_another_tokenizer_are_refused() {
     let (ok, _, err) =
         train(&dir, &["--model", "roberta-tiny", "--tokenizer", "tok", "--train-data", "data", "--output-dir", "o"]);
     assert!(!ok && err.contains("but the shards hold 1"), "{err}");
+    std::fs::write(&shard, b"").unwrap();
+    let (ok, _, err) = bench("data", "tok", &[]);
+    assert!(!ok && err.contains("data holds no train records (are its shards empty?)"), "{err}");
 }
