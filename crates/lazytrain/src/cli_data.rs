@@ -39,7 +39,8 @@ impl InputColumns {
 #[derive(Args)]
 pub struct TrainTokenizerArgs {
     /// Text files: .txt (one document per line), .jsonl, .csv, .tsv, .parquet or a `datasets` .arrow
-    /// file (`.gz` for the line formats); paths, or gs://, s3:// objects and patterns (gs://b/texts/*.txt).
+    /// file (`.gz` for the line formats); paths and quoted patterns ('texts/*.txt'), or gs://, s3:// objects
+    /// and patterns (gs://b/texts/*.txt).
     #[arg(long, required = true, num_args = 1..)]
     files: Vec<StorageUrl>,
     #[command(flatten)]
@@ -96,7 +97,8 @@ pub struct PrepareArgs {
     #[arg(long)]
     tokenizer: StorageUrl,
     /// Text files: .txt (one document per line), .jsonl, .csv, .tsv, .parquet or a `datasets` .arrow
-    /// file (`.gz` for the line formats); paths, or gs://, s3:// objects and patterns (gs://b/texts/*.txt).
+    /// file (`.gz` for the line formats); paths and quoted patterns ('texts/*.txt'), or gs://, s3:// objects
+    /// and patterns (gs://b/texts/*.txt).
     #[arg(long, required = true, num_args = 1..)]
     files: Vec<StorageUrl>,
     /// Held-out files whose blocks are all validation blocks (HF's --validation_file); the
