@@ -75,6 +75,19 @@ pub fn train(args: &TrainTokenizerArgs) -> lazytrain::Result<()> {
     let docs = args.input.read(&args.files)?.texts;
     let normalization = Normalization::parse(&args.normalizer)?;
     let tokenizer = train_tokenizer_with(&docs, model, args.vocab_size, style, normalization)?;
+    let n = tokenizer.vocab_size();
+    match n.cmp(&args.vocab_size) {
+        std::cmp::Ordering::Greater => eprintln!(
+            "note: the vocabulary has {n} tokens, more than --vocab-size {}: it holds every character of the text \
+             (byte-level BPE all 256 bytes) and the special tokens",
+            args.vocab_size
+        ),
+        std::cmp::Ordering::Less => eprintln!(
+            "note: the text gave {n} tokens of the {} --vocab-size asks for (too little text, or too few distinct words)",
+            args.vocab_size
+        ),
+        std::cmp::Ordering::Equal => {}
+    }
     let output = OutputFolder::new(&args.output)?;
     tokenizer.save(&output.path(), args.model_max_length)?;
     output.publish(&["tokenizer.json"])?;

@@ -186,6 +186,24 @@ fn held_out_files_are_the_eval_split() {
     assert_eq!(documents("pattern"), documents("data"));
     let (ok, _, err) = lazytrain(&dir, &[&base[..], &["none", "--files", "nothing-*.txt"]].concat());
     assert!(!ok && err.contains("--files nothing-*.txt matches no files"), "{err}");
+    // A vocabulary of another size than asked is said to be, and why.
+    let (ok, _, err) = lazytrain(
+        &dir,
+        &[
+            "train-tokenizer",
+            "--files",
+            "train.txt",
+            "--model",
+            "bpe",
+            "--style",
+            "gpt2",
+            "--vocab-size",
+            "100",
+            "--output",
+            "g",
+        ],
+    );
+    assert!(ok && err.contains("has 257 tokens, more than --vocab-size 100"), "{err}");
     // Held-out text that is also training text is said to be.
     let (ok, _, err) =
         lazytrain(&dir, &[&base[..], &["leak", "--files", "train.txt", "--validation-files", "train.txt"]].concat());

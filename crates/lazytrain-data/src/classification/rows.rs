@@ -72,34 +72,48 @@ impl RowPolicy<'_> {
 }
 
 /// Read the labelled rows of a `.jsonl`/`.json` (JSON Lines), `.csv`,
-/// `.tsv`, `.parquet` or `datasets` `.arrow` file (row numbers stand in for
-/// lines in the columnar ones). Bad rows are errors naming the file and line, or, with
-/// `skip_bad`, skipped and counted in `counts`.
+/// `.tsv` (each also gzipped, `.jsonl.gz`), `.parquet` or `datasets` `.arrow`
+/// file (row numbers stand in for lines in the columnar ones). Bad rows are
+/// errors naming the file and line, or, with `skip_bad`, skipped and counted
+/// in `counts`.
 pub fn read_labelled_file(
     path: &Path,
     columns: &Columns,
     skip_bad: bool,
     counts: &mut BadRowCounts,
 ) -> Result<Vec<LabelledRow>> {
-    let extension = path.extension().and_then(|e| e.to_str()).unwrap_or("").to_ascii_lowercase();
+    let extension_of = |p: &Path| p.extension().and_then(|e| e.to_str()).unwrap_or("").to_ascii_lowercase();
+    let gzipped = extension_of(path) == "gz";
+    let extension =
+        if gzipped { extension_of(Path::new(path.file_stem().unwrap_or_default())) } else { extension_of(path) };
     let mut policy = RowPolicy { path, skip: skip_bad, counts };
     match extension.as_str() {
-        "jsonl" | "json" | "ndjson" => read_json_lines(path, columns, &mut policy),
-        "csv" => read_delimited(path, b',', columns, &mut policy),
-        "tsv" | "tab" => read_delimited(path, b'\t', columns, &mut policy),
+        "jsonl" | "json" | "ndjson" => read_json_lines(path, gzipped, columns, &mut policy),
+        "csv" => read_delimited(path, gzipped, b',', columns, &mut policy),
+        "tsv" | "tab" => read_delimited(path, gzipped, b'\t', columns, &mut policy),
+        "parquet" | "arrow" if gzipped => Err(DataError::Io {
+            path: path.display().to_string(),
+            detail: "gzipped Parquet or Arrow files are not read (they compress their own pages); decompress it".into(),
+        }),
         "parquet" => read_columnar(path, true, columns, &mut policy),
         "arrow" => read_columnar(path, false, columns, &mut policy),
         other => Err(DataError::Io {
             path: path.display().to_string(),
             detail: format!(
-                "unknown labelled-data format `.{other}`; use .jsonl (JSON Lines), .csv, .tsv, .parquet or a `datasets` .arrow file"
+                "unknown labelled-data format `.{other}`; use .jsonl (JSON Lines), .csv, .tsv (each also .gz), .parquet \
+                 or a `datasets` .arrow file"
             ),
         }),
     }
 }
 
-fn read_bytes(path: &Path) -> Result<Vec<u8>> {
-    std::fs::read(path).map_err(|e| DataError::Io { path: path.display().to_string(), detail: e.to_string() })
+/// The whole file, decompressed when `gzipped`.
+fn read_bytes(path: &Path, gzipped: bool) -> Result<Vec<u8>> {
+    let mut bytes = Vec::new();
+    crate::formats::open(path, gzipped)?
+        .read_to_end(&mut bytes)
+        .map_err(|e| DataError::Io { path: path.display().to_string(), detail: format!("cannot read: {e}") })?;
+    Ok(bytes)
 }
 
 /// What kind of JSON value `value` is, for errors (a number that is not a
@@ -127,8 +141,8 @@ fn label_text(value: &serde_json::Value) -> Option<String> {
     }
 }
 
-fn read_json_lines(path: &Path, columns: &Columns, policy: &mut RowPolicy) -> Result<Vec<LabelledRow>> {
-    let bytes = read_bytes(path)?;
+fn read_json_lines(path: &Path, gzipped: bool, columns: &Columns, policy: &mut RowPolicy) -> Result<Vec<LabelledRow>> {
+    let bytes = read_bytes(path, gzipped)?;
     let mut rows = Vec::new();
     for (index, raw) in bytes.split(|&b| b == b'\n').enumerate() {
         let line = index as u64 + 1;
@@ -208,9 +222,15 @@ fn push_row(rows: &mut Vec<LabelledRow>, policy: &mut RowPolicy, row: LabelledRo
     Ok(())
 }
 
-fn read_delimited(path: &Path, delimiter: u8, columns: &Columns, policy: &mut RowPolicy) -> Result<Vec<LabelledRow>> {
+fn read_delimited(
+    path: &Path,
+    gzipped: bool,
+    delimiter: u8,
+    columns: &Columns,
+    policy: &mut RowPolicy,
+) -> Result<Vec<LabelledRow>> {
     let io = |detail: String| DataError::Io { path: path.display().to_string(), detail };
-    let file = std::fs::File::open(path).map_err(|e| io(e.to_string()))?;
+    let file = crate::formats::open(path, gzipped)?;
     let mut reader = csv::ReaderBuilder::new().delimiter(delimiter).flexible(true).from_reader(file);
     let header: Vec<String> = reader
         .byte_headers()
@@ -358,5 +378,28 @@ mod tests {
         let numeric: Vec<_> = ["10", "9", "2"].iter().map(|l| row(l)).collect();
         assert_eq!(label_names(&numeric, LabelOrder::Sorted), ["2", "9", "10"], "integers sort as numbers");
         assert!(LabelOrder::parse("alphabetical").unwrap_err().to_string().contains("first-seen or sorted"));
+    }
+
+    /// Gzipped line formats read as the other commands read them; gzipped
+    /// columnar files are named.
+    #[test]
+    fn gzipped_labelled_files_read_like_plain_ones() {
+        use std::io::Write;
+        let dir = lazytrain_core::ScratchDir::new("labelled-gz").unwrap();
+        let columns = Columns { text: "text".into(), text_pair: None, label: "label".into() };
+        let read = |name: &str, bytes: &[u8]| {
+            let path = dir.join(name);
+            let mut gz = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::default());
+            gz.write_all(bytes).unwrap();
+            std::fs::write(&path, gz.finish().unwrap()).unwrap();
+            read_labelled_file(&path, &columns, false, &mut BadRowCounts::new())
+        };
+        let jsonl = read("rows.jsonl.gz", b"{\"text\": \"a b\", \"label\": \"x\"}\n{\"text\": \"c\", \"label\": 2}\n");
+        let labels: Vec<String> = jsonl.unwrap().into_iter().map(|r| r.label).collect();
+        assert_eq!(labels, ["x", "2"]);
+        let csv = read("rows.csv.gz", b"text,label\na b,x\nc,y\n").unwrap();
+        assert_eq!(csv.iter().map(|r| r.text.as_str()).collect::<Vec<_>>(), ["a b", "c"]);
+        let err = read("rows.parquet.gz", b"PAR1").err().unwrap().to_string();
+        assert!(err.contains("gzipped Parquet or Arrow files are not read"), "{err}");
     }
 }
