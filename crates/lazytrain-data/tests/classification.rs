@@ -245,7 +245,10 @@ fn every_bad_row_class_is_an_error_naming_file_and_line() {
         "{msg}"
     );
     let msg = error_for("rows.xml", b"", None);
-    assert!(msg.contains("use .jsonl (JSON Lines), .csv, .tsv, .parquet or a `datasets` .arrow file"), "{msg}");
+    assert!(
+        msg.contains("use .jsonl (JSON Lines), .csv, .tsv (each also .gz), .parquet or a `datasets` .arrow"),
+        "{msg}"
+    );
     let msg = error_for("rows.parquet", b"", None);
     assert!(msg.contains("rows.parquet: not a readable Parquet file"), "{msg}");
     let msg = error_for("one.jsonl", b"{\"text\": \"a\", \"label\": \"pos\"}\n", None);
