@@ -116,17 +116,14 @@ fn read_bytes(path: &Path, gzipped: bool) -> Result<Vec<u8>> {
     Ok(bytes)
 }
 
-/// What kind of JSON value `value` is, for errors (a number that is not a
-/// 64-bit integer said as such).
+/// What kind of JSON value `value` is, for errors: the text reader's
+/// [`json_type`](crate::formats::json_type), with a number that is not a
+/// 64-bit integer (no label) told from one that is.
 fn json_kind(value: &serde_json::Value) -> &'static str {
     match value {
-        serde_json::Value::Null => "null",
-        serde_json::Value::Bool(_) => "a boolean",
         serde_json::Value::Number(n) if n.is_i64() || n.is_u64() => "an integer",
         serde_json::Value::Number(_) => "a number that is not a 64-bit integer",
-        serde_json::Value::String(_) => "a string",
-        serde_json::Value::Array(_) => "an array",
-        serde_json::Value::Object(_) => "an object",
+        other => crate::formats::json_type(other),
     }
 }
 

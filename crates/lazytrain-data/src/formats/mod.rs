@@ -6,6 +6,7 @@
 mod columnar;
 pub(crate) use columnar::{read_table, ColumnKind};
 mod rows;
+pub(crate) use rows::json_type;
 pub use rows::MAX_LINE_BYTES;
 
 use crate::{DataError, Result};

@@ -47,7 +47,7 @@ pub(super) fn read_lines(path: &Path, gzipped: bool, docs: &mut Documents) -> Re
 }
 
 /// The JSON type name of `value`, for errors.
-fn json_type(value: &serde_json::Value) -> &'static str {
+pub(crate) fn json_type(value: &serde_json::Value) -> &'static str {
     match value {
         serde_json::Value::Null => "null",
         serde_json::Value::Bool(_) => "a boolean",
