@@ -45,25 +45,63 @@ pub fn find_shards(spec: &Path, split: &str) -> Result<Vec<PathBuf>> {
     Ok(files)
 }
 
-/// The records the manifest of the prepared folder `spec` lists for `split`
-/// (`prepare` and `prepare-classification` both count them per shard);
-/// `None` for a single shard or a pattern, which have no manifest.
-pub fn manifest_records(spec: &StorageUrl, split: &str) -> Result<Option<u64>> {
+/// A split's shards, and the records the folder's manifest lists for them
+/// (`prepare` and `prepare-classification` both count them per shard).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SplitShards {
+    /// The shard files or objects, in order.
+    pub urls: Vec<StorageUrl>,
+    /// The manifest's record count for the split; `None` for a single shard
+    /// or a pattern, which have no manifest (nor an older one without counts).
+    pub listed_records: Option<u64>,
+}
+
+/// The shards matching `spec` (see [`find_shard_urls`]) with the manifest's
+/// record count, reading a bucket prefix's `manifest.json` once for both.
+pub fn find_split(spec: &StorageUrl, split: &str) -> Result<SplitShards> {
     let text = spec.to_string();
-    if text.contains(['*', '?']) || text.ends_with(".tfrecord") {
-        return Ok(None);
+    match spec {
+        StorageUrl::Local(path) => {
+            let urls = find_shards(path, split)?.into_iter().map(StorageUrl::Local).collect();
+            let manifest = if path.is_dir() { read_manifest_value(spec)? } else { None };
+            Ok(SplitShards { urls, listed_records: manifest.and_then(|m| listed_records(&m, split)) })
+        }
+        StorageUrl::Remote { .. } if text.contains(['*', '?']) => {
+            let urls = lazytrain_storage::glob(spec)?;
+            if urls.is_empty() {
+                return Err(DataError::Io { path: text, detail: "no shards match; check the pattern".into() });
+            }
+            Ok(SplitShards { urls, listed_records: None })
+        }
+        StorageUrl::Remote { .. } => match read_manifest_value(spec)? {
+            Some(manifest) => {
+                let urls: Vec<StorageUrl> = manifest[split]
+                    .as_array()
+                    .into_iter()
+                    .flatten()
+                    .filter_map(|shard| shard["file"].as_str().map(|file| spec.join(file)))
+                    .collect();
+                if urls.is_empty() {
+                    return Err(DataError::Io {
+                        path: text,
+                        detail: format!(
+                            "the manifest lists no {split} shards; run `lazytrain prepare` with this output"
+                        ),
+                    });
+                }
+                Ok(SplitShards { urls, listed_records: listed_records(&manifest, split) })
+            }
+            None if lazytrain_storage::exists(spec)? => {
+                Ok(SplitShards { urls: vec![spec.clone()], listed_records: None })
+            }
+            None => Err(DataError::Io {
+                path: text,
+                detail: "neither a prepared folder (no manifest.json) nor a shard object; run `lazytrain prepare \
+                         --output` with this URL or check it"
+                    .into(),
+            }),
+        },
     }
-    let manifest = spec.join("manifest.json");
-    let bytes = match lazytrain_storage::read(&manifest) {
-        Ok(bytes) => bytes,
-        Err(StorageError::NotFound { .. }) => return Ok(None),
-        Err(e) => return Err(e.into()),
-    };
-    let value: serde_json::Value = serde_json::from_slice(&bytes)
-        .map_err(|e| DataError::Io { path: manifest.to_string(), detail: format!("{e} (is the file damaged?)") })?;
-    let counts: Option<Vec<u64>> =
-        value[split].as_array().map(|shards| shards.iter().filter_map(|s| s["records"].as_u64()).collect());
-    Ok(counts.map(|c| c.iter().sum()))
 }
 
 /// The shards matching `spec`, a local path (see [`find_shards`]) or a
@@ -71,46 +109,27 @@ pub fn manifest_records(spec: &StorageUrl, split: &str) -> Result<Option<u64>> {
 /// no listing is needed), a pattern with `*`/`?` (`gs://b/data/train-*`),
 /// or one object.
 pub fn find_shard_urls(spec: &StorageUrl, split: &str) -> Result<Vec<StorageUrl>> {
-    let StorageUrl::Remote { .. } = spec else {
-        let path = spec.local_path().expect("a local URL has a path");
-        return Ok(find_shards(path, split)?.into_iter().map(StorageUrl::Local).collect());
+    Ok(find_split(spec, split)?.urls)
+}
+
+/// The parsed `manifest.json` of the folder or prefix `spec`; `None` when
+/// it has none.
+fn read_manifest_value(spec: &StorageUrl) -> Result<Option<serde_json::Value>> {
+    let manifest = spec.join("manifest.json");
+    let bytes = match lazytrain_storage::read(&manifest) {
+        Ok(bytes) => bytes,
+        Err(StorageError::NotFound { .. }) => return Ok(None),
+        Err(e) => return Err(e.into()),
     };
-    let text = spec.to_string();
-    if text.contains(['*', '?']) {
-        let found = lazytrain_storage::glob(spec)?;
-        if found.is_empty() {
-            return Err(DataError::Io { path: text, detail: "no shards match; check the pattern".into() });
-        }
-        return Ok(found);
-    }
-    match lazytrain_storage::read(&spec.join("manifest.json")) {
-        Ok(bytes) => {
-            let manifest: serde_json::Value = serde_json::from_slice(&bytes)
-                .map_err(|e| DataError::Io { path: spec.join("manifest.json").to_string(), detail: e.to_string() })?;
-            let files: Vec<StorageUrl> = manifest[split]
-                .as_array()
-                .into_iter()
-                .flatten()
-                .filter_map(|shard| shard["file"].as_str().map(|file| spec.join(file)))
-                .collect();
-            if files.is_empty() {
-                return Err(DataError::Io {
-                    path: text,
-                    detail: format!("the manifest lists no {split} shards; run `lazytrain prepare` with this output"),
-                });
-            }
-            Ok(files)
-        }
-        Err(StorageError::NotFound { .. }) if lazytrain_storage::exists(spec)? => Ok(vec![spec.clone()]),
-        Err(StorageError::NotFound { .. }) => Err(DataError::Io {
-            path: text,
-            detail:
-                "neither a prepared folder (no manifest.json) nor a shard object; run `lazytrain prepare --output` \
-                     with this URL or check it"
-                    .into(),
-        }),
-        Err(e) => Err(e.into()),
-    }
+    serde_json::from_slice(&bytes)
+        .map(Some)
+        .map_err(|e| DataError::Io { path: manifest.to_string(), detail: format!("{e} (is the file damaged?)") })
+}
+
+/// The records `manifest` lists for `split`, summed over its shards.
+fn listed_records(manifest: &serde_json::Value, split: &str) -> Option<u64> {
+    let shards = manifest[split].as_array()?;
+    Some(shards.iter().filter_map(|s| s["records"].as_u64()).sum())
 }
 
 /// A folder's `{split}-{i}-of-{n}` shards must be exactly one preparation's

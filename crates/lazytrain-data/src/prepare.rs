@@ -403,13 +403,8 @@ pub const MAX_SHARDS: usize = 1024;
 
 /// Refuse an output path that is a file (the shards go into a folder).
 pub(crate) fn check_output_folder(out_dir: &Path) -> Result<()> {
-    match out_dir.exists() && !out_dir.is_dir() {
-        true => Err(DataError::Io {
-            path: out_dir.display().to_string(),
-            detail: "is a file; --output names the folder the shards and manifest.json go into".into(),
-        }),
-        false => Ok(()),
-    }
+    lazytrain_core::check_output_folder("--output", out_dir, "the shards and manifest.json")
+        .map_err(|e| DataError::Invalid(e.to_string()))
 }
 
 /// Check the split settings `prepare` and `prepare-classification` share,

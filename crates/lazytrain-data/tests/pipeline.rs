@@ -246,7 +246,7 @@ fn prepare_refuses_block_sizes_out_of_range() {
     std::fs::write(&file, "x").unwrap();
     let options = PrepareOptions { progress: false, ..Default::default() };
     let msg = prepare(&tok, &corpus(), &file, &options).unwrap_err().to_string();
-    assert!(msg.contains("afile: is a file; --output names the folder"), "{msg}");
+    assert!(msg.contains("afile is a file; name a folder for the shards and manifest.json"), "{msg}");
 }
 
 #[test]

@@ -4,7 +4,7 @@
 //! mode; a corrupt record is named with its object and offset.
 
 use lazytrain_data::corpus::demo_corpus;
-use lazytrain_data::dataset::{find_shard_urls, find_shards, ShardedDataset};
+use lazytrain_data::dataset::{find_shard_urls, find_shards, find_split, ShardedDataset};
 use lazytrain_data::prepare::{prepare, PrepareOptions};
 use lazytrain_data::tfrecord::{CorruptPolicy, RecordIndex};
 use lazytrain_data::train_tokenizer::{train_tokenizer, SubwordModel};
@@ -42,8 +42,15 @@ fn bucket_shards_read_like_local_ones() {
     let local = ShardedDataset::open(&find_shards(&dir, "train").unwrap(), CorruptPolicy::Fail).unwrap();
     let expected = every_record(&local);
 
-    // Through the manifest and the sidecars.
-    let shards = find_shard_urls(&url("s3://lt-shards/data"), "train").unwrap();
+    // Through the manifest (read once for the shards and their record
+    // count) and the sidecars.
+    let split = find_split(&url("s3://lt-shards/data"), "train").unwrap();
+    assert_eq!(split.listed_records, Some(expected.len() as u64));
+    assert_eq!(
+        find_split(&lazytrain_storage::StorageUrl::Local(dir.clone()), "train").unwrap().listed_records,
+        split.listed_records
+    );
+    let shards = split.urls;
     assert_eq!(shards.len(), 3);
     let remote = ShardedDataset::open_urls(&shards, CorruptPolicy::Fail).unwrap();
     remote.prefetch(&[0, 5, 9]);
@@ -53,8 +60,9 @@ fn bucket_shards_read_like_local_ones() {
         let bytes = lazytrain_storage::read(shard).unwrap();
         write(&url(&format!("s3://lt-shards/bare/train-{i:05}-of-00003.tfrecord")), bytes).unwrap();
     }
-    let bare = find_shard_urls(&url("s3://lt-shards/bare/train-*.tfrecord"), "train").unwrap();
-    assert_eq!(bare.len(), 3);
+    let bare = find_split(&url("s3://lt-shards/bare/train-*.tfrecord"), "train").unwrap();
+    assert_eq!((bare.urls.len(), bare.listed_records), (3, None), "a pattern has no manifest");
+    let bare = bare.urls;
     assert_eq!(every_record(&ShardedDataset::open_urls(&bare, CorruptPolicy::Fail).unwrap()), expected);
 
     // A flipped byte in a record's data: named with its object and offset.

@@ -31,9 +31,8 @@ pub struct ExportArgs {
 /// them.
 fn check_output(output: &Path, overwrite: bool) -> lazytrain::Result<()> {
     let refuse = |detail: String| Err(lazytrain::Error::Input(format!("--output {}: {detail}", output.display())));
-    if output.exists() && !output.is_dir() {
-        return refuse("is a file; name a folder to write the model into".into());
-    }
+    lazytrain_core::check_output_folder("--output", output, "the exported model")
+        .map_err(|e| lazytrain::Error::Input(e.to_string()))?;
     let Ok(entries) = std::fs::read_dir(output) else { return Ok(()) };
     let mut names: Vec<String> = entries.flatten().map(|e| e.file_name().to_string_lossy().into_owned()).collect();
     if names.is_empty() || overwrite {

@@ -103,7 +103,7 @@ pub fn tokenizer_for(
 /// (a folder without `manifest.json`, or a file that is not a shard):
 /// raw text given as data would otherwise fail as a corrupt shard.
 pub fn check_prepared(url: &StorageUrl) -> Result<()> {
-    // A bucket prefix is checked by reading its manifest (find_shard_urls).
+    // A bucket prefix is checked by reading its manifest (find_split).
     let Some(path) = url.local_path() else { return Ok(()) };
     let shard = path.is_file() && path.extension().is_some_and(|e| e == "tfrecord");
     let pattern = path.to_string_lossy().contains('*');

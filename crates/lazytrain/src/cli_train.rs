@@ -9,7 +9,7 @@ use lazytrain::trainer::{
 };
 use lazytrain::{Error, Result};
 use lazytrain_core::Device;
-use lazytrain_data::dataset::{find_shard_urls, manifest_records, ShardedDataset};
+use lazytrain_data::dataset::{find_split, ShardedDataset, SplitShards};
 use lazytrain_data::tfrecord::CorruptPolicy;
 use lazytrain_data::TextTokenizer;
 use lazytrain_models::{hub, ForMaskedLM, ForSequenceClassification, Gpt2LMHeadModel, ModelConfig, TaskModel};
@@ -178,14 +178,20 @@ pub fn preset_config(preset: &str, tokenizer: &TextTokenizer) -> Result<ModelCon
 /// not write).
 pub fn open_split(dir: &StorageUrl, split: &str, skip_corrupt: bool) -> Result<Arc<ShardedDataset>> {
     crate::cli_inputs::check_prepared(dir)?;
+    open_shards(dir, split, find_split(dir, split)?, skip_corrupt)
+}
+
+/// Open the `shards` of `split` found in `dir`, checking their records
+/// against the manifest's count.
+fn open_shards(dir: &StorageUrl, split: &str, shards: SplitShards, skip_corrupt: bool) -> Result<Arc<ShardedDataset>> {
     let policy = if skip_corrupt { CorruptPolicy::Skip } else { CorruptPolicy::Fail };
-    let data = ShardedDataset::open_urls(&find_shard_urls(dir, split)?, policy)?;
+    let data = ShardedDataset::open_urls(&shards.urls, policy)?;
     if data.is_empty() {
         return Err(Error::Input(format!("{dir} holds no {split} records (are its shards empty?)")));
     }
     // A shard cut short at a record's end (a copy or upload that stopped)
     // reads without a checksum error: only the manifest's count tells.
-    if let Some(listed) = manifest_records(dir, split)?.filter(|&n| !skip_corrupt && n != data.len() as u64) {
+    if let Some(listed) = shards.listed_records.filter(|&n| !skip_corrupt && n != data.len() as u64) {
         return Err(Error::Input(format!(
             "{dir}: the manifest lists {listed} {split} records but the shards hold {}: a shard is missing or cut \
              short (copied before it was complete?); copy the folder again or prepare it anew",
@@ -362,11 +368,14 @@ pub fn build_classifier(
 /// from a held-out file alone), its training shards, with a notice.
 fn open_eval(dir: &StorageUrl, skip_corrupt: bool) -> Result<Arc<ShardedDataset>> {
     crate::cli_inputs::check_prepared(dir)?;
-    if find_shard_urls(dir, "validation").is_err() && find_shard_urls(dir, "train").is_ok() {
-        eprintln!("note: {dir} has no validation shards; evaluating on its training shards");
-        return open_split(dir, "train", skip_corrupt);
+    let validation = find_split(dir, "validation");
+    if validation.is_err() {
+        if let Ok(train) = find_split(dir, "train") {
+            eprintln!("note: {dir} has no validation shards; evaluating on its training shards");
+            return open_shards(dir, "train", train, skip_corrupt);
+        }
     }
-    open_split(dir, "validation", skip_corrupt)
+    open_shards(dir, "validation", validation?, skip_corrupt)
 }
 
 /// The folder whose manifest describes the data, and the training split:

@@ -387,12 +387,8 @@ impl<M: TaskModel> Trainer<M> {
     /// nothing.
     fn check_output_dir(&self, planning: bool) -> Result<()> {
         let output = Path::new(&self.args.output_dir);
-        if output.exists() && !output.is_dir() {
-            return Err(Error::Input(format!(
-                "output_dir {} is a file; name a folder for the run's checkpoints, logs and model",
-                output.display()
-            )));
-        }
+        lazytrain_core::check_output_folder("output_dir", output, "the run's checkpoints, logs and model")
+            .map_err(|e| Error::Input(e.to_string()))?;
         let resuming = !matches!(self.args.resume_from_checkpoint.as_deref(), None | Some("false"));
         if self.is_master() && !planning {
             let removed = checkpoint::remove_leftovers(output)?;
