@@ -2,7 +2,8 @@
 //! `group_texts`, or RoBERTa's wrapped stream: [`Packing`]), split
 //! train/validation and write TFRecord shards with a `manifest.json`.
 
-use crate::example::encode_int64_example;
+use crate::formats::DocumentSink;
+pub use crate::preparation::Preparation;
 use crate::tfrecord::RecordWriter;
 use crate::tokenizer::TextTokenizer;
 use crate::{DataError, Result};
@@ -185,7 +186,8 @@ pub fn prepare(
 /// [`prepare`] with held-out documents: `validation_documents` are packed
 /// on their own and every one of their blocks is a validation block (HF's
 /// `--validation_file`), besides the `validation_fraction` of the training
-/// blocks (usually 0 then).
+/// blocks (usually 0 then). The documents stream through a
+/// [`Preparation`], which the CLI feeds from its readers directly.
 pub fn prepare_with_validation(
     tokenizer: &TextTokenizer,
     documents: &[String],
@@ -193,108 +195,17 @@ pub fn prepare_with_validation(
     out_dir: &Path,
     options: &PrepareOptions,
 ) -> Result<Manifest> {
-    let min_block = match options.packing {
-        Packing::GroupTexts => 2,
-        Packing::Wrapped => 3,
-    };
-    if !(min_block..=MAX_BLOCK_SIZE).contains(&options.block_size) {
-        return Err(DataError::Invalid(format!(
-            "--block-size {} must be in {min_block}..={MAX_BLOCK_SIZE}",
-            options.block_size
-        )));
+    let mut preparation = Preparation::new(tokenizer, out_dir, options, !validation_documents.is_empty())?;
+    for document in documents {
+        preparation.document(document)?;
     }
-    check_split_options(options.num_shards, options.validation_fraction)?;
-    let io = |p: &Path, e: std::io::Error| DataError::Io { path: p.display().to_string(), detail: e.to_string() };
-    check_output_folder(out_dir)?;
-    std::fs::create_dir_all(out_dir).map_err(|e| io(out_dir, e))?;
-    let (blocks, dropped) = tokenize_and_pack(tokenizer, documents, options, "tokenizing")?;
-    if blocks.is_empty() {
-        return Err(DataError::Invalid(format!(
-            "the input has {dropped} tokens, fewer than one block of {}; add text or lower --block-size",
-            options.block_size
-        )));
-    }
-    let (held_blocks, held_dropped) = match validation_documents.is_empty() {
-        true => (Vec::new(), 0),
-        false => tokenize_and_pack(tokenizer, validation_documents, options, "validation")?,
-    };
-    if !validation_documents.is_empty() && held_blocks.is_empty() {
-        return Err(DataError::Invalid(format!(
-            "the validation files have {held_dropped} tokens, fewer than one block of {}; add text or lower --block-size",
-            options.block_size
-        )));
-    }
-    let held_out = validation_blocks(blocks.len(), options.validation_fraction, options.seed)?;
-    let validation_shards = usize::from(options.validation_fraction > 0.0 || !held_blocks.is_empty());
-    remove_shards(out_dir)?;
-    let mut train = shard_writers(out_dir, "train", options.num_shards)?;
-    let mut validation = shard_writers(out_dir, "validation", validation_shards)?;
-    let ones = vec![1i64; options.block_size];
-    let record = |block: &[u32]| {
-        let ids: Vec<i64> = block.iter().map(|&t| t as i64).collect();
-        encode_int64_example(&[("input_ids", &ids), ("attention_mask", &ones)])
-    };
-    let bar = stage_bar((blocks.len() + held_blocks.len()) as u64, options.progress, "writing");
-    let mut train_count = 0usize;
-    for (block, &validation_block) in blocks.iter().zip(&held_out) {
-        if validation_block {
-            validation[0].1.write(&record(block))?;
-        } else {
-            train[train_count % options.num_shards].1.write(&record(block))?;
-            train_count += 1;
+    if !validation_documents.is_empty() {
+        preparation.held_out()?;
+        for document in validation_documents {
+            preparation.document(document)?;
         }
-        bar.inc(1);
     }
-    for block in &held_blocks {
-        validation[0].1.write(&record(block))?;
-        bar.inc(1);
-    }
-    bar.finish_and_clear();
-    let block_tokens = (blocks.len() + held_blocks.len()) * options.block_size;
-    let manifest = Manifest {
-        block_size: options.block_size,
-        train: finish_shards(train)?,
-        validation: finish_shards(validation)?,
-        tokenizer_hash: tokenizer_hash(tokenizer)?,
-        vocab_size: tokenizer.vocab_size(),
-        seed: options.seed,
-        documents: (documents.len() + validation_documents.len()) as u64,
-        tokens: (block_tokens + dropped + held_dropped) as u64,
-        dropped_tokens: (dropped + held_dropped) as u64,
-        packing: options.packing,
-    };
-    write_json(&out_dir.join("manifest.json"), &manifest)?;
-    Ok(manifest)
-}
-
-/// Tokenize `documents` in parallel batches and pack them into blocks as
-/// `options.packing` says; returns the blocks and the tokens dropped at the end.
-fn tokenize_and_pack(
-    tokenizer: &TextTokenizer,
-    documents: &[String],
-    options: &PrepareOptions,
-    stage: &str,
-) -> Result<(Vec<Vec<u32>>, usize)> {
-    let bar = stage_bar(documents.len() as u64, options.progress, stage);
-    let special = tokenizer.special();
-    let with_specials = options.packing == Packing::GroupTexts;
-    // GPT-2's tokenizer adds no special tokens: end each document with
-    // `<|endoftext|>`, as GPT-2's training text is laid out.
-    let separator = (with_specials && special.style == crate::TokenizerStyle::Gpt2).then_some(special.end);
-    let mut sequences = Vec::with_capacity(documents.len());
-    for chunk in documents.chunks(4096) {
-        let encodings = tokenizer
-            .inner()
-            .encode_batch(chunk.to_vec(), with_specials)
-            .map_err(|e| DataError::Invalid(format!("tokenization failed: {e}")))?;
-        sequences.extend(encodings.iter().map(|e| e.get_ids().iter().copied().chain(separator).collect::<Vec<_>>()));
-        bar.inc(chunk.len() as u64);
-    }
-    bar.finish_and_clear();
-    Ok(match options.packing {
-        Packing::GroupTexts => pack_blocks(&sequences, options.block_size),
-        Packing::Wrapped => pack_wrapped(&sequences, options.block_size, special.start, special.end),
-    })
+    preparation.finish()
 }
 
 /// [`Packing::Wrapped`]: join `sequences` with `end`, cut the stream into
@@ -309,35 +220,6 @@ pub fn pack_wrapped(sequences: &[Vec<u32>], block_size: usize, start: u32, end: 
     let (pieces, dropped) = pack_blocks(&separated, block_size - 2);
     let blocks = pieces.into_iter().map(|piece| std::iter::once(start).chain(piece).chain([end]).collect()).collect();
     (blocks, dropped)
-}
-
-/// Which of `blocks` blocks are held out for validation: each with
-/// probability `fraction` (a seeded draw), and at least one block on either
-/// side whenever `fraction > 0` (an empty validation split would evaluate
-/// to meaningless metrics, an empty training split train on nothing).
-fn validation_blocks(blocks: usize, fraction: f64, seed: u64) -> Result<Vec<bool>> {
-    if fraction <= 0.0 {
-        return Ok(vec![false; blocks]);
-    }
-    if blocks < 2 {
-        return Err(DataError::Invalid(format!(
-            "the input packs into {blocks} block(s), too few to hold out validation data; add text, lower \
-             --block-size, or pass --validation-fraction 0"
-        )));
-    }
-    let mut draws = vec![0f32; blocks];
-    lazytrain_core::random::uniform_f32(seed, 0x5eed, &mut draws);
-    let mut held_out: Vec<bool> = draws.iter().map(|&u| (u as f64) < fraction).collect();
-    let by_draw = |a: &(usize, &f32), b: &(usize, &f32)| a.1.total_cmp(b.1);
-    if !held_out.contains(&true) {
-        let (lowest, _) = draws.iter().enumerate().min_by(by_draw).expect("two blocks or more");
-        held_out[lowest] = true;
-    }
-    if !held_out.contains(&false) {
-        let (highest, _) = draws.iter().enumerate().max_by(by_draw).expect("two blocks or more");
-        held_out[highest] = false;
-    }
-    Ok(held_out)
 }
 
 /// Remove the shards of an earlier preparation from `out_dir` (files named

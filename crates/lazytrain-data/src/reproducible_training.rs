@@ -12,6 +12,7 @@
 //! fixed seeds filled in sorted order, unigram's EM on one thread, its
 //! result then put in a canonical order ([`canonical_pieces`]).
 
+use crate::formats::DocumentSink;
 use crate::train_tokenizer::train_error;
 use crate::{DataError, Result};
 use ahash::{AHashMap, RandomState};
@@ -39,58 +40,129 @@ const WORD_MAP_SEEDS: [u64; 4] = [0x6c61_7a79, 0x7472_6169, 0x6e5f_7365, 0x6564_
 /// SentencePiece skips sentences over 4192 bytes for the same reason.
 pub const MAX_TRAINING_WORD_BYTES: usize = 4096;
 
-/// Normalise and pre-tokenize every document with `tokenizer`'s own
-/// normaliser and pre-tokenizer (as `Tokenizer::train` does before any token
-/// is added) and count the words; words longer than
+/// Documents counted together (spread over the cores), unless
+/// [`BATCH_BYTES`] of text come first.
+const BATCH_DOCUMENTS: usize = 4096;
+
+/// Bytes of text counted together at most (besides one longer document).
+const BATCH_BYTES: usize = 16 << 20;
+
+/// Counts the words of documents as they are given (it is a
+/// [`DocumentSink`]), in batches: each document normalised and
+/// pre-tokenized with the tokenizer's own normaliser and pre-tokenizer (as
+/// `Tokenizer::train` does before any token is added). Memory holds the
+/// distinct words, not the text. Words longer than
 /// [`MAX_TRAINING_WORD_BYTES`] are left out, said in a note.
-pub(crate) fn count_words(tokenizer: &Tokenizer, documents: &[String]) -> Result<WordCounts> {
-    let words_of = |document: &String| -> Result<Vec<String>> {
-        let mut normalized = document.as_str().into();
-        if let Some(normalizer) = tokenizer.get_normalizer() {
-            normalizer.normalize(&mut normalized).map_err(train_error)?;
+pub(crate) struct WordCounter {
+    tokenizer: Tokenizer,
+    pending: Vec<String>,
+    pending_bytes: usize,
+    counts: HashMap<String, u64>,
+    too_long: u64,
+    documents: u64,
+    null_rows: u64,
+}
+
+impl WordCounter {
+    /// Count words as `tokenizer` cuts them.
+    pub(crate) fn new(tokenizer: Tokenizer) -> WordCounter {
+        WordCounter {
+            tokenizer,
+            pending: Vec::new(),
+            pending_bytes: 0,
+            counts: HashMap::new(),
+            too_long: 0,
+            documents: 0,
+            null_rows: 0,
         }
-        let mut pre_tokenized = PreTokenizedString::from(normalized);
-        if let Some(pre_tokenizer) = tokenizer.get_pre_tokenizer() {
-            pre_tokenizer.pre_tokenize(&mut pre_tokenized).map_err(train_error)?;
-        }
-        Ok(pre_tokenized
-            .get_splits(OffsetReferential::Original, OffsetType::Byte)
-            .into_iter()
-            .map(|(word, _, _)| word.to_owned())
-            .collect())
-    };
-    let (counts, too_long) = documents
-        .par_iter()
-        .try_fold(
-            || (HashMap::<String, u64>::new(), 0u64),
-            |(mut counts, mut too_long), document| {
-                for word in words_of(document)? {
-                    match word.len() > MAX_TRAINING_WORD_BYTES {
-                        true => too_long += 1,
-                        false => *counts.entry(word).or_default() += 1,
-                    }
-                }
-                Ok::<_, DataError>((counts, too_long))
-            },
-        )
-        .try_reduce(
-            || (HashMap::new(), 0),
-            |(mut total, too_long), (part, part_too_long)| {
-                for (word, count) in part {
-                    *total.entry(word).or_default() += count;
-                }
-                Ok((total, too_long + part_too_long))
-            },
-        )?;
-    if too_long > 0 {
-        eprintln!(
-            "note: left {too_long} word(s) longer than {MAX_TRAINING_WORD_BYTES} bytes out of tokenizer training \
-             (base64 or binary data in the text?)"
-        );
     }
-    let mut sorted: WordCounts = counts.into_iter().collect();
-    sorted.sort_unstable();
-    Ok(sorted)
+
+    /// The tokenizer and the counts of every word given, sorted by word.
+    pub(crate) fn finish(mut self) -> Result<(Tokenizer, WordCounts)> {
+        self.count_pending()?;
+        if self.too_long > 0 {
+            eprintln!(
+                "note: left {} word(s) longer than {MAX_TRAINING_WORD_BYTES} bytes out of tokenizer training \
+                 (base64 or binary data in the text?)",
+                self.too_long
+            );
+        }
+        let mut sorted: WordCounts = self.counts.into_iter().collect();
+        sorted.sort_unstable();
+        Ok((self.tokenizer, sorted))
+    }
+
+    /// Count the pending documents' words in parallel (integer sums: the
+    /// counts do not depend on how the work was split).
+    fn count_pending(&mut self) -> Result<()> {
+        let tokenizer = &self.tokenizer;
+        let words_of = |document: &String| -> Result<Vec<String>> {
+            let mut normalized = document.as_str().into();
+            if let Some(normalizer) = tokenizer.get_normalizer() {
+                normalizer.normalize(&mut normalized).map_err(train_error)?;
+            }
+            let mut pre_tokenized = PreTokenizedString::from(normalized);
+            if let Some(pre_tokenizer) = tokenizer.get_pre_tokenizer() {
+                pre_tokenizer.pre_tokenize(&mut pre_tokenized).map_err(train_error)?;
+            }
+            Ok(pre_tokenized
+                .get_splits(OffsetReferential::Original, OffsetType::Byte)
+                .into_iter()
+                .map(|(word, _, _)| word.to_owned())
+                .collect())
+        };
+        let (counts, too_long) = self
+            .pending
+            .par_iter()
+            .try_fold(
+                || (HashMap::<String, u64>::new(), 0u64),
+                |(mut counts, mut too_long), document| {
+                    for word in words_of(document)? {
+                        match word.len() > MAX_TRAINING_WORD_BYTES {
+                            true => too_long += 1,
+                            false => *counts.entry(word).or_default() += 1,
+                        }
+                    }
+                    Ok::<_, DataError>((counts, too_long))
+                },
+            )
+            .try_reduce(
+                || (HashMap::new(), 0),
+                |(mut total, too_long), (part, part_too_long)| {
+                    for (word, count) in part {
+                        *total.entry(word).or_default() += count;
+                    }
+                    Ok((total, too_long + part_too_long))
+                },
+            )?;
+        for (word, count) in counts {
+            *self.counts.entry(word).or_default() += count;
+        }
+        self.too_long += too_long;
+        self.pending.clear();
+        self.pending_bytes = 0;
+        Ok(())
+    }
+}
+
+impl DocumentSink for WordCounter {
+    fn document(&mut self, text: &str) -> Result<()> {
+        self.documents += 1;
+        self.pending_bytes += text.len();
+        self.pending.push(text.to_string());
+        if self.pending.len() >= BATCH_DOCUMENTS || self.pending_bytes >= BATCH_BYTES {
+            self.count_pending()?;
+        }
+        Ok(())
+    }
+
+    fn null_row(&mut self) {
+        self.null_rows += 1;
+    }
+
+    fn counts(&self) -> (u64, u64) {
+        (self.documents, self.null_rows)
+    }
 }
 
 /// Run `trainer` (byte-level BPE, or WordPiece's BPE with `##`
@@ -232,6 +304,36 @@ fn canonical_pieces(mut pieces: Vec<(String, f64)>, specials_count: usize) -> Ve
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Words counted batch by batch (batches closed by document count and
+    /// by bytes) are the words of the whole text, counted at once.
+    #[test]
+    fn words_counted_in_batches_are_the_whole_texts_words() {
+        let mut tokenizer = Tokenizer::new(ModelWrapper::from(BPE::default()));
+        tokenizer.with_pre_tokenizer(Some(tokenizers::pre_tokenizers::whitespace::WhitespaceSplit));
+        let long = "x".repeat(BATCH_BYTES / 3);
+        let documents: Vec<String> = (0..2 * BATCH_DOCUMENTS + 7)
+            .map(|i| match i % 1000 {
+                0 => format!("{long} {i}"),
+                _ => format!("word{} shared {}", i % 97, "y".repeat(i % 5000 / 1000)),
+            })
+            .collect();
+        let mut counter = WordCounter::new(tokenizer);
+        for document in &documents {
+            counter.document(document).unwrap();
+        }
+        assert_eq!(counter.counts(), (documents.len() as u64, 0));
+        let (_, counted) = counter.finish().unwrap();
+        let mut expected: HashMap<String, u64> = HashMap::new();
+        for word in documents.iter().flat_map(|d| d.split_whitespace()) {
+            if word.len() <= MAX_TRAINING_WORD_BYTES {
+                *expected.entry(word.to_string()).or_default() += 1;
+            }
+        }
+        let mut expected: WordCounts = expected.into_iter().collect();
+        expected.sort_unstable();
+        assert_eq!(counted, expected);
+    }
 
     fn pieces(list: &[(&str, f64)]) -> Vec<(String, f64)> {
         list.iter().map(|(p, s)| (p.to_string(), *s)).collect()

@@ -2,7 +2,7 @@
 //! plain text (one document per line), JSON Lines, CSV/TSV, Parquet and
 //! `datasets` Arrow streams; `.gz` for the line formats.
 
-use crate::formats::{read_into, Documents, TextSource};
+use crate::formats::{read_into, DocumentSink, Documents, TextSource};
 use crate::{DataError, Result};
 use std::path::Path;
 
@@ -16,14 +16,18 @@ pub fn read_documents(path: &Path, source: &TextSource) -> Result<Documents> {
 
 /// The documents of several files, in order.
 pub fn read_all_documents(paths: &[impl AsRef<Path>], source: &TextSource) -> Result<Documents> {
+    let mut docs = Documents::default();
+    read_all_into(paths, source, &mut docs)?;
+    Ok(docs)
+}
+
+/// Give the documents of several files, in order, to `docs` as they are
+/// read.
+pub fn read_all_into(paths: &[impl AsRef<Path>], source: &TextSource, docs: &mut dyn DocumentSink) -> Result<()> {
     if paths.is_empty() {
         return Err(DataError::Invalid("no input files were given; pass --files F...".into()));
     }
-    let mut docs = Documents::default();
-    for p in paths {
-        read_into(p.as_ref(), source, &mut docs)?;
-    }
-    Ok(docs)
+    paths.iter().try_for_each(|p| read_into(p.as_ref(), source, docs))
 }
 
 #[cfg(test)]

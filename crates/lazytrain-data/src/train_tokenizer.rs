@@ -1,7 +1,8 @@
 //! Training a tokenizer with the `tokenizers` crate.
 
+use crate::formats::DocumentSink;
 pub use crate::reproducible_training::MAX_TRAINING_WORD_BYTES;
-use crate::reproducible_training::{count_words, train_byte_level_bpe, train_unigram, train_wordpiece};
+use crate::reproducible_training::{train_byte_level_bpe, train_unigram, train_wordpiece, WordCounter};
 use crate::tokenizer::{TextTokenizer, TokenizerStyle};
 use crate::{DataError, Result};
 use std::path::Path;
@@ -137,78 +138,134 @@ pub fn train_tokenizer_with(
     style: TokenizerStyle,
     normalization: Normalization,
 ) -> Result<TextTokenizer> {
-    if vocab_size < 16 {
-        return Err(DataError::Invalid(format!("a vocabulary of {vocab_size} tokens is too small; use at least 16")));
+    let mut training = TokenizerTraining::new(model, vocab_size, style, normalization)?;
+    for document in documents {
+        training.document(document)?;
     }
-    if vocab_size > MAX_VOCAB_SIZE {
-        return Err(DataError::Invalid(format!(
-            "a vocabulary of {vocab_size} tokens is too large; use at most {MAX_VOCAB_SIZE} (the largest models use \
-             about 250 000)"
-        )));
-    }
-    if style == TokenizerStyle::Gpt2 && model != SubwordModel::Bpe {
-        return Err(DataError::Invalid(format!(
-            "the gpt2 style is GPT-2's byte-level BPE; use --model bpe (not {model:?})"
-        )));
-    }
-    let specials: Vec<AddedToken> =
-        style.vocabulary_order().iter().map(|t| AddedToken::from(t.to_string(), true).lstrip(*t == "<mask>")).collect();
-    let unk = style.token_names()[1];
-    // The model is a placeholder until training: the normaliser and the
-    // pre-tokenizer set below cut the documents into the words it counts.
-    let mut tokenizer = Tokenizer::new(ModelWrapper::from(BPE::default()));
-    tokenizer.with_normalizer(normalization.normalizer(style));
-    let (pre, decoder): (PreTokenizerWrapper, DecoderWrapper) = match model {
-        SubwordModel::Unigram => (
-            Metaspace::new('▁', PrependScheme::Always, true).into(),
-            MetaspaceDecoder::new('▁', PrependScheme::Always, true).into(),
-        ),
-        SubwordModel::WordPiece => (BertPreTokenizer.into(), WordPieceDecoder::default().into()),
-        // A prefix space makes a word's sentence-initial token the same as its
-        // mid-sentence one (`Ġword`), as `add_prefix_space=True` does in HF;
-        // GPT-2's tokenizer has none.
-        SubwordModel::Bpe => {
-            (ByteLevel::new(style != TokenizerStyle::Gpt2, true, true).into(), ByteLevelDecoder::default().into())
+    training.finish()
+}
+
+/// A tokenizer being trained: give it the documents (it is a
+/// [`DocumentSink`]; the CLI's readers feed it as they read, and memory
+/// holds the distinct words, not the text), then [`TokenizerTraining::finish`]
+/// it.
+pub struct TokenizerTraining {
+    words: WordCounter,
+    model: SubwordModel,
+    vocab_size: usize,
+    style: TokenizerStyle,
+}
+
+impl TokenizerTraining {
+    /// Check the settings and set up the normaliser and pre-tokenizer that
+    /// cut the documents into the words the trainer counts.
+    pub fn new(
+        model: SubwordModel,
+        vocab_size: usize,
+        style: TokenizerStyle,
+        normalization: Normalization,
+    ) -> Result<TokenizerTraining> {
+        if vocab_size < 16 {
+            return Err(DataError::Invalid(format!(
+                "a vocabulary of {vocab_size} tokens is too small; use at least 16"
+            )));
         }
-    };
-    tokenizer.with_pre_tokenizer(Some(pre));
-    tokenizer.with_decoder(Some(decoder));
-    let words = count_words(&tokenizer, documents)?;
-    if words.is_empty() {
-        return Err(DataError::Invalid(format!(
-            "no words to train the tokenizer on: the text is empty or every word is longer than \
-             {MAX_TRAINING_WORD_BYTES} bytes"
-        )));
-    }
-    let trained = match model {
-        SubwordModel::Unigram => train_unigram(&words, vocab_size, &specials, unk)?,
-        SubwordModel::WordPiece => train_wordpiece(&words, vocab_size, &specials, unk)?,
-        SubwordModel::Bpe => train_byte_level_bpe(&words, vocab_size, &specials)?,
-    };
-    tokenizer.with_model(trained);
-    tokenizer.add_special_tokens(&specials);
-    let id = |t: &str| tokenizer.token_to_id(t).ok_or_else(|| train_error(format!("{t} is missing after training")));
-    let post: PostProcessorWrapper = match style {
-        TokenizerStyle::Bert => {
-            let (cls, sep) = (id("[CLS]")?, id("[SEP]")?);
-            TemplateProcessing::builder()
-                .try_single("[CLS] $A [SEP]")
-                .map_err(train_error)?
-                .try_pair("[CLS] $A [SEP] $B:1 [SEP]:1")
-                .map_err(train_error)?
-                .special_tokens(vec![("[CLS]", cls), ("[SEP]", sep)])
-                .build()
-                .map_err(train_error)?
-                .into()
+        if vocab_size > MAX_VOCAB_SIZE {
+            return Err(DataError::Invalid(format!(
+                "a vocabulary of {vocab_size} tokens is too large; use at most {MAX_VOCAB_SIZE} (the largest models \
+                 use about 250 000)"
+            )));
         }
-        TokenizerStyle::Roberta => RobertaProcessing::new(("</s>".into(), id("</s>")?), ("<s>".into(), id("<s>")?))
-            .trim_offsets(true)
-            .add_prefix_space(false)
-            .into(),
-        TokenizerStyle::Gpt2 => ByteLevel::new(true, false, true).into(),
-    };
-    tokenizer.with_post_processor(Some(post));
-    TextTokenizer::new(tokenizer, Path::new("<trained>"))
+        if style == TokenizerStyle::Gpt2 && model != SubwordModel::Bpe {
+            return Err(DataError::Invalid(format!(
+                "the gpt2 style is GPT-2's byte-level BPE; use --model bpe (not {model:?})"
+            )));
+        }
+        // The model is a placeholder until training: the normaliser and the
+        // pre-tokenizer set below cut the documents into the words it counts.
+        let mut tokenizer = Tokenizer::new(ModelWrapper::from(BPE::default()));
+        tokenizer.with_normalizer(normalization.normalizer(style));
+        let (pre, decoder): (PreTokenizerWrapper, DecoderWrapper) = match model {
+            SubwordModel::Unigram => (
+                Metaspace::new('▁', PrependScheme::Always, true).into(),
+                MetaspaceDecoder::new('▁', PrependScheme::Always, true).into(),
+            ),
+            SubwordModel::WordPiece => (BertPreTokenizer.into(), WordPieceDecoder::default().into()),
+            // A prefix space makes a word's sentence-initial token the same as its
+            // mid-sentence one (`Ġword`), as `add_prefix_space=True` does in HF;
+            // GPT-2's tokenizer has none.
+            SubwordModel::Bpe => {
+                (ByteLevel::new(style != TokenizerStyle::Gpt2, true, true).into(), ByteLevelDecoder::default().into())
+            }
+        };
+        tokenizer.with_pre_tokenizer(Some(pre));
+        tokenizer.with_decoder(Some(decoder));
+        Ok(TokenizerTraining { words: WordCounter::new(tokenizer), model, vocab_size, style })
+    }
+
+    /// Train on the words of every document given, and add the style's
+    /// special tokens and post-processor.
+    pub fn finish(self) -> Result<TextTokenizer> {
+        let TokenizerTraining { words, model, vocab_size, style } = self;
+        let specials: Vec<AddedToken> = style
+            .vocabulary_order()
+            .iter()
+            .map(|t| AddedToken::from(t.to_string(), true).lstrip(*t == "<mask>"))
+            .collect();
+        let unk = style.token_names()[1];
+        let (mut tokenizer, words) = words.finish()?;
+        if words.is_empty() {
+            return Err(DataError::Invalid(format!(
+                "no words to train the tokenizer on: the text is empty or every word is longer than \
+                 {MAX_TRAINING_WORD_BYTES} bytes"
+            )));
+        }
+        let trained = match model {
+            SubwordModel::Unigram => train_unigram(&words, vocab_size, &specials, unk)?,
+            SubwordModel::WordPiece => train_wordpiece(&words, vocab_size, &specials, unk)?,
+            SubwordModel::Bpe => train_byte_level_bpe(&words, vocab_size, &specials)?,
+        };
+        drop(words);
+        tokenizer.with_model(trained);
+        tokenizer.add_special_tokens(&specials);
+        let id =
+            |t: &str| tokenizer.token_to_id(t).ok_or_else(|| train_error(format!("{t} is missing after training")));
+        let post: PostProcessorWrapper = match style {
+            TokenizerStyle::Bert => {
+                let (cls, sep) = (id("[CLS]")?, id("[SEP]")?);
+                TemplateProcessing::builder()
+                    .try_single("[CLS] $A [SEP]")
+                    .map_err(train_error)?
+                    .try_pair("[CLS] $A [SEP] $B:1 [SEP]:1")
+                    .map_err(train_error)?
+                    .special_tokens(vec![("[CLS]", cls), ("[SEP]", sep)])
+                    .build()
+                    .map_err(train_error)?
+                    .into()
+            }
+            TokenizerStyle::Roberta => RobertaProcessing::new(("</s>".into(), id("</s>")?), ("<s>".into(), id("<s>")?))
+                .trim_offsets(true)
+                .add_prefix_space(false)
+                .into(),
+            TokenizerStyle::Gpt2 => ByteLevel::new(true, false, true).into(),
+        };
+        tokenizer.with_post_processor(Some(post));
+        TextTokenizer::new(tokenizer, Path::new("<trained>"))
+    }
+}
+
+impl DocumentSink for TokenizerTraining {
+    fn document(&mut self, text: &str) -> Result<()> {
+        self.words.document(text)
+    }
+
+    fn null_row(&mut self) {
+        self.words.null_row();
+    }
+
+    fn counts(&self) -> (u64, u64) {
+        self.words.counts()
+    }
 }
 
 #[cfg(test)]

@@ -5,8 +5,10 @@ use lazytrain_core::{Device, ScratchDir};
 use lazytrain_data::collator::{Collator, HostBatch, MlmCollator};
 use lazytrain_data::corpus::demo_corpus;
 use lazytrain_data::dataset::{find_shards, EpochSampler, ShardedDataset};
+use lazytrain_data::formats::TextSource;
 use lazytrain_data::loader::{DeviceLoader, LoaderPlan};
-use lazytrain_data::prepare::{prepare, Manifest, PrepareOptions};
+use lazytrain_data::prepare::{prepare, Manifest, Preparation, PrepareOptions};
+use lazytrain_data::text::read_all_into;
 use lazytrain_data::tfrecord::{index_path, masked_crc32c, CorruptPolicy, LocalShard, RecordIndex};
 use lazytrain_data::train_tokenizer::{train_tokenizer, SubwordModel};
 use lazytrain_data::{TextTokenizer, TokenizerStyle};
@@ -332,6 +334,53 @@ fn a_second_prepare_replaces_the_first_ones_shards() {
     std::fs::remove_file(dir.join("train-00003-of-00004.tfrecord")).unwrap();
     let msg = find_shards(&dir, "train").err().unwrap().to_string();
     assert!(msg.contains("not one complete set of 4"), "a missing shard: {msg}");
+}
+
+/// A preparation that fails half-way (a bad line deep in a file, too
+/// little text) leaves the folder's earlier preparation as it was; one fed
+/// by the readers as they read writes what one of collected documents does.
+#[test]
+fn a_failed_prepare_keeps_the_earlier_one_and_a_streamed_one_matches() {
+    let (dir, tok, manifest) = prepared("keep", 2);
+    let listing = |dir: &std::path::Path| {
+        let mut files: Vec<(String, Vec<u8>)> = std::fs::read_dir(dir)
+            .unwrap()
+            .map(|e| e.unwrap().path())
+            .map(|p| (p.file_name().unwrap().to_string_lossy().into_owned(), std::fs::read(&p).unwrap()))
+            .collect();
+        files.sort();
+        files
+    };
+    let before = listing(&dir);
+    let options = PrepareOptions {
+        block_size: 32,
+        num_shards: 2,
+        validation_fraction: 0.1,
+        seed: 1,
+        progress: false,
+        ..Default::default()
+    };
+    let texts = tmp("keep-texts");
+    // Past the first batch of documents, so shards were being written.
+    let mut bad = [corpus(), corpus()].concat().join("\n").into_bytes();
+    assert!(corpus().len() > 2048);
+    bad.extend_from_slice(b"\nfine\n\xff\n");
+    std::fs::write(texts.join("bad.txt"), &bad).unwrap();
+    let mut preparation = Preparation::new(&tok, &dir, &options, false).unwrap();
+    let err = read_all_into(&[texts.join("bad.txt")], &TextSource::default(), &mut preparation).unwrap_err();
+    assert!(err.to_string().contains("invalid UTF-8"), "{err}");
+    drop(preparation);
+    assert_eq!(listing(&dir), before, "the earlier preparation is untouched, nothing is left behind");
+    let err = prepare(&tok, &["too short".to_string()], &dir, &options).unwrap_err().to_string();
+    assert!(err.contains("fewer than one block"), "{err}");
+    assert_eq!(listing(&dir), before);
+
+    std::fs::write(texts.join("good.txt"), corpus().join("\n")).unwrap();
+    let streamed = tmp("keep-streamed");
+    let mut preparation = Preparation::new(&tok, &streamed, &options, false).unwrap();
+    read_all_into(&[texts.join("good.txt")], &TextSource::default(), &mut preparation).unwrap();
+    assert_eq!(preparation.finish().unwrap(), manifest);
+    assert_eq!(listing(&streamed), before, "the same shards, sidecars and manifest");
 }
 
 /// A validation fraction too small to draw any block still holds one out,

@@ -2,10 +2,10 @@
 
 use crate::cli_storage::{input_files, staging, tokenizer_path, OutputFolder};
 use clap::Args;
-use lazytrain_data::formats::{Documents, InputFormat, TextSource};
-use lazytrain_data::prepare::{prepare_with_validation, Packing, PrepareOptions};
-use lazytrain_data::text::read_all_documents;
-use lazytrain_data::train_tokenizer::{train_tokenizer_with, Normalization, SubwordModel};
+use lazytrain_data::formats::{DocumentSink, InputFormat, TextSource};
+use lazytrain_data::prepare::{Packing, Preparation, PrepareOptions};
+use lazytrain_data::text::read_all_into;
+use lazytrain_data::train_tokenizer::{Normalization, SubwordModel, TokenizerTraining};
 use lazytrain_data::{TextTokenizer, TokenizerStyle};
 use lazytrain_storage::StorageUrl;
 use std::time::Instant;
@@ -22,16 +22,19 @@ pub struct InputColumns {
 }
 
 impl InputColumns {
-    /// The documents of `files`, with a notice of skipped null rows.
-    fn read(&self, files: &[StorageUrl]) -> lazytrain::Result<Documents> {
+    /// Give the documents of `files` to `docs` as they are read, with a
+    /// notice of skipped null rows.
+    fn stream(&self, files: &[StorageUrl], docs: &mut dyn DocumentSink) -> lazytrain::Result<()> {
         let format = self.format.as_deref().map(InputFormat::parse).transpose()?;
         let source = TextSource { format, text_column: self.text_column.clone() };
         let staging = staging("inputs")?;
-        let docs = read_all_documents(&input_files(files, &staging)?, &source)?;
-        if docs.null_rows > 0 {
-            eprintln!("note: skipped {} rows whose `{}` is null or missing", docs.null_rows, self.text_column);
+        let nulls_before = docs.counts().1;
+        read_all_into(&input_files(files, &staging)?, &source, docs)?;
+        let nulls = docs.counts().1 - nulls_before;
+        if nulls > 0 {
+            eprintln!("note: skipped {nulls} rows whose `{}` is null or missing", self.text_column);
         }
-        Ok(docs)
+        Ok(())
     }
 }
 
@@ -72,9 +75,12 @@ pub fn train(args: &TrainTokenizerArgs) -> lazytrain::Result<()> {
     let start = Instant::now();
     let model = SubwordModel::parse(&args.model)?;
     let style = TokenizerStyle::parse(&args.style)?;
-    let docs = args.input.read(&args.files)?.texts;
     let normalization = Normalization::parse(&args.normalizer)?;
-    let tokenizer = train_tokenizer_with(&docs, model, args.vocab_size, style, normalization)?;
+    // The words are counted as the files are read.
+    let mut training = TokenizerTraining::new(model, args.vocab_size, style, normalization)?;
+    args.input.stream(&args.files, &mut training)?;
+    let (documents, _) = training.counts();
+    let tokenizer = training.finish()?;
     let n = tokenizer.vocab_size();
     match n.cmp(&args.vocab_size) {
         std::cmp::Ordering::Greater => eprintln!(
@@ -96,7 +102,7 @@ pub fn train(args: &TrainTokenizerArgs) -> lazytrain::Result<()> {
         args.model,
         style,
         tokenizer.vocab_size(),
-        docs.len(),
+        documents,
         start.elapsed().as_secs_f64(),
         args.output
     );
@@ -147,28 +153,30 @@ pub struct PrepareArgs {
 pub fn run_prepare(args: &PrepareArgs) -> lazytrain::Result<()> {
     let start = Instant::now();
     let tokenizer = TextTokenizer::from_path(&tokenizer_path(&args.tokenizer)?)?;
-    let docs = args.input.read(&args.files)?.texts;
-    let held_out = match args.validation_files.is_empty() {
-        true => Vec::new(),
-        false => args.input.read(&args.validation_files)?.texts,
-    };
     if let Some(both) = args.validation_files.iter().find(|v| args.files.contains(v)) {
         eprintln!(
             "warning: {both} is both a training and a validation file: the eval loss will score text the model \
              trained on"
         );
     }
-    let default_fraction = if held_out.is_empty() { 0.01 } else { 0.0 };
+    let held_out = !args.validation_files.is_empty();
     let options = PrepareOptions {
         block_size: args.block_size,
         num_shards: args.num_shards,
-        validation_fraction: args.validation_fraction.unwrap_or(default_fraction),
+        validation_fraction: args.validation_fraction.unwrap_or(if held_out { 0.0 } else { 0.01 }),
         seed: args.seed,
         progress: true,
         packing: Packing::parse(&args.packing)?,
     };
     let output = OutputFolder::new(&args.output)?;
-    let manifest = prepare_with_validation(&tokenizer, &docs, &held_out, &output.path(), &options)?;
+    // The documents are tokenized and written as the files are read.
+    let mut preparation = Preparation::new(&tokenizer, &output.path(), &options, held_out)?;
+    args.input.stream(&args.files, &mut preparation)?;
+    if held_out {
+        preparation.held_out()?;
+        args.input.stream(&args.validation_files, &mut preparation)?;
+    }
+    let manifest = preparation.finish()?;
     output.publish(&["manifest.json"])?;
     println!(
         "{} documents, {} tokens -> {} train and {} validation blocks of {} ({} tokens dropped) in {:.1} s -> {}",

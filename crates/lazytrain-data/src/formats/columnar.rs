@@ -2,7 +2,7 @@
 //! batch of rows at a time, only the text column decoded) and Arrow IPC
 //! streams (a `datasets` cache's `.arrow` files).
 
-use super::{io_error, Documents};
+use super::{io_error, DocumentSink};
 use crate::Result;
 use arrow_array::{Array, LargeStringArray, RecordBatch, StringArray, StringViewArray};
 use arrow_schema::{DataType, Schema};
@@ -37,19 +37,22 @@ fn string_column(path: &Path, schema: &Schema, column: &str) -> Result<usize> {
 }
 
 /// Append column `index` of `batch` (a string array) to `docs`.
-fn append_strings(path: &Path, batch: &RecordBatch, index: usize, docs: &mut Documents) -> Result<()> {
+fn append_strings(path: &Path, batch: &RecordBatch, index: usize, docs: &mut dyn DocumentSink) -> Result<()> {
     let array = batch.column(index);
     let any = array.as_any();
     let mut take = |value: Option<&str>| match value {
         Some(text) => docs.push(text),
-        None => docs.null_rows += 1,
+        None => {
+            docs.null_row();
+            Ok(())
+        }
     };
     if let Some(strings) = any.downcast_ref::<StringArray>() {
-        strings.iter().for_each(&mut take);
+        strings.iter().try_for_each(&mut take)?;
     } else if let Some(strings) = any.downcast_ref::<LargeStringArray>() {
-        strings.iter().for_each(&mut take);
+        strings.iter().try_for_each(&mut take)?;
     } else if let Some(strings) = any.downcast_ref::<StringViewArray>() {
-        strings.iter().for_each(&mut take);
+        strings.iter().try_for_each(&mut take)?;
     } else {
         return Err(io_error(path, format!("a batch holds {} where strings were declared", array.data_type())));
     }
@@ -165,7 +168,7 @@ fn read_table_unguarded(
 }
 
 /// The strings of `column` of a Parquet file.
-pub(super) fn read_parquet(path: &Path, column: &str, docs: &mut Documents) -> Result<()> {
+pub(super) fn read_parquet(path: &Path, column: &str, docs: &mut dyn DocumentSink) -> Result<()> {
     use parquet::arrow::arrow_reader::ParquetRecordBatchReaderBuilder;
     use parquet::arrow::ProjectionMask;
     let file = parquet_bytes(path)?;
@@ -182,7 +185,7 @@ pub(super) fn read_parquet(path: &Path, column: &str, docs: &mut Documents) -> R
 }
 
 /// The strings of `column` of an Arrow IPC stream.
-pub(super) fn read_arrow_stream(path: &Path, column: &str, docs: &mut Documents) -> Result<()> {
+pub(super) fn read_arrow_stream(path: &Path, column: &str, docs: &mut dyn DocumentSink) -> Result<()> {
     let file = std::fs::File::open(path).map_err(|e| io_error(path, format!("cannot open the input file: {e}")))?;
     let reader = arrow_ipc::reader::StreamReader::try_new(std::io::BufReader::new(file), None)
         .map_err(|e| io_error(path, format!("not an Arrow IPC stream (as `datasets` writes its .arrow files): {e}")))?;

@@ -85,6 +85,24 @@ impl Default for TextSource {
     }
 }
 
+/// Where the readers put what they read, document by document: collected
+/// ([`Documents`]) or tokenized and written as it comes (`prepare`).
+pub trait DocumentSink {
+    /// Take one document: a non-blank text, trimmed.
+    fn document(&mut self, text: &str) -> Result<()>;
+    /// Count a row whose text is null, or (CSV, TSV) missing from a short row.
+    fn null_row(&mut self);
+    /// The documents and null rows taken so far.
+    fn counts(&self) -> (u64, u64);
+    /// Take `text` trimmed, unless it is blank.
+    fn push(&mut self, text: &str) -> Result<()> {
+        match text.trim() {
+            "" => Ok(()),
+            trimmed => self.document(trimmed),
+        }
+    }
+}
+
 /// The documents read from files: every non-blank text, trimmed.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct Documents {
@@ -94,13 +112,18 @@ pub struct Documents {
     pub null_rows: u64,
 }
 
-impl Documents {
-    /// Keep `text` when it is not blank.
-    fn push(&mut self, text: &str) {
-        let trimmed = text.trim();
-        if !trimmed.is_empty() {
-            self.texts.push(trimmed.to_string());
-        }
+impl DocumentSink for Documents {
+    fn document(&mut self, text: &str) -> Result<()> {
+        self.texts.push(text.to_string());
+        Ok(())
+    }
+
+    fn null_row(&mut self) {
+        self.null_rows += 1;
+    }
+
+    fn counts(&self) -> (u64, u64) {
+        (self.texts.len() as u64, self.null_rows)
     }
 }
 
@@ -121,12 +144,12 @@ pub(crate) fn open(path: &Path, gzipped: bool) -> Result<Box<dyn Read>> {
     })
 }
 
-/// Append the documents of one file to `docs`.
-pub fn read_into(path: &Path, source: &TextSource, docs: &mut Documents) -> Result<()> {
+/// Give the documents of one file to `docs`.
+pub fn read_into(path: &Path, source: &TextSource, docs: &mut dyn DocumentSink) -> Result<()> {
     let (detected, gzipped) = InputFormat::detect(path);
     let format = source.format.unwrap_or(detected);
     let column = source.text_column.as_str();
-    let before = (docs.texts.len(), docs.null_rows);
+    let before = docs.counts();
     match format {
         InputFormat::Text => rows::read_lines(path, gzipped, docs)?,
         InputFormat::JsonLines => rows::read_json_lines(path, gzipped, column, docs)?,
@@ -147,8 +170,9 @@ pub fn read_into(path: &Path, source: &TextSource, docs: &mut Documents) -> Resu
                 Err(io_error(path, format!("the stream is truncated or corrupt (the reader failed: {m})")))
             })?,
     }
-    if docs.texts.len() == before.0 {
-        let nulls = docs.null_rows - before.1;
+    let after = docs.counts();
+    if after.0 == before.0 {
+        let nulls = after.1 - before.1;
         return Err(io_error(
             path,
             match nulls {

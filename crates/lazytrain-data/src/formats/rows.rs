@@ -1,7 +1,7 @@
 //! Line-oriented formats: plain text, JSON Lines, CSV and TSV (each
 //! optionally gzipped).
 
-use super::{io_error, open, Documents};
+use super::{io_error, open, DocumentSink};
 use crate::Result;
 use std::io::{BufRead, BufReader};
 use std::path::Path;
@@ -33,7 +33,7 @@ fn next_line(reader: &mut impl BufRead, raw: &mut Vec<u8>, path: &Path, gzipped:
 }
 
 /// Every non-blank line is one document.
-pub(super) fn read_lines(path: &Path, gzipped: bool, docs: &mut Documents) -> Result<()> {
+pub(super) fn read_lines(path: &Path, gzipped: bool, docs: &mut dyn DocumentSink) -> Result<()> {
     let mut reader = BufReader::new(open(path, gzipped)?);
     let mut raw = Vec::new();
     let mut line = 0u64;
@@ -41,7 +41,7 @@ pub(super) fn read_lines(path: &Path, gzipped: bool, docs: &mut Documents) -> Re
         line += 1;
         let text = std::str::from_utf8(&raw)
             .map_err(|_| io_error(path, format!("line {line}: invalid UTF-8 (is it UTF-8 text?)")))?;
-        docs.push(text.strip_suffix('\n').map_or(text, |t| t.strip_suffix('\r').unwrap_or(t)));
+        docs.push(text.strip_suffix('\n').map_or(text, |t| t.strip_suffix('\r').unwrap_or(t)))?;
     }
     Ok(())
 }
@@ -59,7 +59,7 @@ pub(crate) fn json_type(value: &serde_json::Value) -> &'static str {
 }
 
 /// Field `column` of every JSON object line (null values skipped and counted).
-pub(super) fn read_json_lines(path: &Path, gzipped: bool, column: &str, docs: &mut Documents) -> Result<()> {
+pub(super) fn read_json_lines(path: &Path, gzipped: bool, column: &str, docs: &mut dyn DocumentSink) -> Result<()> {
     let mut reader = BufReader::new(open(path, gzipped)?);
     let mut raw = Vec::new();
     let mut line = 0u64;
@@ -81,8 +81,8 @@ pub(super) fn read_json_lines(path: &Path, gzipped: bool, column: &str, docs: &m
             return Err(bad(format!("expected a JSON object, got {}", json_type(&value))));
         };
         match fields.get(column) {
-            Some(serde_json::Value::String(s)) => docs.push(s),
-            Some(serde_json::Value::Null) => docs.null_rows += 1,
+            Some(serde_json::Value::String(s)) => docs.push(s)?,
+            Some(serde_json::Value::Null) => docs.null_row(),
             Some(other) => {
                 return Err(bad(format!("field `{column}` is {}, not a string", json_type(other))));
             }
@@ -103,7 +103,7 @@ pub(super) fn read_delimited(
     gzipped: bool,
     delimiter: u8,
     column: &str,
-    docs: &mut Documents,
+    docs: &mut dyn DocumentSink,
 ) -> Result<()> {
     let mut reader = csv::ReaderBuilder::new().delimiter(delimiter).flexible(true).from_reader(open(path, gzipped)?);
     let headers = reader.byte_headers().map_err(|e| io_error(path, format!("cannot read the header row: {e}")))?;
@@ -122,11 +122,11 @@ pub(super) fn read_delimited(
         let line = record.position().map_or(0, |p| p.line());
         // A row too short to have the column is skipped and counted, as a null is.
         let Some(field) = record.get(index) else {
-            docs.null_rows += 1;
+            docs.null_row();
             continue;
         };
         let text = std::str::from_utf8(field).map_err(|_| io_error(path, format!("line {line}: invalid UTF-8")))?;
-        docs.push(text);
+        docs.push(text)?;
     }
     Ok(())
 }
