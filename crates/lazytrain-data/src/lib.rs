@@ -22,6 +22,7 @@ mod error;
 pub mod example;
 pub mod formats;
 pub mod loader;
+mod long_documents;
 mod preparation;
 pub mod prepare;
 pub mod protobuf;

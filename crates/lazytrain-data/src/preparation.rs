@@ -9,6 +9,7 @@
 
 use crate::example::encode_int64_example;
 use crate::formats::DocumentSink;
+use crate::long_documents::{self, PIECE_BYTES};
 use crate::prepare::{
     check_output_folder, check_split_options, finish_shards, remove_shards, shard_writers, tokenizer_hash, write_json,
     Manifest, Packing, PrepareOptions, ShardInfo, MAX_BLOCK_SIZE,
@@ -24,7 +25,7 @@ const BATCH_DOCUMENTS: usize = 4096;
 
 /// Bytes of text tokenized together at most (besides one document that is
 /// longer on its own).
-const BATCH_BYTES: usize = 16 << 20;
+const BATCH_BYTES: usize = 4 << 20;
 
 /// The folder inside the output that shards are written into until the
 /// preparation is complete.
@@ -55,6 +56,8 @@ pub struct Preparation<'t> {
     documents: u64,
     null_rows: u64,
     dropped: u64,
+    /// Cuts inside a word of documents tokenized in pieces.
+    cuts_inside_words: u64,
     bar: indicatif::ProgressBar,
 }
 
@@ -103,6 +106,7 @@ impl<'t> Preparation<'t> {
             documents: 0,
             null_rows: 0,
             dropped: 0,
+            cuts_inside_words: 0,
             bar: counting_bar(options.progress, "tokenizing"),
         })
     }
@@ -133,6 +137,9 @@ impl<'t> Preparation<'t> {
             self.end_training()?;
         }
         self.bar.finish_and_clear();
+        if self.cuts_inside_words > 0 {
+            eprintln!("{}", long_documents::cut_words_note(self.cuts_inside_words));
+        }
         let train = finish_shards(std::mem::take(&mut self.train))?;
         let validation = finish_shards(std::mem::take(&mut self.validation))?;
         self.move_into_place(train.iter().chain(&validation))?;
@@ -184,21 +191,24 @@ impl<'t> Preparation<'t> {
         let batch = std::mem::take(&mut self.pending);
         let count = batch.len() as u64;
         self.pending_bytes = 0;
-        let special = self.tokenizer.special();
-        let with_specials = self.options.packing == Packing::GroupTexts;
-        // GPT-2's tokenizer adds no special tokens: end each document with
-        // `<|endoftext|>`, as GPT-2's training text is laid out.
-        let separator = (with_specials && special.style == crate::TokenizerStyle::Gpt2).then_some(special.end);
-        let encodings = self
-            .tokenizer
-            .inner()
-            .encode_batch(batch, with_specials)
-            .map_err(|e| DataError::Invalid(format!("tokenization failed: {e}")))?;
-        let mut blocks = Vec::new();
-        for encoding in &encodings {
-            self.packer.push(encoding.get_ids().iter().copied().chain(separator), &mut blocks);
+        // Documents are tokenized together, but one too long to tokenize
+        // at once on its own, in pieces.
+        let mut together = Vec::new();
+        for document in batch {
+            if document.len() <= PIECE_BYTES {
+                together.push(document);
+                continue;
+            }
+            self.tokenize_together(std::mem::take(&mut together))?;
+            self.tokenize_in_pieces(&document)?;
         }
-        drop(encodings);
+        self.tokenize_together(together)?;
+        self.bar.inc(count);
+        Ok(())
+    }
+
+    /// Write `blocks` where the split places them.
+    fn place(&mut self, blocks: Vec<Vec<u32>>) -> Result<()> {
         for block in blocks {
             match self.holding_out {
                 true => {
@@ -213,8 +223,67 @@ impl<'t> Preparation<'t> {
                 }
             }
         }
-        self.bar.inc(count);
         Ok(())
+    }
+
+    /// Whether documents are encoded with the tokenizer's special tokens,
+    /// and the token that ends each (GPT-2's tokenizer adds no special
+    /// tokens: each document ends with `<|endoftext|>`, as GPT-2's training
+    /// text is laid out).
+    fn document_tokens(&self) -> (bool, Option<u32>) {
+        let special = self.tokenizer.special();
+        let with_specials = self.options.packing == Packing::GroupTexts;
+        (with_specials, (with_specials && special.style == crate::TokenizerStyle::Gpt2).then_some(special.end))
+    }
+
+    /// Tokenize `documents` in one batch, pack them and write their blocks.
+    fn tokenize_together(&mut self, documents: Vec<String>) -> Result<()> {
+        if documents.is_empty() {
+            return Ok(());
+        }
+        let (with_specials, separator) = self.document_tokens();
+        let encodings = self
+            .tokenizer
+            .inner()
+            .encode_batch(documents, with_specials)
+            .map_err(|e| DataError::Invalid(format!("tokenization failed: {e}")))?;
+        let mut blocks = Vec::new();
+        for encoding in &encodings {
+            self.packer.push(encoding.get_ids().iter().copied().chain(separator), &mut blocks);
+        }
+        drop(encodings);
+        self.place(blocks)
+    }
+
+    /// Tokenize a long `document` in pieces cut where words end, a few at
+    /// a time, and pack it as one document, inside the special tokens the
+    /// tokenizer puts around a text; its blocks are written as they fill.
+    fn tokenize_in_pieces(&mut self, document: &str) -> Result<()> {
+        let (with_specials, separator) = self.document_tokens();
+        let (pieces, inside_words) = long_documents::pieces(document, PIECE_BYTES);
+        self.cuts_inside_words += inside_words;
+        let failed = |e: tokenizers::Error| DataError::Invalid(format!("tokenization failed: {e}"));
+        let tokenizer: &'t TextTokenizer = self.tokenizer;
+        let inner = tokenizer.inner();
+        // The post-processor's tokens around one placeholder token.
+        let placeholder = u32::MAX;
+        let around =
+            tokenizers::Encoding::from_tokens(vec![tokenizers::Token::new(placeholder, String::new(), (0, 0))], 0);
+        let wrapped = inner.post_process(around, None, with_specials).map_err(failed)?.get_ids().to_vec();
+        let at = wrapped.iter().position(|&id| id == placeholder).ok_or_else(|| {
+            DataError::Invalid("tokenization failed: the post-processor dropped the text of a long document".into())
+        })?;
+        let mut blocks = Vec::new();
+        self.packer.begin(&mut blocks);
+        self.packer.extend(wrapped[..at].iter().copied(), &mut blocks);
+        for few in pieces.chunks(rayon::current_num_threads().max(1)) {
+            for encoding in inner.encode_batch(few.to_vec(), false).map_err(failed)? {
+                self.packer.extend(encoding.get_ids().iter().copied(), &mut blocks);
+            }
+            self.place(std::mem::take(&mut blocks))?;
+        }
+        self.packer.extend(wrapped[at + 1..].iter().copied().chain(separator), &mut blocks);
+        self.place(blocks)
     }
 
     /// Write `block` to the validation shard or the next training shard.
@@ -339,9 +408,20 @@ impl Packer {
 
     /// Pack one sequence, appending the blocks it completes to `blocks`.
     fn push(&mut self, sequence: impl Iterator<Item = u32>, blocks: &mut Vec<Vec<u32>>) {
+        self.begin(blocks);
+        self.extend(sequence, blocks);
+    }
+
+    /// Start a sequence (wrapped sequences are joined by `end`).
+    fn begin(&mut self, blocks: &mut Vec<Vec<u32>>) {
         let joint = self.wrap.filter(|_| self.started).map(|(_, end)| end);
         self.started = true;
-        for token in joint.into_iter().chain(sequence) {
+        self.extend(joint.into_iter(), blocks);
+    }
+
+    /// Add tokens to the sequence begun.
+    fn extend(&mut self, tokens: impl Iterator<Item = u32>, blocks: &mut Vec<Vec<u32>>) {
+        for token in tokens {
             self.current.push(token);
             if self.current.len() == self.body {
                 let body = std::mem::replace(&mut self.current, Vec::with_capacity(self.body));

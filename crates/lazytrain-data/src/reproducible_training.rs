@@ -13,6 +13,7 @@
 //! result then put in a canonical order ([`canonical_pieces`]).
 
 use crate::formats::DocumentSink;
+use crate::long_documents::{self, PIECE_BYTES};
 use crate::train_tokenizer::train_error;
 use crate::{DataError, Result};
 use ahash::{AHashMap, RandomState};
@@ -59,6 +60,8 @@ pub(crate) struct WordCounter {
     pending_bytes: usize,
     counts: HashMap<String, u64>,
     too_long: u64,
+    /// Cuts inside a word of documents counted in pieces.
+    cuts_inside_words: u64,
     documents: u64,
     null_rows: u64,
 }
@@ -72,6 +75,7 @@ impl WordCounter {
             pending_bytes: 0,
             counts: HashMap::new(),
             too_long: 0,
+            cuts_inside_words: 0,
             documents: 0,
             null_rows: 0,
         }
@@ -80,6 +84,9 @@ impl WordCounter {
     /// The tokenizer and the counts of every word given, sorted by word.
     pub(crate) fn finish(mut self) -> Result<(Tokenizer, WordCounts)> {
         self.count_pending()?;
+        if self.cuts_inside_words > 0 {
+            eprintln!("{}", long_documents::cut_words_note(self.cuts_inside_words));
+        }
         if self.too_long > 0 {
             eprintln!(
                 "note: left {} word(s) longer than {MAX_TRAINING_WORD_BYTES} bytes out of tokenizer training \
@@ -148,10 +155,16 @@ impl WordCounter {
 impl DocumentSink for WordCounter {
     fn document(&mut self, text: &str) -> Result<()> {
         self.documents += 1;
-        self.pending_bytes += text.len();
-        self.pending.push(text.to_string());
-        if self.pending.len() >= BATCH_DOCUMENTS || self.pending_bytes >= BATCH_BYTES {
-            self.count_pending()?;
+        // A long document is counted in pieces cut where words end (see
+        // `long_documents`), which hold the same words.
+        let (pieces, inside_words) = long_documents::pieces(text, PIECE_BYTES);
+        self.cuts_inside_words += inside_words;
+        for piece in pieces {
+            self.pending_bytes += piece.len();
+            self.pending.push(piece.to_string());
+            if self.pending.len() >= BATCH_DOCUMENTS || self.pending_bytes >= BATCH_BYTES {
+                self.count_pending()?;
+            }
         }
         Ok(())
     }

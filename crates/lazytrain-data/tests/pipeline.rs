@@ -383,6 +383,46 @@ fn a_failed_prepare_keeps_the_earlier_one_and_a_streamed_one_matches() {
     assert_eq!(listing(&streamed), before, "the same shards, sidecars and manifest");
 }
 
+/// A document longer than the tokenizers can take at once (over 1 MiB) is
+/// tokenized in pieces cut where words end: its blocks hold the tokens of
+/// the whole document, in every tokenizer style.
+#[test]
+fn a_document_over_a_mebibyte_gives_the_tokens_of_the_whole() {
+    let sentences = corpus();
+    let mut long = String::new();
+    for (i, sentence) in sentences.iter().cycle().enumerate() {
+        if long.len() > (1 << 20) + 50_000 {
+            break;
+        }
+        // Runs of spaces, tabs and non-ASCII text between the sentences.
+        long.push_str(["  ", " ", "\t ", " — é "][i % 4]);
+        long.push_str(sentence);
+    }
+    for (model, style) in [
+        (SubwordModel::WordPiece, TokenizerStyle::Bert),
+        (SubwordModel::Unigram, TokenizerStyle::Roberta),
+        (SubwordModel::Bpe, TokenizerStyle::Gpt2),
+    ] {
+        let tok = train_tokenizer(&sentences, model, 300, style).unwrap();
+        let mut whole = tok.encode(&long, true).unwrap();
+        whole.extend((style == TokenizerStyle::Gpt2).then_some(tok.special().end));
+        let dir = tmp("long-document");
+        let options = PrepareOptions {
+            block_size: 64,
+            num_shards: 1,
+            validation_fraction: 0.0,
+            progress: false,
+            ..Default::default()
+        };
+        let manifest = prepare(&tok, std::slice::from_ref(&long), &dir, &options).unwrap();
+        let data = ShardedDataset::open(&find_shards(&dir, "train").unwrap(), CorruptPolicy::Fail).unwrap();
+        let packed: Vec<u32> =
+            (0..data.len()).flat_map(|k| data.feature(k, "input_ids").unwrap()).map(|t| t as u32).collect();
+        assert_eq!(packed.len() as u64 + manifest.dropped_tokens, whole.len() as u64, "{model:?}");
+        assert!(packed == whole[..packed.len()], "{model:?}: the pieces tokenize as the whole");
+    }
+}
+
 /// A validation fraction too small to draw any block still holds one out,
 /// and input too short to split is refused.
 #[test]
