@@ -82,21 +82,39 @@ pub fn read_labelled_file(
     skip_bad: bool,
     counts: &mut BadRowCounts,
 ) -> Result<Vec<LabelledRow>> {
+    let mut rows = Vec::new();
+    for_each_labelled_row(path, columns, skip_bad, counts, &mut |row| {
+        rows.push(row);
+        Ok(())
+    })?;
+    Ok(rows)
+}
+
+/// [`read_labelled_file`] a row at a time: each good row is handed to
+/// `each` as it is read, so memory holds a line (a batch of a columnar
+/// file's rows), not the file.
+pub fn for_each_labelled_row(
+    path: &Path,
+    columns: &Columns,
+    skip_bad: bool,
+    counts: &mut BadRowCounts,
+    each: &mut dyn FnMut(LabelledRow) -> Result<()>,
+) -> Result<()> {
     let extension_of = |p: &Path| p.extension().and_then(|e| e.to_str()).unwrap_or("").to_ascii_lowercase();
     let gzipped = extension_of(path) == "gz";
     let extension =
         if gzipped { extension_of(Path::new(path.file_stem().unwrap_or_default())) } else { extension_of(path) };
-    let mut policy = RowPolicy { path, skip: skip_bad, counts };
+    let mut rows = Rows { policy: RowPolicy { path, skip: skip_bad, counts }, each };
     match extension.as_str() {
-        "jsonl" | "json" | "ndjson" => read_json_lines(path, gzipped, columns, &mut policy),
-        "csv" => read_delimited(path, gzipped, b',', columns, &mut policy),
-        "tsv" | "tab" => read_delimited(path, gzipped, b'\t', columns, &mut policy),
+        "jsonl" | "json" | "ndjson" => read_json_lines(path, gzipped, columns, &mut rows),
+        "csv" => read_delimited(path, gzipped, b',', columns, &mut rows),
+        "tsv" | "tab" => read_delimited(path, gzipped, b'\t', columns, &mut rows),
         "parquet" | "arrow" if gzipped => Err(DataError::Io {
             path: path.display().to_string(),
             detail: "gzipped Parquet or Arrow files are not read (they compress their own pages); decompress it".into(),
         }),
-        "parquet" => read_columnar(path, true, columns, &mut policy),
-        "arrow" => read_columnar(path, false, columns, &mut policy),
+        "parquet" => read_columnar(path, true, columns, &mut rows),
+        "arrow" => read_columnar(path, false, columns, &mut rows),
         other => Err(DataError::Io {
             path: path.display().to_string(),
             detail: format!(
@@ -107,13 +125,25 @@ pub fn read_labelled_file(
     }
 }
 
-/// The whole file, decompressed when `gzipped`.
-fn read_bytes(path: &Path, gzipped: bool) -> Result<Vec<u8>> {
-    let mut bytes = Vec::new();
-    crate::formats::open(path, gzipped)?
-        .read_to_end(&mut bytes)
-        .map_err(|e| DataError::Io { path: path.display().to_string(), detail: format!("cannot read: {e}") })?;
-    Ok(bytes)
+/// Where a reader's rows go: bad ones to the policy, good ones to `each`.
+struct Rows<'a, 'c> {
+    policy: RowPolicy<'a>,
+    each: &'c mut dyn FnMut(LabelledRow) -> Result<()>,
+}
+
+impl Rows<'_, '_> {
+    /// A bad row at `line`: an error, or counted when skipping.
+    fn reject(&mut self, kind: BadRowKind, line: u64, detail: String) -> Result<()> {
+        self.policy.reject(kind, line, detail)
+    }
+
+    /// Hand on `row`, unless its label is empty.
+    fn push(&mut self, row: LabelledRow) -> Result<()> {
+        if row.label.trim().is_empty() {
+            return self.reject(BadRowKind::EmptyLabel, row.line, "the label is empty".into());
+        }
+        (self.each)(row)
+    }
 }
 
 /// What kind of JSON value `value` is, for errors: the text reader's
@@ -138,12 +168,13 @@ fn label_text(value: &serde_json::Value) -> Option<String> {
     }
 }
 
-fn read_json_lines(path: &Path, gzipped: bool, columns: &Columns, policy: &mut RowPolicy) -> Result<Vec<LabelledRow>> {
-    let bytes = read_bytes(path, gzipped)?;
-    let mut rows = Vec::new();
-    for (index, raw) in bytes.split(|&b| b == b'\n').enumerate() {
-        let line = index as u64 + 1;
-        let Ok(text) = std::str::from_utf8(raw) else {
+fn read_json_lines(path: &Path, gzipped: bool, columns: &Columns, policy: &mut Rows) -> Result<()> {
+    let mut reader = std::io::BufReader::new(crate::formats::open(path, gzipped)?);
+    let mut raw = Vec::new();
+    let mut line = 0;
+    while crate::formats::next_line(&mut reader, &mut raw, path, gzipped, line + 1)? {
+        line += 1;
+        let Ok(text) = std::str::from_utf8(&raw) else {
             policy.reject(BadRowKind::InvalidUtf8, line, "invalid UTF-8".into())?;
             continue;
         };
@@ -206,26 +237,12 @@ fn read_json_lines(path: &Path, gzipped: bool, columns: &Columns, policy: &mut R
             },
             None => None,
         };
-        push_row(&mut rows, policy, LabelledRow { text, text_pair, label, line })?;
+        policy.push(LabelledRow { text, text_pair, label, line })?;
     }
-    Ok(rows)
-}
-
-fn push_row(rows: &mut Vec<LabelledRow>, policy: &mut RowPolicy, row: LabelledRow) -> Result<()> {
-    if row.label.trim().is_empty() {
-        return policy.reject(BadRowKind::EmptyLabel, row.line, "the label is empty".into());
-    }
-    rows.push(row);
     Ok(())
 }
 
-fn read_delimited(
-    path: &Path,
-    gzipped: bool,
-    delimiter: u8,
-    columns: &Columns,
-    policy: &mut RowPolicy,
-) -> Result<Vec<LabelledRow>> {
+fn read_delimited(path: &Path, gzipped: bool, delimiter: u8, columns: &Columns, policy: &mut Rows) -> Result<()> {
     let io = |detail: String| DataError::Io { path: path.display().to_string(), detail };
     let file = crate::formats::open(path, gzipped)?;
     let mut reader = csv::ReaderBuilder::new().delimiter(delimiter).flexible(true).from_reader(file);
@@ -246,7 +263,6 @@ fn read_delimited(
     let text_at = find(&columns.text)?;
     let label_at = find(&columns.label)?;
     let pair_at = columns.text_pair.as_deref().map(find).transpose()?;
-    let mut rows = Vec::new();
     let mut record = csv::ByteRecord::new();
     loop {
         match reader.read_byte_record(&mut record) {
@@ -288,36 +304,34 @@ fn read_delimited(
         }
         let mut values = values.into_iter();
         let (text, label) = (values.next().unwrap_or_default(), values.next().unwrap_or_default());
-        push_row(&mut rows, policy, LabelledRow { text, text_pair: values.next(), label, line })?;
+        policy.push(LabelledRow { text, text_pair: values.next(), label, line })?;
     }
-    Ok(rows)
+    Ok(())
 }
 
 /// Rows of a Parquet file or Arrow stream: text (and pair) columns of
 /// strings, a label column of strings, integers (a `datasets` ClassLabel)
 /// or booleans; a null is a missing value.
-fn read_columnar(path: &Path, parquet: bool, columns: &Columns, policy: &mut RowPolicy) -> Result<Vec<LabelledRow>> {
-    use crate::formats::{read_table, ColumnKind};
+fn read_columnar(path: &Path, parquet: bool, columns: &Columns, policy: &mut Rows) -> Result<()> {
+    use crate::formats::{for_each_table_row, ColumnKind};
     let mut wanted = vec![(columns.text.as_str(), ColumnKind::Text), (columns.label.as_str(), ColumnKind::Label)];
     wanted.extend(columns.text_pair.as_deref().map(|name| (name, ColumnKind::Text)));
-    let mut rows = Vec::new();
-    for (index, values) in read_table(path, parquet, &wanted)?.into_iter().enumerate() {
-        let line = index as u64 + 1;
+    let mut line = 0;
+    for_each_table_row(path, parquet, &wanted, &mut |values| {
+        line += 1;
         let missing: Vec<&str> =
             wanted.iter().zip(&values).filter(|(_, v)| v.is_none()).map(|((n, _), _)| *n).collect();
         if !missing.is_empty() {
-            policy.reject(
+            return policy.reject(
                 BadRowKind::MissingColumn,
                 line,
                 format!("row {line}: `{}` is null", missing.join("`, `")),
-            )?;
-            continue;
+            );
         }
         let mut values = values.into_iter().flatten();
         let (text, label) = (values.next().unwrap_or_default(), values.next().unwrap_or_default());
-        push_row(&mut rows, policy, LabelledRow { text, text_pair: values.next(), label, line })?;
-    }
-    Ok(rows)
+        policy.push(LabelledRow { text, text_pair: values.next(), label, line })
+    })
 }
 
 /// How label ids are assigned.

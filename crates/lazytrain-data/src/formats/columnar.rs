@@ -36,25 +36,66 @@ fn string_column(path: &Path, schema: &Schema, column: &str) -> Result<usize> {
     }
 }
 
-/// Append column `index` of `batch` (a string array) to `docs`.
-fn append_strings(path: &Path, batch: &RecordBatch, index: usize, docs: &mut dyn DocumentSink) -> Result<()> {
+/// Column `index` of `batch` (a string array) as owned texts, `None` for
+/// nulls.
+fn strings_of(path: &Path, batch: &RecordBatch, index: usize) -> Result<Vec<Option<String>>> {
     let array = batch.column(index);
     let any = array.as_any();
-    let mut take = |value: Option<&str>| match value {
-        Some(text) => docs.push(text),
-        None => {
-            docs.null_row();
-            Ok(())
-        }
-    };
+    let owned = |value: Option<&str>| value.map(str::to_string);
     if let Some(strings) = any.downcast_ref::<StringArray>() {
-        strings.iter().try_for_each(&mut take)?;
+        Ok(strings.iter().map(owned).collect())
     } else if let Some(strings) = any.downcast_ref::<LargeStringArray>() {
-        strings.iter().try_for_each(&mut take)?;
+        Ok(strings.iter().map(owned).collect())
     } else if let Some(strings) = any.downcast_ref::<StringViewArray>() {
-        strings.iter().try_for_each(&mut take)?;
+        Ok(strings.iter().map(owned).collect())
     } else {
-        return Err(io_error(path, format!("a batch holds {} where strings were declared", array.data_type())));
+        Err(io_error(path, format!("a batch holds {} where strings were declared", array.data_type())))
+    }
+}
+
+/// Run `f`, a call into the Arrow libraries, which panic on some corrupt
+/// files: a panic is an error naming the file (`what` it then is). Only
+/// the reading is guarded; what is read is handed on outside, so a panic
+/// where it goes is not mistaken for a corrupt file.
+fn guarded<T>(path: &Path, what: &str, f: impl FnOnce() -> Result<T>) -> Result<T> {
+    crate::quiet::quietly(f).unwrap_or_else(|m| Err(io_error(path, format!("{what} (the reader failed: {m})"))))
+}
+
+/// The record batches of a Parquet file or an Arrow IPC stream.
+type BatchReader = Box<dyn Iterator<Item = std::result::Result<RecordBatch, arrow_schema::ArrowError>>>;
+
+/// The next batch of `reader` (guarded), turned into `T` by `convert`
+/// inside the guard; `None` at the end. `batch_error` prefixes a batch's
+/// read error.
+fn next_batch<T>(
+    path: &Path,
+    what: &str,
+    batch_error: &str,
+    reader: &mut BatchReader,
+    convert: impl FnOnce(&RecordBatch) -> Result<T>,
+) -> Result<Option<T>> {
+    guarded(path, what, || match reader.next() {
+        None => Ok(None),
+        Some(Err(e)) => Err(io_error(path, format!("{batch_error}: {e}"))),
+        Some(Ok(batch)) => convert(&batch).map(Some),
+    })
+}
+
+/// Hand every text of column `index` of `reader`'s batches to `docs`.
+fn feed_texts(
+    path: &Path,
+    (what, batch_error): (&str, &str),
+    mut reader: BatchReader,
+    index: usize,
+    docs: &mut dyn DocumentSink,
+) -> Result<()> {
+    while let Some(texts) = next_batch(path, what, batch_error, &mut reader, |batch| strings_of(path, batch, index))? {
+        for text in texts {
+            match text {
+                Some(text) => docs.push(&text)?,
+                None => docs.null_row(),
+            }
+        }
     }
     Ok(())
 }
@@ -108,91 +149,96 @@ fn column_values(array: &dyn Array, kind: ColumnKind) -> std::result::Result<Vec
     })
 }
 
-/// Rows of the `columns` (name and kind) of a Parquet file or Arrow
-/// stream, each value as text (`None` for nulls), in file order.
-pub(crate) fn read_table(
+/// Hand each row of the `columns` (name and kind) of a Parquet file or
+/// Arrow stream to `each`, every value as text (`None` for nulls), in file
+/// order, a batch of rows read at a time.
+pub(crate) fn for_each_table_row(
     path: &Path,
     parquet: bool,
     columns: &[(&str, ColumnKind)],
-) -> Result<Vec<Vec<Option<String>>>> {
-    // The Arrow libraries panic on some corrupt files: an error all the same.
-    crate::quiet::quietly(|| read_table_unguarded(path, parquet, columns))
-        .unwrap_or_else(|m| Err(io_error(path, format!("not a readable table (the reader failed: {m})"))))
+    each: &mut dyn FnMut(Vec<Option<String>>) -> Result<()>,
+) -> Result<()> {
+    let what = "not a readable table";
+    let (mut reader, batch_error): (BatchReader, &str) = guarded(path, what, || {
+        Ok(if parquet {
+            use parquet::arrow::arrow_reader::ParquetRecordBatchReaderBuilder;
+            let file = parquet_bytes(path)?;
+            let unreadable =
+                |e: parquet::errors::ParquetError| io_error(path, format!("not a readable Parquet file: {e}"));
+            let builder = ParquetRecordBatchReaderBuilder::try_new(file).map_err(unreadable)?;
+            let reader: BatchReader = Box::new(builder.with_batch_size(BATCH_ROWS).build().map_err(unreadable)?);
+            (reader, "a row group cannot be read")
+        } else {
+            let file =
+                std::fs::File::open(path).map_err(|e| io_error(path, format!("cannot open the input file: {e}")))?;
+            let reader = arrow_ipc::reader::StreamReader::try_new(std::io::BufReader::new(file), None)
+                .map_err(|e| io_error(path, format!("not an Arrow IPC stream: {e}")))?;
+            let reader: BatchReader = Box::new(reader);
+            (reader, "the stream is truncated or corrupt")
+        })
+    })?;
+    while let Some(rows) = next_batch(path, what, batch_error, &mut reader, |batch| table_rows(path, batch, columns))? {
+        rows.into_iter().try_for_each(&mut *each)?;
+    }
+    Ok(())
 }
 
-fn read_table_unguarded(
-    path: &Path,
-    parquet: bool,
-    columns: &[(&str, ColumnKind)],
-) -> Result<Vec<Vec<Option<String>>>> {
-    let batches: Box<dyn Iterator<Item = std::result::Result<RecordBatch, String>>> = if parquet {
-        use parquet::arrow::arrow_reader::ParquetRecordBatchReaderBuilder;
-        let file = parquet_bytes(path)?;
-        let unreadable = |e: parquet::errors::ParquetError| io_error(path, format!("not a readable Parquet file: {e}"));
-        let reader =
-            ParquetRecordBatchReaderBuilder::try_new(file).map_err(unreadable)?.with_batch_size(BATCH_ROWS).build();
-        Box::new(reader.map_err(unreadable)?.map(|b| b.map_err(|e| format!("a row group cannot be read: {e}"))))
-    } else {
-        let file = std::fs::File::open(path).map_err(|e| io_error(path, format!("cannot open the input file: {e}")))?;
-        let reader = arrow_ipc::reader::StreamReader::try_new(std::io::BufReader::new(file), None)
-            .map_err(|e| io_error(path, format!("not an Arrow IPC stream: {e}")))?;
-        Box::new(reader.map(|b| b.map_err(|e| format!("the stream is truncated or corrupt: {e}"))))
-    };
-    let mut rows = Vec::new();
-    for batch in batches {
-        let batch = batch.map_err(|e| io_error(path, e))?;
-        let schema = batch.schema();
-        let mut values = Vec::with_capacity(columns.len());
-        for &(name, kind) in columns {
-            let Ok(index) = schema.index_of(name) else {
-                let present: Vec<&str> = schema.fields().iter().map(|f| f.name().as_str()).collect();
-                return Err(io_error(
-                    path,
-                    format!("no column `{name}`; the file has {}; name the right one with --text-column, --text-pair-column or --label-column", present.join(", ")),
-                ));
-            };
-            let wanted = match kind {
-                ColumnKind::Text => "strings",
-                ColumnKind::Label => "strings, integers or booleans",
-            };
-            values.push(
-                column_values(batch.column(index).as_ref(), kind)
-                    .map_err(|other| io_error(path, format!("column `{name}` holds {other}, not {wanted}")))?,
-            );
-        }
-        for row in 0..batch.num_rows() {
-            rows.push(values.iter().map(|column| column[row].clone()).collect());
-        }
+/// The rows of the `columns` of `batch`, every value as text.
+fn table_rows(path: &Path, batch: &RecordBatch, columns: &[(&str, ColumnKind)]) -> Result<Vec<Vec<Option<String>>>> {
+    let schema = batch.schema();
+    let mut values = Vec::with_capacity(columns.len());
+    for &(name, kind) in columns {
+        let Ok(index) = schema.index_of(name) else {
+            let present: Vec<&str> = schema.fields().iter().map(|f| f.name().as_str()).collect();
+            return Err(io_error(
+                path,
+                format!(
+                    "no column `{name}`; the file has {}; name the right one with --text-column, --text-pair-column \
+                     or --label-column",
+                    present.join(", ")
+                ),
+            ));
+        };
+        let wanted = match kind {
+            ColumnKind::Text => "strings",
+            ColumnKind::Label => "strings, integers or booleans",
+        };
+        values.push(
+            column_values(batch.column(index).as_ref(), kind)
+                .map_err(|other| io_error(path, format!("column `{name}` holds {other}, not {wanted}")))?,
+        );
     }
-    Ok(rows)
+    let mut columns: Vec<_> = values.into_iter().map(Vec::into_iter).collect();
+    Ok((0..batch.num_rows()).map(|_| columns.iter_mut().map(|c| c.next().flatten()).collect()).collect())
 }
 
 /// The strings of `column` of a Parquet file.
 pub(super) fn read_parquet(path: &Path, column: &str, docs: &mut dyn DocumentSink) -> Result<()> {
     use parquet::arrow::arrow_reader::ParquetRecordBatchReaderBuilder;
     use parquet::arrow::ProjectionMask;
+    let what = "not a readable Parquet file";
     let file = parquet_bytes(path)?;
-    let unreadable = |e: parquet::errors::ParquetError| io_error(path, format!("not a readable Parquet file: {e}"));
-    let builder = ParquetRecordBatchReaderBuilder::try_new(file).map_err(unreadable)?;
-    let index = string_column(path, builder.schema(), column)?;
-    let mask = ProjectionMask::roots(builder.parquet_schema(), [index]);
-    let reader = builder.with_projection(mask).with_batch_size(BATCH_ROWS).build().map_err(unreadable)?;
-    for batch in reader {
-        let batch = batch.map_err(|e| io_error(path, format!("a row group cannot be read: {e}")))?;
-        append_strings(path, &batch, 0, docs)?;
-    }
-    Ok(())
+    let reader: BatchReader = guarded(path, what, || {
+        let unreadable = |e: parquet::errors::ParquetError| io_error(path, format!("{what}: {e}"));
+        let builder = ParquetRecordBatchReaderBuilder::try_new(file).map_err(unreadable)?;
+        let index = string_column(path, builder.schema(), column)?;
+        let mask = ProjectionMask::roots(builder.parquet_schema(), [index]);
+        Ok(Box::new(builder.with_projection(mask).with_batch_size(BATCH_ROWS).build().map_err(unreadable)?))
+    })?;
+    feed_texts(path, (what, "a row group cannot be read"), reader, 0, docs)
 }
 
 /// The strings of `column` of an Arrow IPC stream.
 pub(super) fn read_arrow_stream(path: &Path, column: &str, docs: &mut dyn DocumentSink) -> Result<()> {
+    let what = "the stream is truncated or corrupt";
     let file = std::fs::File::open(path).map_err(|e| io_error(path, format!("cannot open the input file: {e}")))?;
-    let reader = arrow_ipc::reader::StreamReader::try_new(std::io::BufReader::new(file), None)
-        .map_err(|e| io_error(path, format!("not an Arrow IPC stream (as `datasets` writes its .arrow files): {e}")))?;
-    let index = string_column(path, &reader.schema(), column)?;
-    for batch in reader {
-        let batch = batch.map_err(|e| io_error(path, format!("the stream is truncated or corrupt: {e}")))?;
-        append_strings(path, &batch, index, docs)?;
-    }
-    Ok(())
+    let (reader, index): (BatchReader, usize) = guarded(path, what, || {
+        let reader = arrow_ipc::reader::StreamReader::try_new(std::io::BufReader::new(file), None).map_err(|e| {
+            io_error(path, format!("not an Arrow IPC stream (as `datasets` writes its .arrow files): {e}"))
+        })?;
+        let index = string_column(path, &reader.schema(), column)?;
+        let reader: BatchReader = Box::new(reader);
+        Ok((reader, index))
+    })?;
+    feed_texts(path, (what, what), reader, index, docs)
 }

@@ -4,10 +4,10 @@
 //! (plain text: its lines), with null rows skipped and counted.
 
 mod columnar;
-pub(crate) use columnar::{read_table, ColumnKind};
+pub(crate) use columnar::{for_each_table_row, ColumnKind};
 mod rows;
-pub(crate) use rows::json_type;
 pub use rows::MAX_LINE_BYTES;
+pub(crate) use rows::{json_type, next_line};
 
 use crate::{DataError, Result};
 use std::io::Read;
@@ -162,13 +162,8 @@ pub fn read_into(path: &Path, source: &TextSource, docs: &mut dyn DocumentSink) 
                  decompress the .gz first",
             ))
         }
-        // The Arrow libraries panic on some corrupt files: an error all the same.
-        InputFormat::Parquet => crate::quiet::quietly(|| columnar::read_parquet(path, column, docs))
-            .unwrap_or_else(|m| Err(io_error(path, format!("not a readable Parquet file (the reader failed: {m})"))))?,
-        InputFormat::Arrow => crate::quiet::quietly(|| columnar::read_arrow_stream(path, column, docs))
-            .unwrap_or_else(|m| {
-                Err(io_error(path, format!("the stream is truncated or corrupt (the reader failed: {m})")))
-            })?,
+        InputFormat::Parquet => columnar::read_parquet(path, column, docs)?,
+        InputFormat::Arrow => columnar::read_arrow_stream(path, column, docs)?,
     }
     let after = docs.counts();
     if after.0 == before.0 {

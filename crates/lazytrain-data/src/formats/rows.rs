@@ -14,7 +14,13 @@ pub const MAX_LINE_BYTES: usize = 256 << 20;
 
 /// Read the next line of `reader` (with its line break) into `raw`: false at
 /// the end of the input. `line` is its number, for errors.
-fn next_line(reader: &mut impl BufRead, raw: &mut Vec<u8>, path: &Path, gzipped: bool, line: u64) -> Result<bool> {
+pub(crate) fn next_line(
+    reader: &mut impl BufRead,
+    raw: &mut Vec<u8>,
+    path: &Path,
+    gzipped: bool,
+    line: u64,
+) -> Result<bool> {
     raw.clear();
     let hint = if gzipped { " (is it a complete gzip file of UTF-8 text?)" } else { "" };
     let read = std::io::Read::take(&mut *reader, MAX_LINE_BYTES as u64 + 1)
