@@ -85,15 +85,15 @@ impl<'t> Preparation<'t> {
         }
         check_split_options(options.num_shards, options.validation_fraction)?;
         check_output_folder(out_dir)?;
-        let partial = PartialFolder::create(&out_dir.join(PARTIAL_FOLDER))?;
+        let partial = PartialFolder::create(out_dir)?;
         let validation_shards = usize::from(options.validation_fraction > 0.0 || held_out_documents);
         let special = tokenizer.special();
         Ok(Preparation {
             tokenizer,
             options: options.clone(),
             out_dir: out_dir.to_path_buf(),
-            train: shard_writers(&partial.0, "train", options.num_shards)?,
-            validation: shard_writers(&partial.0, "validation", validation_shards)?,
+            train: shard_writers(partial.path(), "train", options.num_shards)?,
+            validation: shard_writers(partial.path(), "validation", validation_shards)?,
             partial,
             pending: Vec::new(),
             pending_bytes: 0,
@@ -142,7 +142,7 @@ impl<'t> Preparation<'t> {
         }
         let train = finish_shards(std::mem::take(&mut self.train))?;
         let validation = finish_shards(std::mem::take(&mut self.validation))?;
-        self.move_into_place(train.iter().chain(&validation))?;
+        self.partial.move_into_place(&self.out_dir, train.iter().chain(&validation))?;
         let blocks = self.training_blocks + self.held_out_blocks;
         let manifest = Manifest {
             block_size: self.options.block_size,
@@ -298,25 +298,6 @@ impl<'t> Preparation<'t> {
         self.train_written += 1;
         self.train[shard].1.write(&record)
     }
-
-    /// Replace an earlier preparation's manifest and shards in the output
-    /// folder with the finished `shards` (and their index sidecars).
-    fn move_into_place<'s>(&self, shards: impl Iterator<Item = &'s ShardInfo>) -> Result<()> {
-        let io = |p: &Path, e: std::io::Error| DataError::Io { path: p.display().to_string(), detail: e.to_string() };
-        let manifest = self.out_dir.join("manifest.json");
-        match std::fs::remove_file(&manifest) {
-            Err(e) if e.kind() != std::io::ErrorKind::NotFound => return Err(io(&manifest, e)),
-            _ => {}
-        }
-        remove_shards(&self.out_dir)?;
-        for shard in shards {
-            for name in [shard.file.clone(), format!("{}.idx", shard.file)] {
-                let (from, to) = (self.partial.0.join(&name), self.out_dir.join(&name));
-                std::fs::rename(&from, &to).map_err(|e| io(&to, e))?;
-            }
-        }
-        Ok(())
-    }
 }
 
 impl DocumentSink for Preparation<'_> {
@@ -339,35 +320,66 @@ impl DocumentSink for Preparation<'_> {
     }
 }
 
-/// A spinner counting documents (hidden when `enabled` is false): the
-/// total is not known while the readers stream.
-fn counting_bar(enabled: bool, what: &str) -> indicatif::ProgressBar {
+/// A spinner counting documents or rows (hidden when `enabled` is
+/// false): the total is not known while the readers stream.
+pub(crate) fn counting_bar(enabled: bool, what: &str) -> indicatif::ProgressBar {
     if !enabled {
         return indicatif::ProgressBar::hidden();
     }
     let bar = indicatif::ProgressBar::new_spinner();
-    if let Ok(style) = indicatif::ProgressStyle::with_template("{msg:>12} {spinner} {pos} documents ({per_sec})") {
+    if let Ok(style) = indicatif::ProgressStyle::with_template("{msg:>12} {spinner} {pos} ({per_sec})") {
         bar.set_style(style);
     }
     bar.set_message(what.to_string());
     bar
 }
 
-/// The folder shards are written into until they are complete, removed
-/// with whatever is left in it when dropped (after an error, or after the
-/// shards were moved out).
-struct PartialFolder(PathBuf);
+/// The folder inside an output folder that shards are written into until
+/// they are complete, removed with whatever is left in it when dropped
+/// (after an error, or after the shards were moved out). `prepare` and
+/// `prepare-classification` both write through one.
+pub(crate) struct PartialFolder(PathBuf);
 
 impl PartialFolder {
-    /// Create `path` empty (a killed run's leftovers are removed first).
-    fn create(path: &Path) -> Result<PartialFolder> {
+    /// Create the folder in `out_dir`, empty (a killed run's leftovers are
+    /// removed first).
+    pub(crate) fn create(out_dir: &Path) -> Result<PartialFolder> {
+        let path = out_dir.join(PARTIAL_FOLDER);
         let io = |e: std::io::Error| DataError::Io { path: path.display().to_string(), detail: e.to_string() };
-        match std::fs::remove_dir_all(path) {
+        match std::fs::remove_dir_all(&path) {
             Err(e) if e.kind() != std::io::ErrorKind::NotFound => return Err(io(e)),
             _ => {}
         }
-        std::fs::create_dir_all(path).map_err(io)?;
-        Ok(PartialFolder(path.to_path_buf()))
+        std::fs::create_dir_all(&path).map_err(io)?;
+        Ok(PartialFolder(path))
+    }
+
+    /// The folder.
+    pub(crate) fn path(&self) -> &Path {
+        &self.0
+    }
+
+    /// Replace an earlier preparation's manifest and shards in `out_dir`
+    /// with the finished `shards` (and their index sidecars) from here.
+    pub(crate) fn move_into_place<'s>(
+        &self,
+        out_dir: &Path,
+        shards: impl Iterator<Item = &'s ShardInfo>,
+    ) -> Result<()> {
+        let io = |p: &Path, e: std::io::Error| DataError::Io { path: p.display().to_string(), detail: e.to_string() };
+        let manifest = out_dir.join("manifest.json");
+        match std::fs::remove_file(&manifest) {
+            Err(e) if e.kind() != std::io::ErrorKind::NotFound => return Err(io(&manifest, e)),
+            _ => {}
+        }
+        remove_shards(out_dir)?;
+        for shard in shards {
+            for name in [shard.file.clone(), format!("{}.idx", shard.file)] {
+                let (from, to) = (self.0.join(&name), out_dir.join(&name));
+                std::fs::rename(&from, &to).map_err(|e| io(&to, e))?;
+            }
+        }
+        Ok(())
     }
 }
 

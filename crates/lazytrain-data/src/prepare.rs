@@ -164,13 +164,6 @@ pub fn progress_bar(len: u64, enabled: bool, template: &str) -> indicatif::Progr
     bar
 }
 
-/// A progress bar for one stage of a preparation (`what` on its left).
-pub(crate) fn stage_bar(len: u64, enabled: bool, what: &str) -> indicatif::ProgressBar {
-    let bar = progress_bar(len, enabled, "{msg:>12} [{bar:30}] {pos}/{len} ({per_sec}, eta {eta})");
-    bar.set_message(what.to_string());
-    bar
-}
-
 /// Tokenize `documents` (in parallel; a GPT-2 tokenizer's documents each
 /// end with `<|endoftext|>`), pack, split and write shards into `out_dir`;
 /// returns the manifest (also written as `manifest.json`).

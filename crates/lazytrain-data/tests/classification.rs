@@ -103,6 +103,66 @@ fn jsonl_csv_and_tsv_give_the_same_records() {
     }
 }
 
+/// Rows stream through in chunks: row `i` of the training files is held
+/// out when draw `i` of the seed says so, training row `k` lands in shard
+/// `k % shards` in order, across chunk boundaries; a preparation that then
+/// fails (an unknown validation label) leaves the earlier one as it was.
+#[test]
+fn rows_stream_in_chunks_and_a_failed_preparation_keeps_the_earlier_one() {
+    let dir = tmp("chunks");
+    let tok = tokenizer();
+    let names = ["neg", "pos", "meh"];
+    let labels: Vec<&str> = (0..2600).map(|i| names[(i * 7 + i / 5) % 3]).collect();
+    let body: String = labels
+        .iter()
+        .enumerate()
+        .map(|(i, label)| {
+            format!("{}\n", serde_json::json!({"text": format!("review {i} of the hotel"), "label": label}))
+        })
+        .collect();
+    std::fs::write(dir.join("rows.jsonl"), body).unwrap();
+    let out = dir.join("out");
+    let options = ClassificationOptions { validation_fraction: 0.1, num_shards: 3, ..options(16, vec![]) };
+    let manifest = prepare_classification(&tok, &[dir.join("rows.jsonl")], &[], &out, &options).unwrap();
+    let mut draws = vec![0f32; labels.len()];
+    lazytrain_core::random::uniform_f32(options.seed, 0xc1a5, &mut draws);
+    let (held, kept): (Vec<_>, Vec<_>) = labels.iter().zip(&draws).partition(|(_, &u)| (u as f64) < 0.1);
+    assert_eq!(manifest.validation[0].records, held.len() as u64);
+    assert_eq!(manifest.rows, labels.len() as u64);
+    let id = |label: &str| manifest.labels.iter().position(|l| l == label).unwrap() as i64;
+    let shards: Vec<Vec<i64>> = find_shards(&out, "train")
+        .unwrap()
+        .iter()
+        .map(|shard| {
+            let data = ShardedDataset::open(std::slice::from_ref(shard), CorruptPolicy::Fail).unwrap();
+            (0..data.len()).map(|k| data.feature(k, "label").unwrap()[0]).collect()
+        })
+        .collect();
+    let in_order: Vec<i64> = (0..kept.len()).map(|k| shards[k % 3][k / 3]).collect();
+    assert_eq!(in_order, kept.iter().map(|(l, _)| id(l)).collect::<Vec<_>>());
+
+    let listing = |dir: &Path| {
+        let mut files: Vec<(String, Vec<u8>)> = std::fs::read_dir(dir)
+            .unwrap()
+            .map(|e| e.unwrap().path())
+            .map(|p| (p.file_name().unwrap().to_string_lossy().into_owned(), std::fs::read(&p).unwrap()))
+            .collect();
+        files.sort();
+        files
+    };
+    let before = listing(&out);
+    std::fs::write(
+        dir.join("val.jsonl"),
+        "{\"text\": \"fine\", \"label\": \"pos\"}\n{\"text\": \"x\", \"label\": \"odd\"}\n",
+    )
+    .unwrap();
+    let err = prepare_classification(&tok, &[dir.join("rows.jsonl")], &[dir.join("val.jsonl")], &out, &options)
+        .unwrap_err()
+        .to_string();
+    assert!(err.contains("val.jsonl:2") && err.contains("label `odd` is not one of the training labels"), "{err}");
+    assert_eq!(listing(&out), before, "the earlier preparation is untouched, nothing is left behind");
+}
+
 #[test]
 fn pairs_get_segment_ids_and_long_rows_are_truncated_and_counted() {
     let dir = tmp("pairs");

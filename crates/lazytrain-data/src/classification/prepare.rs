@@ -4,16 +4,16 @@
 //! `labels.json` and `manifest.json`.
 
 use super::rows::{
-    label_names, read_labelled_file, BadRowCounts, BadRowKind, Columns, LabelOrder, LabelledRow, RowPolicy,
+    for_each_labelled_row, order_labels, BadRowCounts, BadRowKind, Columns, LabelOrder, LabelledRow, RowPolicy,
 };
 use crate::example::encode_int64_example;
-use crate::prepare::{
-    finish_shards, read_manifest, remove_shards, shard_writers, stage_bar, tokenizer_hash, write_json, ShardInfo,
-};
+use crate::preparation::{counting_bar, PartialFolder};
+use crate::prepare::{finish_shards, read_manifest, shard_writers, tokenizer_hash, write_json, ShardInfo};
+use crate::tfrecord::RecordWriter;
 use crate::tokenizer::TextTokenizer;
 use crate::{DataError, Result};
 use serde::{Deserialize, Serialize};
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashMap, HashSet};
 use std::path::{Path, PathBuf};
 use tokenizers::{EncodeInput, TruncationDirection, TruncationParams, TruncationStrategy};
 
@@ -145,19 +145,6 @@ fn resolve_buckets(buckets: &[usize], max_length: usize) -> Result<Vec<usize>> {
     Ok(out)
 }
 
-fn read_all(
-    files: &[PathBuf],
-    columns: &Columns,
-    skip: bool,
-    counts: &mut BadRowCounts,
-) -> Result<Vec<(PathBuf, LabelledRow)>> {
-    let mut rows = Vec::new();
-    for file in files {
-        rows.extend(read_labelled_file(file, columns, skip, counts)?.into_iter().map(|r| (file.clone(), r)));
-    }
-    Ok(rows)
-}
-
 /// Tokenize and write labelled rows. `validation_files` (which may only use
 /// labels the training files have) give the validation split; without them
 /// `validation_fraction` of the training rows are held out by seed.
@@ -181,10 +168,19 @@ pub fn prepare_classification(
     }
     let buckets = resolve_buckets(&options.buckets, options.max_length)?;
     check_room_for_text(tokenizer, options.max_length, options.columns.text_pair.is_some())?;
+    // First pass: the training files' labels (and their bad rows, counted
+    // here once); memory holds the label names, not the rows.
     let mut skipped = BadRowCounts::new();
-    let train_rows = read_all(train_files, &options.columns, options.skip_bad_rows, &mut skipped)?;
-    let rows_only: Vec<LabelledRow> = train_rows.iter().map(|(_, r)| r.clone()).collect();
-    let labels = label_names(&rows_only, options.label_order);
+    let mut seen = LabelsSeen::default();
+    let mut training_rows = 0u64;
+    for file in train_files {
+        for_each_labelled_row(file, &options.columns, options.skip_bad_rows, &mut skipped, &mut |row| {
+            seen.add(row.label);
+            training_rows += 1;
+            Ok(())
+        })?;
+    }
+    let labels = order_labels(seen.names, options.label_order);
     if labels.len() < 2 {
         return Err(DataError::Invalid(format!(
             "the training files have {} distinct label(s) in column `{}`; classification needs at least 2",
@@ -192,60 +188,71 @@ pub fn prepare_classification(
             options.columns.label
         )));
     }
-    let mut eval_rows = Vec::new();
-    for (file, row) in read_all(validation_files, &options.columns, options.skip_bad_rows, &mut skipped)? {
-        if labels.contains(&row.label) {
-            eval_rows.push((file, row));
-        } else {
-            let mut policy = RowPolicy { path: &file, skip: options.skip_bad_rows, counts: &mut skipped };
-            let detail = format!("label `{}` is not one of the training labels ({})", row.label, labels.join(", "));
-            policy.reject(BadRowKind::UnknownLabel, row.line, detail)?;
-        }
-    }
-    let mut held_out = vec![0f32; train_rows.len()];
-    lazytrain_core::random::uniform_f32(options.seed, 0xc1a5, &mut held_out);
     let split_by_fraction = validation_files.is_empty();
-    let mut train = Vec::new();
-    for ((file, row), u) in train_rows.into_iter().zip(held_out) {
-        if split_by_fraction && (u as f64) < options.validation_fraction {
-            eval_rows.push((file, row));
-        } else {
-            train.push((file, row));
-        }
+    let held_out = |index: u64| {
+        let mut draw = [0f32];
+        lazytrain_core::random::uniform_f32_from(options.seed, 0xc1a5, index as usize, &mut draw);
+        split_by_fraction && (draw[0] as f64) < options.validation_fraction
+    };
+    if (0..training_rows).all(held_out) {
+        return Err(DataError::Invalid("no training rows are left after the validation split".into()));
     }
     let encoder = Encoder::new(tokenizer, options.max_length, &buckets)?;
     crate::prepare::check_output_folder(out_dir)?;
     std::fs::create_dir_all(out_dir)
         .map_err(|e| DataError::Io { path: out_dir.display().to_string(), detail: e.to_string() })?;
-    if train.is_empty() {
-        return Err(DataError::Invalid("no training rows are left after the validation split".into()));
-    }
-    remove_shards(out_dir)?;
-    let mut truncated = 0;
-    let label_id = |name: &str| labels.iter().position(|l| l == name).unwrap_or_default() as i64;
-    let mut write_split = |split: &str, rows: &[(PathBuf, LabelledRow)], shards: usize| -> Result<Vec<ShardInfo>> {
-        let mut writers = shard_writers(out_dir, split, shards)?;
-        let bar = stage_bar(rows.len() as u64, options.progress, split);
-        for (k, chunk) in rows.chunks(1024).enumerate() {
-            for (i, (record, cut)) in encoder.encode(chunk)?.into_iter().enumerate() {
-                truncated += u64::from(cut);
-                let label = [label_id(&chunk[i].1.label)];
-                let features = [
-                    ("input_ids", record.input_ids.as_slice()),
-                    ("attention_mask", record.attention_mask.as_slice()),
-                    ("token_type_ids", record.token_type_ids.as_slice()),
-                    ("label", label.as_slice()),
-                ];
-                let at = k * 1024 + i;
-                writers[at % shards].1.write(&encode_int64_example(&features))?;
-            }
-            bar.inc(chunk.len() as u64);
-        }
-        bar.finish_and_clear();
-        finish_shards(writers)
+    // Second pass: every row tokenized and written a chunk at a time, into
+    // a folder moved into place when all is written.
+    let partial = PartialFolder::create(out_dir)?;
+    let label_ids: HashMap<&str, i64> = labels.iter().enumerate().map(|(i, l)| (l.as_str(), i as i64)).collect();
+    let mut train = SplitWriter::new(shard_writers(partial.path(), "train", options.num_shards)?);
+    let mut validation = SplitWriter::new(shard_writers(partial.path(), "validation", 1)?);
+    let bar = counting_bar(options.progress, "rows");
+    let write = |split: &mut SplitWriter, row: LabelledRow| {
+        bar.inc(1);
+        split.add(row, &encoder, &label_ids)
     };
-    let train_shards = write_split("train", &train, options.num_shards)?;
-    let validation_shards = if eval_rows.is_empty() { Vec::new() } else { write_split("validation", &eval_rows, 1)? };
+    for file in validation_files {
+        let mut unknown = BadRowCounts::new();
+        for_each_labelled_row(file, &options.columns, options.skip_bad_rows, &mut skipped, &mut |row| {
+            if label_ids.contains_key(row.label.as_str()) {
+                return write(&mut validation, row);
+            }
+            let mut policy = RowPolicy { path: file, skip: options.skip_bad_rows, counts: &mut unknown };
+            let detail = format!("label `{}` is not one of the training labels ({})", row.label, labels.join(", "));
+            policy.reject(BadRowKind::UnknownLabel, row.line, detail)
+        })?;
+        for (kind, count) in unknown {
+            *skipped.entry(kind).or_default() += count;
+        }
+    }
+    // Bad training rows were counted in the first pass.
+    let mut index = 0u64;
+    for file in train_files {
+        for_each_labelled_row(file, &options.columns, true, &mut BadRowCounts::new(), &mut |row| {
+            let split = if held_out(index) { &mut validation } else { &mut train };
+            index += 1;
+            write(split, row)
+        })?;
+    }
+    bar.finish_and_clear();
+    if index != training_rows {
+        return Err(DataError::Invalid(format!(
+            "the training files gave {training_rows} rows when first read and {index} when read again; were they \
+             changed meanwhile? Prepare again once they are complete"
+        )));
+    }
+    let rows = train.rows + validation.rows;
+    let (train_shards, mut truncated) = train.finish(&encoder, &label_ids)?;
+    let validation_shards = match validation.rows {
+        0 => Vec::new(),
+        _ => {
+            let (shards, cut) = validation.finish(&encoder, &label_ids)?;
+            truncated += cut;
+            shards
+        }
+    };
+    partial.move_into_place(out_dir, train_shards.iter().chain(&validation_shards))?;
     let manifest = ClassificationManifest {
         task: SEQUENCE_CLASSIFICATION.into(),
         max_length: options.max_length,
@@ -255,7 +262,7 @@ pub fn prepare_classification(
         columns: options.columns.clone(),
         train: train_shards,
         validation: validation_shards,
-        rows: (train.len() + eval_rows.len()) as u64,
+        rows,
         truncated,
         skipped_rows: skipped,
         tokenizer_hash: tokenizer_hash(tokenizer)?,
@@ -274,6 +281,85 @@ pub fn prepare_classification(
     write_json(&out_dir.join("labels.json"), &labels_file)?;
     write_json(&out_dir.join("manifest.json"), &manifest)?;
     Ok(manifest)
+}
+
+/// Rows tokenized together.
+const CHUNK_ROWS: usize = 1024;
+
+/// The label names in the order they first appear.
+#[derive(Default)]
+struct LabelsSeen {
+    names: Vec<String>,
+    known: HashSet<String>,
+}
+
+impl LabelsSeen {
+    fn add(&mut self, label: String) {
+        if !self.known.contains(&label) {
+            self.known.insert(label.clone());
+            self.names.push(label);
+        }
+    }
+}
+
+/// One split's shards, written a chunk of rows at a time (row `i` of the
+/// split to shard `i % shards`).
+struct SplitWriter {
+    writers: Vec<(String, RecordWriter)>,
+    pending: Vec<LabelledRow>,
+    /// Rows given.
+    rows: u64,
+    /// Rows written, and how many of them were cut to `max_length`.
+    written: u64,
+    truncated: u64,
+}
+
+impl SplitWriter {
+    fn new(writers: Vec<(String, RecordWriter)>) -> SplitWriter {
+        SplitWriter { writers, pending: Vec::with_capacity(CHUNK_ROWS), rows: 0, written: 0, truncated: 0 }
+    }
+
+    /// Add `row`, writing the chunk it completes.
+    fn add(&mut self, row: LabelledRow, encoder: &Encoder, label_ids: &HashMap<&str, i64>) -> Result<()> {
+        self.rows += 1;
+        self.pending.push(row);
+        match self.pending.len() >= CHUNK_ROWS {
+            true => self.write_pending(encoder, label_ids),
+            false => Ok(()),
+        }
+    }
+
+    fn write_pending(&mut self, encoder: &Encoder, label_ids: &HashMap<&str, i64>) -> Result<()> {
+        for (row, (record, cut)) in self.pending.iter().zip(encoder.encode(&self.pending)?) {
+            self.truncated += u64::from(cut);
+            let Some(&id) = label_ids.get(row.label.as_str()) else {
+                return Err(DataError::Invalid(format!(
+                    "line {}: label `{}` was not in the training files when they were first read; were they changed \
+                     meanwhile? Prepare again once they are complete",
+                    row.line, row.label
+                )));
+            };
+            let label = [id];
+            let features = [
+                ("input_ids", record.input_ids.as_slice()),
+                ("attention_mask", record.attention_mask.as_slice()),
+                ("token_type_ids", record.token_type_ids.as_slice()),
+                ("label", label.as_slice()),
+            ];
+            let shard = (self.written % self.writers.len() as u64) as usize;
+            self.writers[shard].1.write(&encode_int64_example(&features))?;
+            self.written += 1;
+        }
+        self.pending.clear();
+        Ok(())
+    }
+
+    /// Write the last rows and close the shards: their record counts, and
+    /// the rows cut to `max_length`.
+    fn finish(mut self, encoder: &Encoder, label_ids: &HashMap<&str, i64>) -> Result<(Vec<ShardInfo>, u64)> {
+        self.write_pending(encoder, label_ids)?;
+        Ok((finish_shards(self.writers)?, self.truncated))
+    }
 }
 
 /// One encoded row, padded to its bucket.
@@ -307,10 +393,10 @@ impl<'a> Encoder<'a> {
     }
 
     /// Encode rows; each result says whether the row was truncated.
-    fn encode(&self, rows: &[(PathBuf, LabelledRow)]) -> Result<Vec<(EncodedRow, bool)>> {
+    fn encode(&self, rows: &[LabelledRow]) -> Result<Vec<(EncodedRow, bool)>> {
         let inputs: Vec<EncodeInput> = rows
             .iter()
-            .map(|(_, r)| match &r.text_pair {
+            .map(|r| match &r.text_pair {
                 Some(pair) => EncodeInput::Dual(r.text.as_str().into(), pair.as_str().into()),
                 None => EncodeInput::Single(r.text.as_str().into()),
             })

@@ -363,6 +363,11 @@ pub fn label_names(rows: &[LabelledRow], order: LabelOrder) -> Vec<String> {
             names.push(row.label.clone());
         }
     }
+    order_labels(names, order)
+}
+
+/// Label `names` (each once, in the order they first appear) in id order.
+pub(crate) fn order_labels(mut names: Vec<String>, order: LabelOrder) -> Vec<String> {
     if order == LabelOrder::Sorted {
         let numbers: Option<Vec<i64>> = names.iter().map(|n| n.trim().parse().ok()).collect();
         match numbers {
