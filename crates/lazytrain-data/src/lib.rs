@@ -14,6 +14,7 @@
 //!   ([`classification`]);
 //! - the embedded demo corpus ([`corpus`]).
 
+mod block_split;
 pub mod classification;
 pub mod collator;
 pub mod corpus;
@@ -23,6 +24,7 @@ pub mod example;
 pub mod formats;
 pub mod loader;
 mod long_documents;
+mod partial_folder;
 mod preparation;
 pub mod prepare;
 pub mod protobuf;

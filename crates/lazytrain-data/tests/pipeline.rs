@@ -374,6 +374,14 @@ fn a_failed_prepare_keeps_the_earlier_one_and_a_streamed_one_matches() {
     let err = prepare(&tok, &["too short".to_string()], &dir, &options).unwrap_err().to_string();
     assert!(err.contains("fewer than one block"), "{err}");
     assert_eq!(listing(&dir), before);
+    // An output folder the failed preparation created is removed again.
+    let fresh = texts.join("fresh-output");
+    assert!(prepare(&tok, &["too short".to_string()], &fresh, &options).is_err());
+    assert!(!fresh.exists());
+    let mut unannounced = Preparation::new(&tok, &fresh, &options, false).unwrap();
+    let err = unannounced.held_out().unwrap_err().to_string();
+    assert!(err.contains("not announced"), "{err}");
+    drop(unannounced);
 
     std::fs::write(texts.join("good.txt"), corpus().join("\n")).unwrap();
     let streamed = tmp("keep-streamed");

@@ -7,7 +7,8 @@ use super::rows::{
     for_each_labelled_row, order_labels, BadRowCounts, BadRowKind, Columns, LabelOrder, LabelledRow, RowPolicy,
 };
 use crate::example::encode_int64_example;
-use crate::preparation::{counting_bar, PartialFolder};
+use crate::partial_folder::PartialFolder;
+use crate::preparation::counting_bar;
 use crate::prepare::{finish_shards, read_manifest, shard_writers, tokenizer_hash, write_json, ShardInfo};
 use crate::tfrecord::RecordWriter;
 use crate::tokenizer::TextTokenizer;
@@ -199,8 +200,6 @@ pub fn prepare_classification(
     }
     let encoder = Encoder::new(tokenizer, options.max_length, &buckets)?;
     crate::prepare::check_output_folder(out_dir)?;
-    std::fs::create_dir_all(out_dir)
-        .map_err(|e| DataError::Io { path: out_dir.display().to_string(), detail: e.to_string() })?;
     // Second pass: every row tokenized and written a chunk at a time, into
     // a folder moved into place when all is written.
     let partial = PartialFolder::create(out_dir)?;
@@ -252,7 +251,6 @@ pub fn prepare_classification(
             shards
         }
     };
-    partial.move_into_place(out_dir, train_shards.iter().chain(&validation_shards))?;
     let manifest = ClassificationManifest {
         task: SEQUENCE_CLASSIFICATION.into(),
         max_length: options.max_length,
@@ -278,8 +276,9 @@ pub fn prepare_classification(
             LabelOrder::FirstSeen => "ids follow the order in which labels first appear in the training files",
         },
     };
-    write_json(&out_dir.join("labels.json"), &labels_file)?;
-    write_json(&out_dir.join("manifest.json"), &manifest)?;
+    write_json(&partial.path().join("labels.json"), &labels_file)?;
+    write_json(&partial.path().join("manifest.json"), &manifest)?;
+    partial.publish(manifest.train.iter().chain(&manifest.validation), &["labels.json", "manifest.json"])?;
     Ok(manifest)
 }
 
