@@ -50,7 +50,7 @@ pub(crate) fn pieces(text: &str, max: usize) -> (Vec<&str>, u64) {
 /// ends a word at every space that follows one and starts the next word
 /// with it (BERT's, byte-level BPE's with its regex, a splitting Metaspace,
 /// whitespace splits, with punctuation and digit splits beside them), and
-/// no added token holds a space. Other tokenizers (a SentencePiece
+/// no added token holds a space or takes in the spaces after it. Other tokenizers (a SentencePiece
 /// `Prepend`/`Replace` normaliser without a pre-tokenizer, a custom split
 /// pattern) tokenize a long document whole.
 pub(crate) fn cuts_are_exact(tokenizer: &Tokenizer) -> bool {
@@ -96,7 +96,10 @@ pub(crate) fn cuts_are_exact(tokenizer: &Tokenizer) -> bool {
     }
     let normalizer = tokenizer.get_normalizer().is_none_or(by_character);
     let pre_tokenizer = tokenizer.get_pre_tokenizer().and_then(splits) == Some(true);
-    let added = tokenizer.get_added_tokens_decoder().values().all(|token| !token.content.contains(' '));
+    // An added token that takes in the spaces after it (`rstrip`) would
+    // take the space a cut moves into the next piece.
+    let added =
+        tokenizer.get_added_tokens_decoder().values().all(|token| !token.content.contains(' ') && !token.rstrip);
     normalizer && pre_tokenizer && added
 }
 
@@ -142,6 +145,11 @@ mod tests {
         assert!(cuts_are_exact(&sentencepiece));
         sentencepiece.add_tokens(&[tokenizers::AddedToken::from("new york", false)]);
         assert!(!cuts_are_exact(&sentencepiece), "an added token with a space");
+        let mut stripping = Tokenizer::new(tokenizers::models::bpe::BPE::default());
+        stripping.with_pre_tokenizer(Some(tokenizers::pre_tokenizers::whitespace::WhitespaceSplit));
+        assert!(cuts_are_exact(&stripping));
+        stripping.add_special_tokens(&[tokenizers::AddedToken::from("<sep>", true).rstrip(true)]);
+        assert!(!cuts_are_exact(&stripping), "an added token that takes in the spaces after it");
     }
 
     #[test]

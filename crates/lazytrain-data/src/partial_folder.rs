@@ -13,26 +13,27 @@ const PARTIAL_FOLDER: &str = ".prepare-partial";
 
 /// A preparation's folder inside its output folder, removed with whatever
 /// is left in it when dropped (after an error, or after its files were
-/// moved out); the output folder too when the preparation created it and
-/// it is still empty.
+/// moved out); the output folder too, and the folders above it, as far as
+/// the preparation created them and they are still empty.
 pub(crate) struct PartialFolder {
     path: PathBuf,
     out_dir: PathBuf,
-    created_out_dir: bool,
+    /// The topmost folder of `out_dir`'s path that did not exist before.
+    created_from: Option<PathBuf>,
 }
 
 impl PartialFolder {
     /// Create the folder in `out_dir` (created when missing), empty: a
     /// killed run's leftovers are removed first.
     pub(crate) fn create(out_dir: &Path) -> Result<PartialFolder> {
-        let created_out_dir = !out_dir.exists();
+        let created_from = out_dir.ancestors().take_while(|folder| !folder.exists()).last().map(Path::to_path_buf);
         std::fs::create_dir_all(out_dir).map_err(|e| io(out_dir, e))?;
         let path = out_dir.join(PARTIAL_FOLDER);
         match std::fs::remove_dir_all(&path) {
             Err(e) if e.kind() != std::io::ErrorKind::NotFound => return Err(io(&path, e)),
             _ => {}
         }
-        let partial = PartialFolder { path, out_dir: out_dir.to_path_buf(), created_out_dir };
+        let partial = PartialFolder { path, out_dir: out_dir.to_path_buf(), created_from };
         std::fs::create_dir_all(&partial.path).map_err(|e| io(&partial.path, e))?;
         Ok(partial)
     }
@@ -68,8 +69,11 @@ impl Drop for PartialFolder {
         // next preparation into the same output, and `remove_dir` leaves an
         // output folder that holds anything.
         let _ = std::fs::remove_dir_all(&self.path);
-        if self.created_out_dir {
-            let _ = std::fs::remove_dir(&self.out_dir);
+        let Some(created_from) = &self.created_from else { return };
+        for folder in self.out_dir.ancestors() {
+            if std::fs::remove_dir(folder).is_err() || folder == created_from {
+                break;
+            }
         }
     }
 }

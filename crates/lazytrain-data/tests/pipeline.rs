@@ -376,8 +376,8 @@ fn a_failed_prepare_keeps_the_earlier_one_and_a_streamed_one_matches() {
     assert_eq!(listing(&dir), before);
     // An output folder the failed preparation created is removed again.
     let fresh = texts.join("fresh-output");
-    assert!(prepare(&tok, &["too short".to_string()], &fresh, &options).is_err());
-    assert!(!fresh.exists());
+    assert!(prepare(&tok, &["too short".to_string()], &fresh.join("a/b"), &options).is_err());
+    assert!(!fresh.exists() && texts.exists(), "the folders it made are removed, only those");
     let mut unannounced = Preparation::new(&tok, &fresh, &options, false).unwrap();
     let err = unannounced.held_out().unwrap_err().to_string();
     assert!(err.contains("not announced"), "{err}");

@@ -244,7 +244,11 @@ pub fn prepare_classification(
     let rows = train.rows + validation.rows;
     let (train_shards, mut truncated) = train.finish(&encoder, &label_ids)?;
     let validation_shards = match validation.rows {
-        0 => Vec::new(),
+        0 => {
+            // Closed before its folder is published and removed.
+            drop(validation);
+            Vec::new()
+        }
         _ => {
             let (shards, cut) = validation.finish(&encoder, &label_ids)?;
             truncated += cut;
