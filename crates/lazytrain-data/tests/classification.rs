@@ -2,6 +2,8 @@
 //! pairs, labels.json, every bad-row class, and batches with one label per
 //! sequence.
 
+mod common;
+
 use lazytrain_core::Device;
 use lazytrain_data::classification::demo_task::sentiment_reviews;
 use lazytrain_data::classification::{
@@ -141,15 +143,7 @@ fn rows_stream_in_chunks_and_a_failed_preparation_keeps_the_earlier_one() {
     let in_order: Vec<i64> = (0..kept.len()).map(|k| shards[k % 3][k / 3]).collect();
     assert_eq!(in_order, kept.iter().map(|(l, _)| id(l)).collect::<Vec<_>>());
 
-    let listing = |dir: &Path| {
-        let mut files: Vec<(String, Vec<u8>)> = std::fs::read_dir(dir)
-            .unwrap()
-            .map(|e| e.unwrap().path())
-            .map(|p| (p.file_name().unwrap().to_string_lossy().into_owned(), std::fs::read(&p).unwrap()))
-            .collect();
-        files.sort();
-        files
-    };
+    let listing = common::folder_contents;
     let before = listing(&out);
     std::fs::write(
         dir.join("val.jsonl"),

@@ -1,6 +1,8 @@
 //! The data path end to end: tokenizer training, prepare, TFRecord
 //! integrity, sharded reading with resume, and the prefetching loader.
 
+mod common;
+
 use lazytrain_core::{Device, ScratchDir};
 use lazytrain_data::collator::{Collator, HostBatch, MlmCollator};
 use lazytrain_data::corpus::demo_corpus;
@@ -342,15 +344,7 @@ fn a_second_prepare_replaces_the_first_ones_shards() {
 #[test]
 fn a_failed_prepare_keeps_the_earlier_one_and_a_streamed_one_matches() {
     let (dir, tok, manifest) = prepared("keep", 2);
-    let listing = |dir: &std::path::Path| {
-        let mut files: Vec<(String, Vec<u8>)> = std::fs::read_dir(dir)
-            .unwrap()
-            .map(|e| e.unwrap().path())
-            .map(|p| (p.file_name().unwrap().to_string_lossy().into_owned(), std::fs::read(&p).unwrap()))
-            .collect();
-        files.sort();
-        files
-    };
+    let listing = common::folder_contents;
     let before = listing(&dir);
     let options = PrepareOptions {
         block_size: 32,
