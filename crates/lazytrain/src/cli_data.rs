@@ -1,13 +1,13 @@
 //! `lazytrain train-tokenizer` and `lazytrain prepare`.
 
-use crate::cli_storage::{input_files, staging, tokenizer_path, OutputFolder};
+use crate::cli_storage::{local_input, matched_inputs, staging, tokenizer_path, OutputFolder};
 use clap::Args;
-use lazytrain_data::formats::{DocumentSink, InputFormat, TextSource};
+use lazytrain_data::formats::{read_into, DocumentSink, InputFormat, TextSource};
 use lazytrain_data::prepare::{Packing, Preparation, PrepareOptions};
-use lazytrain_data::text::read_all_into;
 use lazytrain_data::train_tokenizer::{Normalization, SubwordModel, TokenizerTraining};
-use lazytrain_data::{TextTokenizer, TokenizerStyle};
+use lazytrain_data::{DataError, TextTokenizer, TokenizerStyle};
 use lazytrain_storage::StorageUrl;
+use std::path::Path;
 use std::time::Instant;
 
 /// Where the texts of input files are: their format and column.
@@ -23,18 +23,38 @@ pub struct InputColumns {
 
 impl InputColumns {
     /// Give the documents of `files` to `docs` as they are read, with a
-    /// notice of skipped null rows.
+    /// notice of skipped null rows. A bucket object is downloaded when its
+    /// turn comes and removed once read, so local disk holds one input at
+    /// a time, not the corpus.
     fn stream(&self, files: &[StorageUrl], docs: &mut dyn DocumentSink) -> lazytrain::Result<()> {
         let format = self.format.as_deref().map(InputFormat::parse).transpose()?;
         let source = TextSource { format, text_column: self.text_column.clone() };
         let staging = staging("inputs")?;
         let nulls_before = docs.counts().1;
-        read_all_into(&input_files(files, &staging)?, &source, docs)?;
+        for (n, input) in matched_inputs(files)?.iter().enumerate() {
+            let local = local_input(input, n, &staging)?;
+            read_into(&local, &source, docs).map_err(|e| named_as_given(e, &local, input))?;
+            if input.is_remote() {
+                std::fs::remove_file(&local)
+                    .map_err(|e| lazytrain::Error::Input(format!("{}: {e}", local.display())))?;
+            }
+        }
         let nulls = docs.counts().1 - nulls_before;
         if nulls > 0 {
             eprintln!("note: skipped {nulls} rows whose `{}` is null or missing", self.text_column);
         }
         Ok(())
+    }
+}
+
+/// `error` about the downloaded copy `local` of `input`, naming `input`
+/// (the bucket object the user gave) instead.
+fn named_as_given(error: DataError, local: &Path, input: &StorageUrl) -> DataError {
+    match error {
+        DataError::Io { path, detail } if Path::new(&path) == local => {
+            DataError::Io { path: input.to_string(), detail }
+        }
+        other => other,
     }
 }
 

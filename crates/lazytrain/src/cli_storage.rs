@@ -14,31 +14,39 @@ pub fn staging(purpose: &str) -> Result<ScratchDir> {
     ScratchDir::new(purpose).map_err(|e| Error::Input(format!("a temporary folder for the {purpose}: {e}")))
 }
 
-/// Local files for `--files`: plain paths as given, local patterns
-/// (`texts/*.txt`, quoted so that no shell expands them) as they match;
-/// bucket objects and bucket patterns (`gs://b/texts/*.txt`, matched as
-/// `tf.io.gfile.glob` does) downloaded into `staging`, keeping their names
-/// (the format comes from the extension).
-pub fn input_files(specs: &[StorageUrl], staging: &ScratchDir) -> Result<Vec<PathBuf>> {
-    let mut files = Vec::new();
+/// The inputs `--files` names, in order: plain paths and bucket objects as
+/// given, local patterns (`texts/*.txt`, quoted so that no shell expands
+/// them) and bucket patterns (`gs://b/texts/*.txt`, matched as
+/// `tf.io.gfile.glob` does) as they match.
+pub fn matched_inputs(specs: &[StorageUrl]) -> Result<Vec<StorageUrl>> {
+    let mut inputs = Vec::new();
     for spec in specs {
         let pattern = spec.to_string().contains(['*', '?']);
         let matched = if pattern { glob(spec)? } else { vec![spec.clone()] };
         if matched.is_empty() {
             return Err(Error::Input(format!("--files {spec} matches no files")));
         }
-        if let StorageUrl::Local(_) = spec {
-            files.extend(matched.iter().filter_map(|url| url.local_path().map(PathBuf::from)));
-            continue;
-        }
-        for url in matched {
-            let name = url.file_name().unwrap_or_default();
-            let local = staging.path().join(format!("{}-{name}", files.len()));
-            lazytrain_storage::download_file(&url, &local)?;
-            files.push(local);
-        }
+        inputs.extend(matched);
     }
-    Ok(files)
+    Ok(inputs)
+}
+
+/// `input` as a local file: itself, or a bucket object downloaded into
+/// `staging` as the `n`th input, keeping its name (the format comes from
+/// the extension).
+pub fn local_input(input: &StorageUrl, n: usize, staging: &ScratchDir) -> Result<PathBuf> {
+    if let Some(path) = input.local_path() {
+        return Ok(path.to_path_buf());
+    }
+    let local = staging.path().join(format!("{n}-{}", input.file_name().unwrap_or_default()));
+    lazytrain_storage::download_file(input, &local)?;
+    Ok(local)
+}
+
+/// Local files for `--files` ([`matched_inputs`]), every bucket object
+/// downloaded into `staging` ([`local_input`]).
+pub fn input_files(specs: &[StorageUrl], staging: &ScratchDir) -> Result<Vec<PathBuf>> {
+    matched_inputs(specs)?.iter().enumerate().map(|(n, input)| local_input(input, n, staging)).collect()
 }
 
 /// A tokenizer folder (or file) given as a path or a bucket URL.

@@ -102,6 +102,13 @@ fn prepare_train_push_and_resume_through_s3() {
             "s3://lt-run/tok",
         ],
     ));
+    // A bad input in the bucket is named by its URL, not by the local copy
+    // it was read from.
+    write(&url("s3://lt-run/bad/garbled.txt"), b"fine\n\xff\xfe\n".to_vec()).unwrap();
+    let args = ["prepare", "--tokenizer", "s3://lt-run/tok", "--files", "s3://lt-run/bad/garbled.txt", "--output", "x"];
+    let bad = lazytrain(&dir, &moto, &args);
+    let err = String::from_utf8_lossy(&bad.stderr);
+    assert!(!bad.status.success() && err.contains("s3://lt-run/bad/garbled.txt: line 2: invalid UTF-8"), "{err}");
     let prepare = |output: &str| {
         ok(lazytrain(
             &dir,
