@@ -23,22 +23,36 @@ pub struct InputColumns {
 
 impl InputColumns {
     /// Give the documents of `files` to `docs` as they are read, with a
-    /// notice of skipped null rows. A bucket object is downloaded when its
-    /// turn comes and removed once read, so local disk holds one input at
-    /// a time, not the corpus.
+    /// notice of skipped null rows. A bucket object is downloaded while
+    /// the input before it is read, and removed once read itself, so local
+    /// disk holds two inputs at a time, not the corpus.
     fn stream(&self, files: &[StorageUrl], docs: &mut dyn DocumentSink) -> lazytrain::Result<()> {
         let format = self.format.as_deref().map(InputFormat::parse).transpose()?;
         let source = TextSource { format, text_column: self.text_column.clone() };
         let staging = staging("inputs")?;
         let nulls_before = docs.counts().1;
-        for (n, input) in matched_inputs(files)?.iter().enumerate() {
-            let local = local_input(input, n, &staging)?;
-            read_into(&local, &source, docs).map_err(|e| named_as_given(e, &local, input))?;
-            if input.is_remote() {
-                std::fs::remove_file(&local)
-                    .map_err(|e| lazytrain::Error::Input(format!("{}: {e}", local.display())))?;
+        let inputs = matched_inputs(files)?;
+        std::thread::scope(|scope| {
+            let fetch = |n: usize| {
+                let (input, staging) = (&inputs[n], &staging);
+                scope.spawn(move || local_input(input, n, staging))
+            };
+            let mut next = (!inputs.is_empty()).then(|| fetch(0));
+            for (n, input) in inputs.iter().enumerate() {
+                let fetched = next.take().expect("each input is fetched before its turn").join();
+                let local = fetched.map_err(|panic| {
+                    let why = lazytrain_core::panic_message(&*panic);
+                    lazytrain::Error::Input(format!("{input}: the download failed ({why})"))
+                })??;
+                next = (n + 1 < inputs.len()).then(|| fetch(n + 1));
+                read_into(&local, &source, docs).map_err(|e| named_as_given(e, &local, input))?;
+                if input.is_remote() {
+                    std::fs::remove_file(&local)
+                        .map_err(|e| lazytrain::Error::Input(format!("{}: {e}", local.display())))?;
+                }
             }
-        }
+            Ok::<(), lazytrain::Error>(())
+        })?;
         let nulls = docs.counts().1 - nulls_before;
         if nulls > 0 {
             eprintln!("note: skipped {nulls} rows whose `{}` is null or missing", self.text_column);
