@@ -175,8 +175,9 @@ impl KeptBack {
     }
 }
 
+/// An error of the kept-back file at `path`.
 fn io(path: &std::path::Path, e: std::io::Error) -> DataError {
-    DataError::Io { path: path.display().to_string(), detail: format!("cannot keep blocks back for the split: {e}") }
+    crate::formats::io_error(path, format!("cannot keep blocks back for the split: {e}"))
 }
 
 #[cfg(test)]

@@ -19,6 +19,7 @@ pub mod classification;
 pub mod collator;
 pub mod corpus;
 pub mod dataset;
+mod document_batch;
 mod error;
 pub mod example;
 pub mod formats;

@@ -4,8 +4,9 @@
 //! an error or a kill on the way leaves the folder's earlier preparation as
 //! it was.
 
+use crate::formats::io_error;
 use crate::prepare::{remove_shards, ShardInfo};
-use crate::{DataError, Result};
+use crate::Result;
 use std::path::{Path, PathBuf};
 
 /// The folder's name inside the output folder.
@@ -27,14 +28,14 @@ impl PartialFolder {
     /// killed run's leftovers are removed first.
     pub(crate) fn create(out_dir: &Path) -> Result<PartialFolder> {
         let created_from = out_dir.ancestors().take_while(|folder| !folder.exists()).last().map(Path::to_path_buf);
-        std::fs::create_dir_all(out_dir).map_err(|e| io(out_dir, e))?;
+        std::fs::create_dir_all(out_dir).map_err(|e| io_error(out_dir, e.to_string()))?;
         let path = out_dir.join(PARTIAL_FOLDER);
         match std::fs::remove_dir_all(&path) {
-            Err(e) if e.kind() != std::io::ErrorKind::NotFound => return Err(io(&path, e)),
+            Err(e) if e.kind() != std::io::ErrorKind::NotFound => return Err(io_error(&path, e.to_string())),
             _ => {}
         }
         let partial = PartialFolder { path, out_dir: out_dir.to_path_buf(), created_from };
-        std::fs::create_dir_all(&partial.path).map_err(|e| io(&partial.path, e))?;
+        std::fs::create_dir_all(&partial.path).map_err(|e| io_error(&partial.path, e.to_string()))?;
         Ok(partial)
     }
 
@@ -50,14 +51,14 @@ impl PartialFolder {
     pub(crate) fn publish<'s>(self, shards: impl Iterator<Item = &'s ShardInfo>, files: &[&str]) -> Result<()> {
         let manifest = self.out_dir.join("manifest.json");
         match std::fs::remove_file(&manifest) {
-            Err(e) if e.kind() != std::io::ErrorKind::NotFound => return Err(io(&manifest, e)),
+            Err(e) if e.kind() != std::io::ErrorKind::NotFound => return Err(io_error(&manifest, e.to_string())),
             _ => {}
         }
         remove_shards(&self.out_dir)?;
         let shard_files = shards.flat_map(|shard| [shard.file.clone(), format!("{}.idx", shard.file)]);
         for name in shard_files.chain(files.iter().map(|f| f.to_string())) {
             let (from, to) = (self.path.join(&name), self.out_dir.join(&name));
-            std::fs::rename(&from, &to).map_err(|e| io(&to, e))?;
+            std::fs::rename(&from, &to).map_err(|e| io_error(&to, e.to_string()))?;
         }
         Ok(())
     }
@@ -76,8 +77,4 @@ impl Drop for PartialFolder {
             }
         }
     }
-}
-
-fn io(path: &Path, e: std::io::Error) -> DataError {
-    DataError::Io { path: path.display().to_string(), detail: e.to_string() }
 }

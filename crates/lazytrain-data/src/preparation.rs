@@ -8,6 +8,7 @@
 //! kill on the way leaves an earlier preparation in the folder as it was.
 
 use crate::block_split::{BlockSink, Splitter};
+use crate::document_batch::DocumentBatch;
 use crate::example::encode_int64_example;
 use crate::formats::DocumentSink;
 use crate::long_documents::{self, PIECE_BYTES};
@@ -21,12 +22,8 @@ use crate::tokenizer::TextTokenizer;
 use crate::{DataError, Result};
 use std::path::Path;
 
-/// Documents tokenized together (the tokenizer spreads a batch over the
-/// cores), unless [`BATCH_BYTES`] of text come first.
-const BATCH_DOCUMENTS: usize = 4096;
-
-/// Bytes of text tokenized together at most (besides one document that is
-/// longer on its own).
+/// Bytes of text tokenized together at most (the tokenizer spreads a batch
+/// over the cores).
 const BATCH_BYTES: usize = 4 << 20;
 
 /// A preparation under way: give it the training documents (it is a
@@ -35,9 +32,8 @@ const BATCH_BYTES: usize = 4 << 20;
 pub struct Preparation<'t> {
     tokenizer: &'t TextTokenizer,
     options: PrepareOptions,
-    /// Documents waiting to be tokenized, and their bytes.
-    pending: Vec<String>,
-    pending_bytes: usize,
+    /// Documents waiting to be tokenized.
+    pending: DocumentBatch,
     /// Whether a document too long to tokenize at once may be tokenized
     /// in pieces with this tokenizer ([`long_documents::cuts_are_exact`]).
     pieces_are_exact: bool,
@@ -91,8 +87,7 @@ impl<'t> Preparation<'t> {
         Ok(Preparation {
             tokenizer,
             options: options.clone(),
-            pending: Vec::new(),
-            pending_bytes: 0,
+            pending: DocumentBatch::new(BATCH_BYTES),
             pieces_are_exact: long_documents::cuts_are_exact(tokenizer.inner()),
             packer: Packer::new(options.packing, options.block_size, (special.start, special.end)),
             splitter: Splitter::new(options.validation_fraction, options.seed, partial.path().join("kept-back.bin")),
@@ -191,12 +186,11 @@ impl<'t> Preparation<'t> {
 
     /// Tokenize the pending documents, pack them and place their blocks.
     fn flush(&mut self) -> Result<()> {
-        if self.pending.is_empty() {
+        let batch = self.pending.take();
+        if batch.is_empty() {
             return Ok(());
         }
-        let batch = std::mem::take(&mut self.pending);
         let count = batch.len() as u64;
-        self.pending_bytes = 0;
         // Documents are tokenized together, but one too long to tokenize
         // at once on its own, in pieces.
         let mut together = Vec::new();
@@ -294,9 +288,7 @@ impl<'t> Preparation<'t> {
 impl DocumentSink for Preparation<'_> {
     fn document(&mut self, text: &str) -> Result<()> {
         self.documents += 1;
-        self.pending_bytes += text.len();
-        self.pending.push(text.to_string());
-        if self.pending.len() >= BATCH_DOCUMENTS || self.pending_bytes >= BATCH_BYTES {
+        if self.pending.add(text) {
             self.flush()?;
         }
         Ok(())

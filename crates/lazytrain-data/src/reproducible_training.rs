@@ -12,6 +12,7 @@
 //! fixed seeds filled in sorted order, unigram's EM on one thread, its
 //! result then put in a canonical order ([`canonical_pieces`]).
 
+use crate::document_batch::DocumentBatch;
 use crate::formats::DocumentSink;
 use crate::long_documents::{self, PIECE_BYTES};
 use crate::train_tokenizer::train_error;
@@ -41,11 +42,8 @@ const WORD_MAP_SEEDS: [u64; 4] = [0x6c61_7a79, 0x7472_6169, 0x6e5f_7365, 0x6564_
 /// SentencePiece skips sentences over 4192 bytes for the same reason.
 pub const MAX_TRAINING_WORD_BYTES: usize = 4096;
 
-/// Documents counted together (spread over the cores), unless
-/// [`BATCH_BYTES`] of text come first.
-const BATCH_DOCUMENTS: usize = 4096;
-
-/// Bytes of text counted together at most (besides one longer document).
+/// Bytes of text counted together at most (the counting spreads a batch
+/// over the cores).
 const BATCH_BYTES: usize = 16 << 20;
 
 /// Counts the words of documents as they are given (it is a
@@ -56,8 +54,7 @@ const BATCH_BYTES: usize = 16 << 20;
 /// [`MAX_TRAINING_WORD_BYTES`] are left out, said in a note.
 pub(crate) struct WordCounter {
     tokenizer: Tokenizer,
-    pending: Vec<String>,
-    pending_bytes: usize,
+    pending: DocumentBatch,
     counts: HashMap<String, u64>,
     too_long: u64,
     /// Cuts inside a word of documents counted in pieces.
@@ -71,8 +68,7 @@ impl WordCounter {
     pub(crate) fn new(tokenizer: Tokenizer) -> WordCounter {
         WordCounter {
             tokenizer,
-            pending: Vec::new(),
-            pending_bytes: 0,
+            pending: DocumentBatch::new(BATCH_BYTES),
             counts: HashMap::new(),
             too_long: 0,
             cuts_inside_words: 0,
@@ -120,6 +116,7 @@ impl WordCounter {
         };
         let (counts, too_long) = self
             .pending
+            .take()
             .par_iter()
             .try_fold(
                 || (HashMap::<String, u64>::new(), 0u64),
@@ -146,8 +143,6 @@ impl WordCounter {
             *self.counts.entry(word).or_default() += count;
         }
         self.too_long += too_long;
-        self.pending.clear();
-        self.pending_bytes = 0;
         Ok(())
     }
 }
@@ -160,9 +155,7 @@ impl DocumentSink for WordCounter {
         let (pieces, inside_words) = long_documents::pieces(text, PIECE_BYTES);
         self.cuts_inside_words += inside_words;
         for piece in pieces {
-            self.pending_bytes += piece.len();
-            self.pending.push(piece.to_string());
-            if self.pending.len() >= BATCH_DOCUMENTS || self.pending_bytes >= BATCH_BYTES {
+            if self.pending.add(piece) {
                 self.count_pending()?;
             }
         }
@@ -322,6 +315,7 @@ mod tests {
     /// by bytes) are the words of the whole text, counted at once.
     #[test]
     fn words_counted_in_batches_are_the_whole_texts_words() {
+        use crate::document_batch::BATCH_DOCUMENTS;
         let mut tokenizer = Tokenizer::new(ModelWrapper::from(BPE::default()));
         tokenizer.with_pre_tokenizer(Some(tokenizers::pre_tokenizers::whitespace::WhitespaceSplit));
         let long = "x".repeat(BATCH_BYTES / 3);

@@ -4,7 +4,7 @@
 //! `labels.json` and `manifest.json`.
 
 use super::rows::{
-    for_each_labelled_row, order_labels, BadRowCounts, BadRowKind, Columns, LabelOrder, LabelledRow, RowPolicy,
+    for_each_labelled_row, BadRowCounts, BadRowKind, Columns, LabelOrder, LabelledRow, LabelsSeen, RowPolicy,
 };
 use crate::example::encode_int64_example;
 use crate::partial_folder::PartialFolder;
@@ -14,7 +14,7 @@ use crate::tfrecord::RecordWriter;
 use crate::tokenizer::TextTokenizer;
 use crate::{DataError, Result};
 use serde::{Deserialize, Serialize};
-use std::collections::{BTreeMap, HashMap, HashSet};
+use std::collections::{BTreeMap, HashMap};
 use std::path::{Path, PathBuf};
 use tokenizers::{EncodeInput, TruncationDirection, TruncationParams, TruncationStrategy};
 
@@ -176,12 +176,12 @@ pub fn prepare_classification(
     let mut training_rows = 0u64;
     for file in train_files {
         for_each_labelled_row(file, &options.columns, options.skip_bad_rows, &mut skipped, &mut |row| {
-            seen.add(row.label);
+            seen.add(&row.label);
             training_rows += 1;
             Ok(())
         })?;
     }
-    let labels = order_labels(seen.names, options.label_order);
+    let labels = seen.in_order(options.label_order);
     if labels.len() < 2 {
         return Err(DataError::Invalid(format!(
             "the training files have {} distinct label(s) in column `{}`; classification needs at least 2",
@@ -288,22 +288,6 @@ pub fn prepare_classification(
 
 /// Rows tokenized together.
 const CHUNK_ROWS: usize = 1024;
-
-/// The label names in the order they first appear.
-#[derive(Default)]
-struct LabelsSeen {
-    names: Vec<String>,
-    known: HashSet<String>,
-}
-
-impl LabelsSeen {
-    fn add(&mut self, label: String) {
-        if !self.known.contains(&label) {
-            self.known.insert(label.clone());
-            self.names.push(label);
-        }
-    }
-}
 
 /// One split's shards, written a chunk of rows at a time (row `i` of the
 /// split to shard `i % shards`).

@@ -3,7 +3,7 @@
 
 use crate::{DataError, Result};
 use serde::{Deserialize, Serialize};
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashSet};
 use std::path::Path;
 
 /// Which columns hold the text, the optional second text and the label.
@@ -357,25 +357,42 @@ impl LabelOrder {
 
 /// The label names of the training rows, in id order.
 pub fn label_names(rows: &[LabelledRow], order: LabelOrder) -> Vec<String> {
-    let mut names: Vec<String> = Vec::new();
+    let mut seen = LabelsSeen::default();
     for row in rows {
-        if !names.contains(&row.label) {
-            names.push(row.label.clone());
-        }
+        seen.add(&row.label);
     }
-    order_labels(names, order)
+    seen.in_order(order)
 }
 
-/// Label `names` (each once, in the order they first appear) in id order.
-pub(crate) fn order_labels(mut names: Vec<String>, order: LabelOrder) -> Vec<String> {
-    if order == LabelOrder::Sorted {
-        let numbers: Option<Vec<i64>> = names.iter().map(|n| n.trim().parse().ok()).collect();
-        match numbers {
-            Some(_) => names.sort_by_key(|n| n.trim().parse::<i64>().unwrap_or_default()),
-            None => names.sort(),
+/// The label names of rows as they are read, each once.
+#[derive(Default)]
+pub(crate) struct LabelsSeen {
+    /// In the order they first appear.
+    names: Vec<String>,
+    known: HashSet<String>,
+}
+
+impl LabelsSeen {
+    /// Note `label`.
+    pub(crate) fn add(&mut self, label: &str) {
+        if !self.known.contains(label) {
+            self.known.insert(label.to_string());
+            self.names.push(label.to_string());
         }
     }
-    names
+
+    /// The names in id order.
+    pub(crate) fn in_order(self, order: LabelOrder) -> Vec<String> {
+        let mut names = self.names;
+        if order == LabelOrder::Sorted {
+            let numbers: Option<Vec<i64>> = names.iter().map(|n| n.trim().parse().ok()).collect();
+            match numbers {
+                Some(_) => names.sort_by_key(|n| n.trim().parse::<i64>().unwrap_or_default()),
+                None => names.sort(),
+            }
+        }
+        names
+    }
 }
 
 #[cfg(test)]

@@ -4,7 +4,7 @@
 
 use super::{io_error, DocumentSink};
 use crate::Result;
-use arrow_array::{Array, LargeStringArray, RecordBatch, StringArray, StringViewArray};
+use arrow_array::{Array, RecordBatch};
 use arrow_schema::{DataType, Schema};
 use std::path::Path;
 
@@ -39,18 +39,8 @@ fn string_column(path: &Path, schema: &Schema, column: &str) -> Result<usize> {
 /// Column `index` of `batch` (a string array) as owned texts, `None` for
 /// nulls.
 fn strings_of(path: &Path, batch: &RecordBatch, index: usize) -> Result<Vec<Option<String>>> {
-    let array = batch.column(index);
-    let any = array.as_any();
-    let owned = |value: Option<&str>| value.map(str::to_string);
-    if let Some(strings) = any.downcast_ref::<StringArray>() {
-        Ok(strings.iter().map(owned).collect())
-    } else if let Some(strings) = any.downcast_ref::<LargeStringArray>() {
-        Ok(strings.iter().map(owned).collect())
-    } else if let Some(strings) = any.downcast_ref::<StringViewArray>() {
-        Ok(strings.iter().map(owned).collect())
-    } else {
-        Err(io_error(path, format!("a batch holds {} where strings were declared", array.data_type())))
-    }
+    column_values(batch.column(index).as_ref(), ColumnKind::Text)
+        .map_err(|other| io_error(path, format!("a batch holds {other} where strings were declared")))
 }
 
 /// Run `f`, a call into the Arrow libraries, which panic on some corrupt
