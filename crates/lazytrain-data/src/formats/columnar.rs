@@ -2,6 +2,7 @@
 //! batch of rows at a time, only the text column decoded) and Arrow IPC
 //! streams (a `datasets` cache's `.arrow` files).
 
+use super::parquet_file::ParquetFile;
 use super::{io_error, DocumentSink};
 use crate::Result;
 use arrow_array::{Array, RecordBatch};
@@ -11,14 +12,9 @@ use std::path::Path;
 /// Rows decoded per batch.
 const BATCH_ROWS: usize = 8192;
 
-/// The bytes of the Parquet file at `path`, read whole before the reader
-/// parses them: the reader decodes page headers a byte at a time, and from
-/// a `File` each byte is a system call, so a corrupt header declaring
-/// billions of fields took 36 s of reads to fail (found by `tests/fuzz.rs`);
-/// from memory it fails at once. A text corpus's Parquet file is no larger
-/// than the texts read out of it.
-fn parquet_bytes(path: &Path) -> Result<bytes::Bytes> {
-    std::fs::read(path).map(bytes::Bytes::from).map_err(|e| io_error(path, format!("cannot read the input file: {e}")))
+/// The Parquet file at `path`, opened to be read a page at a time.
+fn open_parquet(path: &Path) -> Result<ParquetFile> {
+    ParquetFile::open(path).map_err(|e| io_error(path, format!("cannot open the input file: {e}")))
 }
 
 /// The index of `column` in `schema`, which must hold strings.
@@ -152,11 +148,14 @@ pub(crate) fn for_each_table_row(
     let (mut reader, batch_error): (BatchReader, &str) = guarded(path, what, || {
         Ok(if parquet {
             use parquet::arrow::arrow_reader::ParquetRecordBatchReaderBuilder;
-            let file = parquet_bytes(path)?;
+            let file = open_parquet(path)?;
             let unreadable =
                 |e: parquet::errors::ParquetError| io_error(path, format!("not a readable Parquet file: {e}"));
             let builder = ParquetRecordBatchReaderBuilder::try_new(file).map_err(unreadable)?;
-            let reader: BatchReader = Box::new(builder.with_batch_size(BATCH_ROWS).build().map_err(unreadable)?);
+            let indices = column_indices(path, builder.schema(), columns)?;
+            let mask = parquet::arrow::ProjectionMask::roots(builder.parquet_schema(), indices);
+            let builder = builder.with_projection(mask).with_batch_size(BATCH_ROWS);
+            let reader: BatchReader = Box::new(builder.build().map_err(unreadable)?);
             (reader, "a row group cannot be read")
         } else {
             let file =
@@ -173,22 +172,29 @@ pub(crate) fn for_each_table_row(
     Ok(())
 }
 
-/// The rows of the `columns` of `batch`, every value as text.
-fn table_rows(path: &Path, batch: &RecordBatch, columns: &[(&str, ColumnKind)]) -> Result<Vec<Vec<Option<String>>>> {
-    let schema = batch.schema();
-    let mut values = Vec::with_capacity(columns.len());
-    for &(name, kind) in columns {
-        let Ok(index) = schema.index_of(name) else {
+/// The index in `schema` of each of the `columns`.
+fn column_indices(path: &Path, schema: &Schema, columns: &[(&str, ColumnKind)]) -> Result<Vec<usize>> {
+    let index_of = |name: &str| {
+        schema.index_of(name).map_err(|_| {
             let present: Vec<&str> = schema.fields().iter().map(|f| f.name().as_str()).collect();
-            return Err(io_error(
+            io_error(
                 path,
                 format!(
                     "no column `{name}`; the file has {}; name the right one with --text-column, --text-pair-column \
                      or --label-column",
                     present.join(", ")
                 ),
-            ));
-        };
+            )
+        })
+    };
+    columns.iter().map(|&(name, _)| index_of(name)).collect()
+}
+
+/// The rows of the `columns` of `batch`, every value as text.
+fn table_rows(path: &Path, batch: &RecordBatch, columns: &[(&str, ColumnKind)]) -> Result<Vec<Vec<Option<String>>>> {
+    let indices = column_indices(path, &batch.schema(), columns)?;
+    let mut values = Vec::with_capacity(columns.len());
+    for (&(name, kind), index) in columns.iter().zip(indices) {
         let wanted = match kind {
             ColumnKind::Text => "strings",
             ColumnKind::Label => "strings, integers or booleans",
@@ -207,7 +213,7 @@ pub(super) fn read_parquet(path: &Path, column: &str, docs: &mut dyn DocumentSin
     use parquet::arrow::arrow_reader::ParquetRecordBatchReaderBuilder;
     use parquet::arrow::ProjectionMask;
     let what = "not a readable Parquet file";
-    let file = parquet_bytes(path)?;
+    let file = open_parquet(path)?;
     let reader: BatchReader = guarded(path, what, || {
         let unreadable = |e: parquet::errors::ParquetError| io_error(path, format!("{what}: {e}"));
         let builder = ParquetRecordBatchReaderBuilder::try_new(file).map_err(unreadable)?;

@@ -4,6 +4,7 @@
 //! (plain text: its lines), with null rows skipped and counted.
 
 mod columnar;
+mod parquet_file;
 pub(crate) use columnar::{for_each_table_row, ColumnKind};
 mod rows;
 pub use rows::MAX_LINE_BYTES;
@@ -24,8 +25,8 @@ pub enum InputFormat {
     Csv,
     /// Tab-separated with a header row (`.tsv`).
     Tsv,
-    /// Apache Parquet (`.parquet`): Utf8 or LargeUtf8 columns, read a row
-    /// group at a time.
+    /// Apache Parquet (`.parquet`): Utf8 or LargeUtf8 columns, read in
+    /// place a page at a time.
     Parquet,
     /// An Arrow IPC stream (`.arrow`), as `datasets` writes its cache files.
     Arrow,
