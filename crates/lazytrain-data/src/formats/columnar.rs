@@ -7,14 +7,24 @@ use super::{io_error, DocumentSink};
 use crate::Result;
 use arrow_array::{Array, RecordBatch};
 use arrow_schema::{DataType, Schema};
+use parquet::arrow::arrow_reader::ParquetRecordBatchReaderBuilder;
 use std::path::Path;
 
 /// Rows decoded per batch.
 const BATCH_ROWS: usize = 8192;
 
-/// The Parquet file at `path`, opened to be read a page at a time.
-fn open_parquet(path: &Path) -> Result<ParquetFile> {
-    ParquetFile::open(path).map_err(|e| io_error(path, format!("cannot open the input file: {e}")))
+/// A reader builder of the Parquet file at `path`, read in place a page at
+/// a time, each page header checked against its column chunk.
+fn parquet_builder(path: &Path) -> Result<ParquetRecordBatchReaderBuilder<ParquetFile>> {
+    let file = ParquetFile::open(path).map_err(|e| io_error(path, format!("cannot open the input file: {e}")))?;
+    let builder = ParquetRecordBatchReaderBuilder::try_new(file.clone()).map_err(|e| unreadable_parquet(path, e))?;
+    file.check_pages_against(builder.metadata());
+    Ok(builder)
+}
+
+/// The error of a Parquet file the reader refused.
+fn unreadable_parquet(path: &Path, e: parquet::errors::ParquetError) -> crate::DataError {
+    io_error(path, format!("not a readable Parquet file: {e}"))
 }
 
 /// The index of `column` in `schema`, which must hold strings.
@@ -147,15 +157,11 @@ pub(crate) fn for_each_table_row(
     let what = "not a readable table";
     let (mut reader, batch_error): (BatchReader, &str) = guarded(path, what, || {
         Ok(if parquet {
-            use parquet::arrow::arrow_reader::ParquetRecordBatchReaderBuilder;
-            let file = open_parquet(path)?;
-            let unreadable =
-                |e: parquet::errors::ParquetError| io_error(path, format!("not a readable Parquet file: {e}"));
-            let builder = ParquetRecordBatchReaderBuilder::try_new(file).map_err(unreadable)?;
+            let builder = parquet_builder(path)?;
             let indices = column_indices(path, builder.schema(), columns)?;
             let mask = parquet::arrow::ProjectionMask::roots(builder.parquet_schema(), indices);
             let builder = builder.with_projection(mask).with_batch_size(BATCH_ROWS);
-            let reader: BatchReader = Box::new(builder.build().map_err(unreadable)?);
+            let reader: BatchReader = Box::new(builder.build().map_err(|e| unreadable_parquet(path, e))?);
             (reader, "a row group cannot be read")
         } else {
             let file =
@@ -210,16 +216,14 @@ fn table_rows(path: &Path, batch: &RecordBatch, columns: &[(&str, ColumnKind)]) 
 
 /// The strings of `column` of a Parquet file.
 pub(super) fn read_parquet(path: &Path, column: &str, docs: &mut dyn DocumentSink) -> Result<()> {
-    use parquet::arrow::arrow_reader::ParquetRecordBatchReaderBuilder;
     use parquet::arrow::ProjectionMask;
     let what = "not a readable Parquet file";
-    let file = open_parquet(path)?;
     let reader: BatchReader = guarded(path, what, || {
-        let unreadable = |e: parquet::errors::ParquetError| io_error(path, format!("{what}: {e}"));
-        let builder = ParquetRecordBatchReaderBuilder::try_new(file).map_err(unreadable)?;
+        let builder = parquet_builder(path)?;
         let index = string_column(path, builder.schema(), column)?;
         let mask = ProjectionMask::roots(builder.parquet_schema(), [index]);
-        Ok(Box::new(builder.with_projection(mask).with_batch_size(BATCH_ROWS).build().map_err(unreadable)?))
+        let builder = builder.with_projection(mask).with_batch_size(BATCH_ROWS);
+        Ok(Box::new(builder.build().map_err(|e| unreadable_parquet(path, e))?))
     })?;
     feed_texts(path, (what, "a row group cannot be read"), reader, 0, docs)
 }
