@@ -228,9 +228,9 @@ fn labelled_tables_prepare_like_json_lines() {
         skip_bad_rows: false,
         progress: false,
     };
-    let prepared = |name: &str| {
-        let out = tmp(&format!("labelled-{name}"));
-        let manifest = prepare_classification(&tokenizer, &[fixture(name)], &[], &out, &options).unwrap();
+    let prepared_from = |path: &Path| {
+        let out = tmp(&format!("labelled-{}", path.file_name().unwrap().to_string_lossy()));
+        let manifest = prepare_classification(&tokenizer, &[path.to_path_buf()], &[], &out, &options).unwrap();
         let mut shards: Vec<(String, Vec<u8>)> = std::fs::read_dir(&out)
             .unwrap()
             .map(|e| e.unwrap().path())
@@ -240,12 +240,21 @@ fn labelled_tables_prepare_like_json_lines() {
         shards.sort();
         (manifest.labels, manifest.rows, shards)
     };
+    let prepared = |name: &str| prepared_from(&fixture(name));
     let reference = prepared("labelled.jsonl");
     assert_eq!(reference.0, ["negative", "positive"]);
     assert_eq!(reference.1, 150);
     for name in ["labelled.parquet", "labelled.arrow"] {
         assert_eq!(prepared(name), reference, "{name}");
     }
+    // Dictionary-encoded strings (a pandas category, pyarrow's
+    // `dictionary_encode`) read as their values.
+    let encoded = tmp("dictionary-encoded");
+    let (parquet, arrow) = dictionary_encoded(&fixture("labelled.parquet"), &encoded);
+    assert_eq!(prepared_from(&parquet), reference, "dictionary-encoded Parquet");
+    assert_eq!(prepared_from(&arrow), reference, "dictionary-encoded Arrow stream");
+    let text_only = read_documents(&parquet, &TextSource::default()).unwrap().texts;
+    assert_eq!(text_only, read_documents(&fixture("labelled.parquet"), &TextSource::default()).unwrap().texts);
     let (labels, rows, _) = prepared("classlabel.arrow");
     assert_eq!((labels, rows), (vec!["0".to_string(), "1".into()], 150), "ClassLabel integers are the labels");
     let wrong =
@@ -253,6 +262,43 @@ fn labelled_tables_prepare_like_json_lines() {
     let err = prepare_classification(&tokenizer, &[fixture("labelled.parquet")], &[], &tmp("wrong"), &wrong);
     let err = err.unwrap_err().to_string();
     assert!(err.contains("no column `stars`; the file has text, label"), "{err}");
+}
+
+/// The Parquet file `from` with every string column dictionary-encoded,
+/// written into `dir` as Parquet and as an Arrow IPC stream.
+fn dictionary_encoded(from: &Path, dir: &Path) -> (PathBuf, PathBuf) {
+    use arrow_array::cast::AsArray;
+    use arrow_array::types::Int32Type;
+    use arrow_array::{ArrayRef, DictionaryArray, RecordBatch};
+    use parquet::arrow::arrow_reader::ParquetRecordBatchReaderBuilder;
+    let reader = ParquetRecordBatchReaderBuilder::try_new(std::fs::File::open(from).unwrap()).unwrap().build().unwrap();
+    let batches: Vec<RecordBatch> = reader
+        .map(|batch| {
+            let batch = batch.unwrap();
+            let schema = batch.schema();
+            let columns = schema.fields().iter().zip(batch.columns()).map(|(field, column)| {
+                let encoded: ArrayRef = match column.as_string_opt::<i32>() {
+                    Some(strings) => std::sync::Arc::new(strings.iter().collect::<DictionaryArray<Int32Type>>()),
+                    None => column.clone(),
+                };
+                (field.name().clone(), encoded)
+            });
+            RecordBatch::try_from_iter(columns).unwrap()
+        })
+        .collect();
+    let schema = batches[0].schema();
+    assert!(schema.fields().iter().any(|f| matches!(f.data_type(), arrow_schema::DataType::Dictionary(..))));
+    let (parquet, arrow) = (dir.join("dictionary.parquet"), dir.join("dictionary.arrow"));
+    let mut writer =
+        parquet::arrow::ArrowWriter::try_new(std::fs::File::create(&parquet).unwrap(), schema.clone(), None).unwrap();
+    let mut stream = arrow_ipc::writer::StreamWriter::try_new(std::fs::File::create(&arrow).unwrap(), &schema).unwrap();
+    for batch in &batches {
+        writer.write(batch).unwrap();
+        stream.write(batch).unwrap();
+    }
+    writer.close().unwrap();
+    stream.finish().unwrap();
+    (parquet, arrow)
 }
 
 /// A corrupt Parquet file the fuzzer found, on which the `parquet` crate

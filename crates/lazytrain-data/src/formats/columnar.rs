@@ -38,7 +38,15 @@ fn string_column(path: &Path, schema: &Schema, column: &str) -> Result<usize> {
     };
     match field.data_type() {
         DataType::Utf8 | DataType::LargeUtf8 | DataType::Utf8View => Ok(index),
-        other => Err(io_error(path, format!("column `{column}` holds {other}, not strings (Utf8 or LargeUtf8)"))),
+        DataType::Dictionary(_, values)
+            if matches!(**values, DataType::Utf8 | DataType::LargeUtf8 | DataType::Utf8View) =>
+        {
+            Ok(index)
+        }
+        other => Err(io_error(
+            path,
+            format!("column `{column}` holds {other}, not strings (Utf8, LargeUtf8 or a dictionary of them)"),
+        )),
     }
 }
 
@@ -106,8 +114,15 @@ pub(crate) enum ColumnKind {
 }
 
 /// The values of `array` as text (nulls as `None`), or the type it holds
-/// when `kind` does not allow it.
+/// when `kind` does not allow it. A dictionary-encoded column (a pandas
+/// category, pyarrow's `dictionary_encode`) gives the values of its keys.
 fn column_values(array: &dyn Array, kind: ColumnKind) -> std::result::Result<Vec<Option<String>>, DataType> {
+    if let DataType::Dictionary(..) = array.data_type() {
+        let dictionary = arrow_array::cast::AsArray::as_any_dictionary(array);
+        let looked_up = arrow_select::take::take(dictionary.values().as_ref(), dictionary.keys(), None)
+            .map_err(|_| array.data_type().clone())?;
+        return column_values(looked_up.as_ref(), kind).map_err(|_| array.data_type().clone());
+    }
     use arrow_array::cast::AsArray;
     use arrow_array::types::{
         Int16Type, Int32Type, Int64Type, Int8Type, UInt16Type, UInt32Type, UInt64Type, UInt8Type,
@@ -241,4 +256,29 @@ pub(super) fn read_arrow_stream(path: &Path, column: &str, docs: &mut dyn Docume
         Ok((reader, index))
     })?;
     feed_texts(path, (what, what), reader, index, docs)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use arrow_array::types::{Int64Type, UInt8Type};
+    use arrow_array::{DictionaryArray, Int64Array, StringArray};
+    use std::sync::Arc;
+
+    #[test]
+    fn dictionary_columns_give_the_values_of_their_keys() {
+        let texts: DictionaryArray<UInt8Type> = [Some("b"), None, Some("a"), Some("b")].into_iter().collect();
+        assert_eq!(
+            column_values(&texts, ColumnKind::Text).unwrap(),
+            [Some("b".to_string()), None, Some("a".into()), Some("b".into())]
+        );
+        let keys = arrow_array::Int8Array::from(vec![Some(1), Some(0), None]);
+        let labels = DictionaryArray::try_new(keys, Arc::new(Int64Array::from(vec![7, 3]))).unwrap();
+        assert_eq!(column_values(&labels, ColumnKind::Label).unwrap(), [Some("3".to_string()), Some("7".into()), None]);
+        let err = column_values(&labels, ColumnKind::Text).unwrap_err();
+        assert_eq!(err.to_string(), "Dictionary(Int8, Int64)", "a text column names the dictionary's type");
+        let strings: DictionaryArray<Int64Type> =
+            DictionaryArray::try_new(Int64Array::from(vec![0]), Arc::new(StringArray::from(vec!["x"]))).unwrap();
+        assert_eq!(column_values(&strings, ColumnKind::Text).unwrap(), [Some("x".to_string())]);
+    }
 }

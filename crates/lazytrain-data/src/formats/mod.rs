@@ -25,8 +25,8 @@ pub enum InputFormat {
     Csv,
     /// Tab-separated with a header row (`.tsv`).
     Tsv,
-    /// Apache Parquet (`.parquet`): Utf8 or LargeUtf8 columns, read in
-    /// place a page at a time.
+    /// Apache Parquet (`.parquet`): string columns (Utf8, LargeUtf8,
+    /// Utf8View, or a dictionary of them), read in place a page at a time.
     Parquet,
     /// An Arrow IPC stream (`.arrow`), as `datasets` writes its cache files.
     Arrow,
