@@ -325,3 +325,18 @@ fn a_parquet_page_header_declaring_billions_of_fields_fails_without_hanging() {
     assert!(err.contains("huge-skip-in-a-page-header.parquet") && err.contains("a row group cannot be read"), "{err}");
     assert!(start.elapsed() < std::time::Duration::from_secs(20), "took {:?}", start.elapsed());
 }
+
+/// A page header the fuzzer found, declaring an uncompressed page of
+/// 1.15 GB in a file of 4.7 kB, is an error naming the file before the
+/// `parquet` crate reserves that size (apache/arrow-rs#10734).
+#[test]
+fn a_parquet_page_larger_than_its_column_chunk_is_an_error_not_an_allocation() {
+    let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/bad-tables/oversized-page.parquet");
+    let err = error(&path, &TextSource::default());
+    assert!(
+        err.contains("oversized-page.parquet")
+            && err.contains("declares 1147689350 uncompressed bytes, more than the 1296 of its whole column chunk"),
+        "{err}"
+    );
+}
+

@@ -91,10 +91,8 @@ impl ParquetFile {
     /// bytes than its column chunk holds.
     fn check_page_header(&self, start: u64) -> Result<()> {
         let Some(chunk) = self.chunk_at(start) else { return Ok(()) };
-        let mut head = [0u8; 12];
-        let len = head.len().min(usize::try_from(self.size - start).unwrap_or(usize::MAX));
-        self.file.read_exact_at(&mut head[..len], start)?;
-        match declared_uncompressed_size(&head[..len]) {
+        let tail = FileTail { file: Arc::clone(&self.file), position: start, end: self.size };
+        match declared_uncompressed_size(&mut BufReader::with_capacity(64, tail)) {
             Some(declared) if declared > chunk.uncompressed => Err(ParquetError::General(format!(
                 "the page header at byte {start} declares {declared} uncompressed bytes, more than the {} of its \
                  whole column chunk",
@@ -142,30 +140,34 @@ impl ChunkReader for ParquetFile {
     }
 }
 
-/// The `uncompressed_page_size` a page header (Thrift compact encoding)
-/// declares, when it opens, as writers write it, with its fields 1 (the page
-/// type) and 2 (that size), both `i32`; `None` otherwise (the `parquet`
-/// crate then decodes it as ever).
-fn declared_uncompressed_size(header: &[u8]) -> Option<u64> {
+/// The `uncompressed_page_size` a page header (Thrift compact encoding) at
+/// the front of `header` declares, decoded as the `parquet` crate decodes
+/// it (a varint of any length, cut to an `i32`), when the header opens, as
+/// writers write it, with its fields 1 (the page type) and 2 (that size),
+/// both `i32`; `None` otherwise (the crate then decodes it as ever) or when
+/// the size is negative (which the crate refuses).
+fn declared_uncompressed_size(header: &mut dyn Read) -> Option<u64> {
     /// A field header: the field id one past the last, type `i32`.
     const NEXT_I32_FIELD: u8 = 0x15;
-    /// A zigzag varint at the front of `bytes` and the bytes after it.
-    fn varint(bytes: &[u8]) -> Option<(i64, &[u8])> {
-        let mut value = 0u64;
-        for (i, &b) in bytes.iter().enumerate().take(5) {
-            value |= u64::from(b & 0x7f) << (7 * i);
-            if b & 0x80 == 0 {
-                let decoded = (value >> 1) as i64 ^ -((value & 1) as i64);
-                return Some((decoded, &bytes[i + 1..]));
-            }
-        }
-        None
+    fn byte(header: &mut dyn Read) -> Option<u8> {
+        let mut b = [0u8];
+        header.read_exact(&mut b).ok().map(|()| b[0])
     }
-    let (&first, rest) = header.split_first()?;
-    let (_page_type, rest) = varint(rest).filter(|_| first == NEXT_I32_FIELD)?;
-    let (&second, rest) = rest.split_first()?;
-    let (size, _) = varint(rest).filter(|_| second == NEXT_I32_FIELD)?;
-    u64::try_from(size).ok()
+    fn zigzag_varint(header: &mut dyn Read) -> Option<i64> {
+        let (mut value, mut shift) = (0u64, 0u32);
+        loop {
+            let b = byte(header)?;
+            value |= u64::from(b & 0x7f).wrapping_shl(shift);
+            if b & 0x80 == 0 {
+                return Some((value >> 1) as i64 ^ -((value & 1) as i64));
+            }
+            shift = shift.wrapping_add(7);
+        }
+    }
+    (byte(header)? == NEXT_I32_FIELD).then_some(())?;
+    zigzag_varint(header)?;
+    (byte(header)? == NEXT_I32_FIELD).then_some(())?;
+    u64::try_from(zigzag_varint(header)? as i32).ok()
 }
 
 /// The file from a position to its end, read with positioned reads (so
@@ -252,7 +254,7 @@ mod tests {
             parquet::file::metadata::ParquetMetaDataReader::new().parse_and_finish(&Bytes::from(bytes.clone()));
         let chunk = metadata.unwrap().row_group(0).column(0).clone();
         let start = chunk.byte_range().0 as usize;
-        let declared = declared_uncompressed_size(&bytes[start..]).unwrap();
+        let declared = declared_uncompressed_size(&mut &bytes[start..]).unwrap();
         assert!(declared < chunk.uncompressed_size() as u64);
         // The size is the 3-byte varint after the page type's; make it 2^20 - 1.
         assert_eq!((bytes[start], bytes[start + 2]), (0x15, 0x15), "a header as writers write it");
@@ -272,12 +274,15 @@ mod tests {
 
     #[test]
     fn declared_page_sizes_are_read_only_from_headers_in_writers_field_order() {
-        assert_eq!(declared_uncompressed_size(&[0x15, 0x00, 0x15, 0xfe, 0xff, 0x7f, 0x15]), Some(1_048_575));
-        assert_eq!(declared_uncompressed_size(&[0x15, 0x04, 0x15, 0x02]), Some(1));
-        assert_eq!(declared_uncompressed_size(&[0x15, 0x00, 0x15, 0x01]), None, "negative");
-        assert_eq!(declared_uncompressed_size(&[0x25, 0x00, 0x15, 0x02]), None, "field 2 first");
-        assert_eq!(declared_uncompressed_size(&[0x15, 0x00, 0x15, 0xff]), None, "cut varint");
-        assert_eq!(declared_uncompressed_size(&[0x15, 0x80, 0x80, 0x80, 0x80, 0x80, 0x01]), None, "overlong varint");
+        let declared = |header: &[u8]| declared_uncompressed_size(&mut &header[..]);
+        assert_eq!(declared(&[0x15, 0x00, 0x15, 0xfe, 0xff, 0x7f, 0x15]), Some(1_048_575));
+        assert_eq!(declared(&[0x15, 0x04, 0x15, 0x02]), Some(1));
+        assert_eq!(declared(&[0x15, 0x00, 0x15, 0x01]), None, "negative");
+        assert_eq!(declared(&[0x25, 0x00, 0x15, 0x02]), None, "field 2 first");
+        assert_eq!(declared(&[0x15, 0x00, 0x15, 0xff]), None, "cut varint");
+        // The fuzzer's header: a six-byte varint, which the `parquet` crate
+        // reads whole and cuts to an `i32`.
+        assert_eq!(declared(&[0x15, 0x04, 0x15, 0x8c, 0xe6, 0xc2, 0xc6, 0xc8, 0x12, 0x15]), Some(1_147_689_350));
     }
 
     #[test]
