@@ -20,8 +20,16 @@ fn tmp(name: &str) -> lazytrain_core::ScratchDir {
     lazytrain_core::ScratchDir::new(&format!("formats-{name}")).unwrap()
 }
 
-const CORPUS: [&str; 6] =
-    ["corpus.txt", "corpus.jsonl", "corpus.csv", "corpus-snappy.parquet", "corpus-zstd.parquet", "corpus.arrow"];
+const CORPUS: [&str; 8] = [
+    "corpus.txt",
+    "corpus.jsonl",
+    "corpus.csv",
+    "corpus-snappy.parquet",
+    "corpus-zstd.parquet",
+    "corpus.arrow",
+    "corpus.feather",
+    "corpus-file-zstd.arrow",
+];
 
 fn texts(name: &str) -> Vec<String> {
     read_documents(&fixture(name), &TextSource::default()).unwrap().texts
@@ -148,6 +156,12 @@ fn bad_files_are_errors_naming_the_file_and_the_problem() {
     let head = dir.join("head.arrow");
     std::fs::write(&head, &stream[..40]).unwrap();
     assert!(error(&head, &source).contains("not an Arrow IPC stream"), "{}", error(&head, &source));
+    // An Arrow IPC file (Feather) cut before its footer.
+    let feather = std::fs::read(fixture("corpus.feather")).unwrap();
+    let cut = dir.join("cut.feather");
+    std::fs::write(&cut, &feather[..feather.len() - 100]).unwrap();
+    let err = error(&cut, &source);
+    assert!(err.contains("cut.feather") && err.contains("not a readable Arrow IPC file"), "{err}");
     // A Parquet file is not an Arrow stream.
     let wrong = TextSource { format: Some(InputFormat::Arrow), ..TextSource::default() };
     assert!(error(&fixture("corpus-zstd.parquet"), &wrong).contains("not an Arrow IPC stream"));
@@ -339,4 +353,3 @@ fn a_parquet_page_larger_than_its_column_chunk_is_an_error_not_an_allocation() {
         "{err}"
     );
 }
-

@@ -13,7 +13,8 @@ use std::time::Instant;
 /// Where the texts of input files are: their format and column.
 #[derive(Args)]
 pub struct InputColumns {
-    /// The input format: txt, jsonl, csv, tsv, parquet or arrow (default: from each file's extension).
+    /// The input format: txt, jsonl, csv, tsv, parquet or arrow (Arrow IPC streams and files, Feather) (default:
+    /// from each file's extension).
     #[arg(long)]
     format: Option<String>,
     /// The column (JSON field) holding the text in jsonl, csv, tsv, parquet and arrow files.
@@ -75,8 +76,8 @@ fn named_as_given(error: DataError, local: &Path, input: &StorageUrl) -> DataErr
 /// Options for `lazytrain train-tokenizer`.
 #[derive(Args)]
 pub struct TrainTokenizerArgs {
-    /// Text files: .txt (one document per line), .jsonl, .csv, .tsv, .parquet or a `datasets` .arrow
-    /// file (`.gz` for the line formats); paths and quoted patterns ('texts/*.txt'), or gs://, s3:// objects
+    /// Text files: .txt (one document per line), .jsonl, .csv, .tsv, .parquet, a `datasets` .arrow file or
+    /// .feather (`.gz` for the line formats); paths and quoted patterns ('texts/*.txt'), or gs://, s3:// objects
     /// and patterns (gs://b/texts/*.txt).
     #[arg(long, required = true, num_args = 1..)]
     files: Vec<StorageUrl>,
@@ -149,8 +150,8 @@ pub struct PrepareArgs {
     /// A tokenizer folder (or tokenizer.json), or a gs://, s3:// folder.
     #[arg(long)]
     tokenizer: StorageUrl,
-    /// Text files: .txt (one document per line), .jsonl, .csv, .tsv, .parquet or a `datasets` .arrow
-    /// file (`.gz` for the line formats); paths and quoted patterns ('texts/*.txt'), or gs://, s3:// objects
+    /// Text files: .txt (one document per line), .jsonl, .csv, .tsv, .parquet, a `datasets` .arrow file or
+    /// .feather (`.gz` for the line formats); paths and quoted patterns ('texts/*.txt'), or gs://, s3:// objects
     /// and patterns (gs://b/texts/*.txt).
     #[arg(long, required = true, num_args = 1..)]
     files: Vec<StorageUrl>,

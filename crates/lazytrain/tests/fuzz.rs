@@ -352,6 +352,8 @@ fn harnesses() -> Vec<Harness> {
         ("CSV", "corpus.csv"),
         ("Parquet", "corpus-snappy.parquet"),
         ("Arrow stream", "corpus.arrow"),
+        ("Feather", "corpus.feather"),
+        ("Arrow file (zstd)", "corpus-file-zstd.arrow"),
     ] {
         let dir = scratch(&name.replace(' ', "-"));
         list.push(Harness {

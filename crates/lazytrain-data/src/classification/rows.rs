@@ -72,8 +72,8 @@ impl RowPolicy<'_> {
 }
 
 /// Read the labelled rows of a `.jsonl`/`.json` (JSON Lines), `.csv`,
-/// `.tsv` (each also gzipped, `.jsonl.gz`), `.parquet` or `datasets` `.arrow`
-/// file (row numbers stand in for lines in the columnar ones). Bad rows are
+/// `.tsv` (each also gzipped, `.jsonl.gz`), `.parquet`, `datasets` `.arrow` or
+/// `.feather` file (row numbers stand in for lines in the columnar ones). Bad rows are
 /// errors naming the file and line, or, with `skip_bad`, skipped and counted
 /// in `counts`.
 pub fn read_labelled_file(
@@ -109,17 +109,17 @@ pub fn for_each_labelled_row(
         "jsonl" | "json" | "ndjson" => read_json_lines(path, gzipped, columns, &mut rows),
         "csv" => read_delimited(path, gzipped, b',', columns, &mut rows),
         "tsv" | "tab" => read_delimited(path, gzipped, b'\t', columns, &mut rows),
-        "parquet" | "arrow" if gzipped => Err(DataError::Io {
+        "parquet" | "arrow" | "feather" if gzipped => Err(DataError::Io {
             path: path.display().to_string(),
             detail: "gzipped Parquet or Arrow files are not read (they compress their own pages); decompress it".into(),
         }),
         "parquet" => read_columnar(path, true, columns, &mut rows),
-        "arrow" => read_columnar(path, false, columns, &mut rows),
+        "arrow" | "feather" => read_columnar(path, false, columns, &mut rows),
         other => Err(DataError::Io {
             path: path.display().to_string(),
             detail: format!(
-                "unknown labelled-data format `.{other}`; use .jsonl (JSON Lines), .csv, .tsv (each also .gz), .parquet \
-                 or a `datasets` .arrow file"
+                "unknown labelled-data format `.{other}`; use .jsonl (JSON Lines), .csv, .tsv (each also .gz), .parquet, \
+                 a `datasets` .arrow file or .feather"
             ),
         }),
     }

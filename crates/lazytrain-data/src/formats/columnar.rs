@@ -1,6 +1,6 @@
 //! Columnar formats through the Arrow libraries: Parquet files (read a
 //! batch of rows at a time, only the text column decoded) and Arrow IPC
-//! streams (a `datasets` cache's `.arrow` files).
+//! data (a `datasets` cache's `.arrow` streams, Feather and IPC files).
 
 use super::parquet_file::ParquetFile;
 use super::{io_error, DocumentSink};
@@ -161,7 +161,7 @@ fn column_values(array: &dyn Array, kind: ColumnKind) -> std::result::Result<Vec
 }
 
 /// Hand each row of the `columns` (name and kind) of a Parquet file or
-/// Arrow stream to `each`, every value as text (`None` for nulls), in file
+/// Arrow IPC data to `each`, every value as text (`None` for nulls), in file
 /// order, a batch of rows read at a time.
 pub(crate) fn for_each_table_row(
     path: &Path,
@@ -179,12 +179,7 @@ pub(crate) fn for_each_table_row(
             let reader: BatchReader = Box::new(builder.build().map_err(|e| unreadable_parquet(path, e))?);
             (reader, "a row group cannot be read")
         } else {
-            let file =
-                std::fs::File::open(path).map_err(|e| io_error(path, format!("cannot open the input file: {e}")))?;
-            let reader = arrow_ipc::reader::StreamReader::try_new(std::io::BufReader::new(file), None)
-                .map_err(|e| io_error(path, format!("not an Arrow IPC stream: {e}")))?;
-            let reader: BatchReader = Box::new(reader);
-            (reader, "the stream is truncated or corrupt")
+            (arrow_ipc_batches(path)?.0, "the Arrow data is truncated or corrupt")
         })
     })?;
     while let Some(rows) = next_batch(path, what, batch_error, &mut reader, |batch| table_rows(path, batch, columns))? {
@@ -243,17 +238,42 @@ pub(super) fn read_parquet(path: &Path, column: &str, docs: &mut dyn DocumentSin
     feed_texts(path, (what, "a row group cannot be read"), reader, 0, docs)
 }
 
-/// The strings of `column` of an Arrow IPC stream.
-pub(super) fn read_arrow_stream(path: &Path, column: &str, docs: &mut dyn DocumentSink) -> Result<()> {
-    let what = "the stream is truncated or corrupt";
-    let file = std::fs::File::open(path).map_err(|e| io_error(path, format!("cannot open the input file: {e}")))?;
-    let (reader, index): (BatchReader, usize) = guarded(path, what, || {
-        let reader = arrow_ipc::reader::StreamReader::try_new(std::io::BufReader::new(file), None).map_err(|e| {
-            io_error(path, format!("not an Arrow IPC stream (as `datasets` writes its .arrow files): {e}"))
+/// The record batches of the Arrow IPC data at `path` and their schema:
+/// a stream (as `datasets` writes its `.arrow` files) or the file format
+/// (`ARROW1` at the front: Feather v2, `pyarrow.ipc.new_file`), with
+/// LZ4- or zstd-compressed buffers or none.
+fn arrow_ipc_batches(path: &Path) -> Result<(BatchReader, arrow_schema::SchemaRef)> {
+    use std::io::{Read, Seek};
+    let open_error = |e: std::io::Error| io_error(path, format!("cannot read the input file: {e}"));
+    let mut file = std::io::BufReader::new(std::fs::File::open(path).map_err(open_error)?);
+    let mut magic = [0u8; 6];
+    let file_format = file.read_exact(&mut magic).is_ok() && &magic == b"ARROW1";
+    file.rewind().map_err(open_error)?;
+    Ok(if file_format {
+        let reader = arrow_ipc::reader::FileReader::try_new(file, None)
+            .map_err(|e| io_error(path, format!("not a readable Arrow IPC file: {e}")))?;
+        let schema = reader.schema();
+        (Box::new(reader), schema)
+    } else {
+        let reader = arrow_ipc::reader::StreamReader::try_new(file, None).map_err(|e| {
+            io_error(
+                path,
+                format!(
+                    "not an Arrow IPC stream (as `datasets` writes its .arrow files) or Arrow IPC file (Feather): {e}"
+                ),
+            )
         })?;
-        let index = string_column(path, &reader.schema(), column)?;
-        let reader: BatchReader = Box::new(reader);
-        Ok((reader, index))
+        let schema = reader.schema();
+        (Box::new(reader), schema)
+    })
+}
+
+/// The strings of `column` of an Arrow IPC stream or file.
+pub(super) fn read_arrow(path: &Path, column: &str, docs: &mut dyn DocumentSink) -> Result<()> {
+    let what = "the Arrow data is truncated or corrupt";
+    let (reader, index) = guarded(path, what, || {
+        let (reader, schema) = arrow_ipc_batches(path)?;
+        Ok((reader, string_column(path, &schema, column)?))
     })?;
     feed_texts(path, (what, what), reader, index, docs)
 }

@@ -28,7 +28,8 @@ pub enum InputFormat {
     /// Apache Parquet (`.parquet`): string columns (Utf8, LargeUtf8,
     /// Utf8View, or a dictionary of them), read in place a page at a time.
     Parquet,
-    /// An Arrow IPC stream (`.arrow`), as `datasets` writes its cache files.
+    /// Arrow IPC data: a stream (`.arrow`), as `datasets` writes its cache
+    /// files, or the file format (Feather v2, `.feather`), compressed or not.
     Arrow,
 }
 
@@ -41,7 +42,7 @@ impl InputFormat {
             "csv" => InputFormat::Csv,
             "tsv" => InputFormat::Tsv,
             "parquet" => InputFormat::Parquet,
-            "arrow" => InputFormat::Arrow,
+            "arrow" | "feather" => InputFormat::Arrow,
             other => {
                 return Err(DataError::Invalid(format!(
                     "unknown input format `{other}`; choose txt, jsonl, csv, tsv, parquet or arrow"
@@ -63,7 +64,7 @@ impl InputFormat {
             Some("csv") => InputFormat::Csv,
             Some("tsv" | "tab") => InputFormat::Tsv,
             Some("parquet") => InputFormat::Parquet,
-            Some("arrow") => InputFormat::Arrow,
+            Some("arrow" | "feather") => InputFormat::Arrow,
             _ => InputFormat::Text,
         };
         (format, gzipped)
@@ -164,7 +165,7 @@ pub fn read_into(path: &Path, source: &TextSource, docs: &mut dyn DocumentSink) 
             ))
         }
         InputFormat::Parquet => columnar::read_parquet(path, column, docs)?,
-        InputFormat::Arrow => columnar::read_arrow_stream(path, column, docs)?,
+        InputFormat::Arrow => columnar::read_arrow(path, column, docs)?,
     }
     let after = docs.counts();
     if after.0 == before.0 {
