@@ -20,15 +20,16 @@ fn tmp(name: &str) -> lazytrain_core::ScratchDir {
     lazytrain_core::ScratchDir::new(&format!("formats-{name}")).unwrap()
 }
 
-const CORPUS: [&str; 8] = [
+const CORPUS: [&str; 9] = [
     "corpus.txt",
     "corpus.jsonl",
+    "corpus-array.json",
     "corpus.csv",
     "corpus-snappy.parquet",
     "corpus-zstd.parquet",
     "corpus.arrow",
     "corpus.feather",
-    "corpus-file-zstd.arrow",
+    "corpus-file.arrow",
 ];
 
 fn texts(name: &str) -> Vec<String> {
@@ -115,6 +116,17 @@ fn null_rows_are_skipped_and_counted() {
     let bom = dir.join("bom.jsonl");
     std::fs::write(&bom, "\u{feff}{\"text\": \"first\"}\n{\"text\": \"second\"}\n").unwrap();
     assert_eq!(read_documents(&bom, &TextSource::default()).unwrap().texts, ["first", "second"]);
+    // A JSON array's records are named by their place in it.
+    let array = dir.join("array.json");
+    std::fs::write(&array, "[{\"text\": \"a b\"}, {\"text\": null}, 7]").unwrap();
+    let err = error(&array, &TextSource::default());
+    assert!(err.contains("array.json: array element 3: expected a JSON object, got a number"), "{err}");
+    std::fs::write(&array, "[{\"text\": \"a b\"}, {\"text\": null}, {\"text\": \"c\"}]").unwrap();
+    let docs = read_documents(&array, &TextSource::default()).unwrap();
+    assert_eq!((docs.texts, docs.null_rows), (vec!["a b".to_string(), "c".into()], 1));
+    std::fs::write(&array, "[{\"text\": \"a b\"}, {\"text\": \"c\"").unwrap();
+    let err = error(&array, &TextSource::default());
+    assert!(err.contains("not a JSON array of objects, at array element 2"), "{err}");
     let empty = dir.join("empty.csv");
     std::fs::write(&empty, "").unwrap();
     let err = error(&empty, &TextSource::default());
@@ -162,6 +174,9 @@ fn bad_files_are_errors_naming_the_file_and_the_problem() {
     std::fs::write(&cut, &feather[..feather.len() - 100]).unwrap();
     let err = error(&cut, &source);
     assert!(err.contains("cut.feather") && err.contains("not a readable Arrow IPC file"), "{err}");
+    // Feather as pandas writes it by default: LZ4-compressed batches.
+    let err = error(&fixture("corpus-lz4.feather"), &source);
+    assert!(err.contains("corpus-lz4.feather") && err.contains("its record batches are compressed"), "{err}");
     // A Parquet file is not an Arrow stream.
     let wrong = TextSource { format: Some(InputFormat::Arrow), ..TextSource::default() };
     assert!(error(&fixture("corpus-zstd.parquet"), &wrong).contains("not an Arrow IPC stream"));
@@ -258,7 +273,7 @@ fn labelled_tables_prepare_like_json_lines() {
     let reference = prepared("labelled.jsonl");
     assert_eq!(reference.0, ["negative", "positive"]);
     assert_eq!(reference.1, 150);
-    for name in ["labelled.parquet", "labelled.arrow"] {
+    for name in ["labelled-array.json", "labelled.parquet", "labelled.arrow"] {
         assert_eq!(prepared(name), reference, "{name}");
     }
     // Dictionary-encoded strings (a pandas category, pyarrow's

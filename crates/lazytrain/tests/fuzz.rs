@@ -349,11 +349,13 @@ fn harnesses() -> Vec<Harness> {
     let formats = "lazytrain-data/tests/fixtures/formats";
     for (name, file) in [
         ("JSON Lines", "corpus.jsonl"),
+        ("JSON array", "corpus-array.json"),
         ("CSV", "corpus.csv"),
         ("Parquet", "corpus-snappy.parquet"),
         ("Arrow stream", "corpus.arrow"),
         ("Feather", "corpus.feather"),
-        ("Arrow file (zstd)", "corpus-file-zstd.arrow"),
+        ("Arrow file", "corpus-file.arrow"),
+        ("Feather (LZ4)", "corpus-lz4.feather"),
     ] {
         let dir = scratch(&name.replace(' ', "-"));
         list.push(Harness {
@@ -365,7 +367,11 @@ fn harnesses() -> Vec<Harness> {
             }),
         });
     }
-    for (name, file) in [("labelled JSON Lines", "labelled.jsonl"), ("labelled Parquet", "labelled.parquet")] {
+    for (name, file) in [
+        ("labelled JSON Lines", "labelled.jsonl"),
+        ("labelled JSON array", "labelled-array.json"),
+        ("labelled Parquet", "labelled.parquet"),
+    ] {
         let dir = scratch(&name.replace(' ', "-"));
         list.push(Harness {
             name,

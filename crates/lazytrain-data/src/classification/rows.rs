@@ -1,6 +1,7 @@
 //! Labelled rows from JSON Lines, CSV and TSV files, with every bad row
 //! either refused (file and line named) or skipped and counted.
 
+use crate::formats::BadLine;
 use crate::{DataError, Result};
 use serde::{Deserialize, Serialize};
 use std::collections::{BTreeMap, HashSet};
@@ -168,30 +169,17 @@ fn label_text(value: &serde_json::Value) -> Option<String> {
     }
 }
 
+/// The labelled rows of JSON Lines or one JSON array of objects (an
+/// element's number stands in for its line).
 fn read_json_lines(path: &Path, gzipped: bool, columns: &Columns, policy: &mut Rows) -> Result<()> {
-    let mut reader = std::io::BufReader::new(crate::formats::open(path, gzipped)?);
-    let mut raw = Vec::new();
-    let mut line = 0;
-    while crate::formats::next_line(&mut reader, &mut raw, path, gzipped, line + 1)? {
-        line += 1;
-        let Ok(text) = std::str::from_utf8(&raw) else {
-            policy.reject(BadRowKind::InvalidUtf8, line, "invalid UTF-8".into())?;
-            continue;
-        };
-        // Editors on Windows start UTF-8 files with a byte-order mark.
-        let text = if line == 1 { text.strip_prefix('\u{feff}').unwrap_or(text) } else { text };
-        if text.trim().is_empty() {
-            continue;
-        }
-        let object = match serde_json::from_str::<serde_json::Value>(text) {
+    crate::formats::for_each_json_record(path, gzipped, &mut |place, record| {
+        let line = place.number();
+        let object = match record {
             Ok(serde_json::Value::Object(object)) => object,
-            Ok(_) => {
-                policy.reject(BadRowKind::Malformed, line, "not a JSON object".into())?;
-                continue;
-            }
-            Err(e) => {
-                policy.reject(BadRowKind::Malformed, line, format!("not valid JSON ({e})"))?;
-                continue;
+            Ok(_) => return policy.reject(BadRowKind::Malformed, line, "not a JSON object".into()),
+            Err(BadLine::InvalidUtf8) => return policy.reject(BadRowKind::InvalidUtf8, line, "invalid UTF-8".into()),
+            Err(BadLine::NotJson(e)) => {
+                return policy.reject(BadRowKind::Malformed, line, format!("not valid JSON ({e})"));
             }
         };
         let present = |name: &str| object.get(name).filter(|v| !v.is_null());
@@ -205,18 +193,13 @@ fn read_json_lines(path: &Path, gzipped: bool, columns: &Columns, policy: &mut R
                 true => format!("column `{}` is null", null.join("`, `")),
                 false => format!("missing column `{}` (the row has: {})", absent.join("`, `"), have.join(", ")),
             };
-            policy.reject(BadRowKind::MissingColumn, line, detail)?;
-            continue;
+            return policy.reject(BadRowKind::MissingColumn, line, detail);
         }
         let string = |name: &str| present(name).and_then(|v| v.as_str()).map(str::to_string);
         let Some(text) = string(&columns.text) else {
             let value = present(&columns.text).map_or("null", json_kind);
-            policy.reject(
-                BadRowKind::Malformed,
-                line,
-                format!("column `{}` is {value}, not a string", columns.text),
-            )?;
-            continue;
+            let detail = format!("column `{}` is {value}, not a string", columns.text);
+            return policy.reject(BadRowKind::Malformed, line, detail);
         };
         let Some(label) = present(&columns.label).and_then(label_text) else {
             let value = present(&columns.label).map_or("null", json_kind);
@@ -224,22 +207,17 @@ fn read_json_lines(path: &Path, gzipped: bool, columns: &Columns, policy: &mut R
                 "column `{}` is {value}; a label must be a string, an integer (of at most 64 bits) or a boolean",
                 columns.label
             );
-            policy.reject(BadRowKind::Malformed, line, detail)?;
-            continue;
+            return policy.reject(BadRowKind::Malformed, line, detail);
         };
         let text_pair = match &columns.text_pair {
             Some(name) => match string(name) {
                 Some(pair) => Some(pair),
-                None => {
-                    policy.reject(BadRowKind::Malformed, line, format!("column `{name}` must be a string"))?;
-                    continue;
-                }
+                None => return policy.reject(BadRowKind::Malformed, line, format!("column `{name}` must be a string")),
             },
             None => None,
         };
-        policy.push(LabelledRow { text, text_pair, label, line })?;
-    }
-    Ok(())
+        policy.push(LabelledRow { text, text_pair, label, line })
+    })
 }
 
 fn read_delimited(path: &Path, gzipped: bool, delimiter: u8, columns: &Columns, policy: &mut Rows) -> Result<()> {

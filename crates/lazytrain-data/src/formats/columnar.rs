@@ -80,6 +80,7 @@ fn next_batch<T>(
 ) -> Result<Option<T>> {
     guarded(path, what, || match reader.next() {
         None => Ok(None),
+        Some(Err(e)) if is_compressed_batch(&e) => Err(io_error(path, COMPRESSED_ARROW)),
         Some(Err(e)) => Err(io_error(path, format!("{batch_error}: {e}"))),
         Some(Ok(batch)) => convert(&batch).map(Some),
     })
@@ -238,10 +239,24 @@ pub(super) fn read_parquet(path: &Path, column: &str, docs: &mut dyn DocumentSin
     feed_texts(path, (what, "a row group cannot be read"), reader, 0, docs)
 }
 
+/// What a compressed Arrow record batch is told: `arrow-ipc` reserves the
+/// size a compressed buffer declares before it decompresses, so a corrupt
+/// file could ask for exabytes and abort the process (found by
+/// `tests/fuzz.rs`); its LZ4 and zstd codecs are left out.
+const COMPRESSED_ARROW: &str = "its record batches are compressed (LZ4 or zstd, as Feather is by default), which \
+     lazytrain does not read; convert the file to Parquet, or write it uncompressed \
+     (pyarrow.feather.write_feather(table, path, compression=\"uncompressed\"))";
+
+/// Whether `error`, from `arrow-ipc`, is a compressed buffer it cannot
+/// decompress (its codecs are not built in).
+fn is_compressed_batch(error: &arrow_schema::ArrowError) -> bool {
+    error.to_string().contains("IPC decompression requires the")
+}
+
 /// The record batches of the Arrow IPC data at `path` and their schema:
 /// a stream (as `datasets` writes its `.arrow` files) or the file format
 /// (`ARROW1` at the front: Feather v2, `pyarrow.ipc.new_file`), with
-/// LZ4- or zstd-compressed buffers or none.
+/// uncompressed buffers ([`COMPRESSED_ARROW`]).
 fn arrow_ipc_batches(path: &Path) -> Result<(BatchReader, arrow_schema::SchemaRef)> {
     use std::io::{Read, Seek};
     let open_error = |e: std::io::Error| io_error(path, format!("cannot read the input file: {e}"));

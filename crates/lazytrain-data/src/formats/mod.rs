@@ -6,6 +6,8 @@
 mod columnar;
 mod parquet_file;
 pub(crate) use columnar::{for_each_table_row, ColumnKind};
+mod json_records;
+pub(crate) use json_records::{for_each_json_record, BadLine};
 mod rows;
 pub use rows::MAX_LINE_BYTES;
 pub(crate) use rows::{json_type, next_line};

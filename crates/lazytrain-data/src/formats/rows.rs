@@ -64,43 +64,34 @@ pub(crate) fn json_type(value: &serde_json::Value) -> &'static str {
     }
 }
 
-/// Field `column` of every JSON object line (null values skipped and counted).
+/// Field `column` of every JSON object (JSON Lines or one array of them;
+/// null values skipped and counted).
 pub(super) fn read_json_lines(path: &Path, gzipped: bool, column: &str, docs: &mut dyn DocumentSink) -> Result<()> {
-    let mut reader = BufReader::new(open(path, gzipped)?);
-    let mut raw = Vec::new();
-    let mut line = 0u64;
-    loop {
-        if !next_line(&mut reader, &mut raw, path, gzipped, line + 1)? {
-            return Ok(());
-        }
-        line += 1;
-        let bad = |detail: String| io_error(path, format!("line {line}: {detail}"));
-        let text = std::str::from_utf8(&raw).map_err(|_| bad("invalid UTF-8".into()))?;
-        // Editors on Windows start UTF-8 files with a byte-order mark.
-        let text = if line == 1 { text.strip_prefix('\u{feff}').unwrap_or(text) } else { text };
-        if text.trim().is_empty() {
-            continue;
-        }
-        let value: serde_json::Value =
-            serde_json::from_str(text).map_err(|e| bad(format!("not a JSON object: {e}")))?;
+    super::for_each_json_record(path, gzipped, &mut |place, record| {
+        let bad = |detail: String| io_error(path, format!("{place}: {detail}"));
+        let value = record.map_err(|e| match e {
+            super::BadLine::InvalidUtf8 => bad("invalid UTF-8".into()),
+            super::BadLine::NotJson(e) => bad(format!("not a JSON object: {e}")),
+        })?;
         let serde_json::Value::Object(fields) = value else {
             return Err(bad(format!("expected a JSON object, got {}", json_type(&value))));
         };
         match fields.get(column) {
-            Some(serde_json::Value::String(s)) => docs.push(s)?,
-            Some(serde_json::Value::Null) => docs.null_row(),
-            Some(other) => {
-                return Err(bad(format!("field `{column}` is {}, not a string", json_type(other))));
+            Some(serde_json::Value::String(s)) => docs.push(s),
+            Some(serde_json::Value::Null) => {
+                docs.null_row();
+                Ok(())
             }
+            Some(other) => Err(bad(format!("field `{column}` is {}, not a string", json_type(other)))),
             None => {
                 let present: Vec<&str> = fields.keys().map(String::as_str).collect();
-                return Err(bad(format!(
+                Err(bad(format!(
                     "no field `{column}`; the row has {}; pass --text-column NAME",
                     if present.is_empty() { "no fields".to_string() } else { present.join(", ") }
-                )));
+                )))
             }
         }
-    }
+    })
 }
 
 /// Column `column` (by its header) of a CSV or TSV file.
