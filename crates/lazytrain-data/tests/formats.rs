@@ -174,6 +174,15 @@ fn bad_files_are_errors_naming_the_file_and_the_problem() {
     std::fs::write(&cut, &feather[..feather.len() - 100]).unwrap();
     let err = error(&cut, &source);
     assert!(err.contains("cut.feather") && err.contains("not a readable Arrow IPC file"), "{err}");
+    // An Arrow IPC file whose trailer declares a footer longer than the file
+    // (the fuzzer's: `arrow-ipc` would allocate it first).
+    let mut long_footer = feather.clone();
+    let at = long_footer.len() - 10;
+    long_footer[at..at + 4].copy_from_slice(&1_359_827_307i32.to_le_bytes());
+    let long = dir.join("long-footer.feather");
+    std::fs::write(&long, &long_footer).unwrap();
+    let err = error(&long, &source);
+    assert!(err.contains("its footer declares 1359827307 bytes, more than the"), "{err}");
     // Feather as pandas writes it by default: LZ4-compressed batches.
     let err = error(&fixture("corpus-lz4.feather"), &source);
     assert!(err.contains("corpus-lz4.feather") && err.contains("its record batches are compressed"), "{err}");

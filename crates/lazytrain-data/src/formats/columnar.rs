@@ -265,6 +265,7 @@ fn arrow_ipc_batches(path: &Path) -> Result<(BatchReader, arrow_schema::SchemaRe
     let file_format = file.read_exact(&mut magic).is_ok() && &magic == b"ARROW1";
     file.rewind().map_err(open_error)?;
     Ok(if file_format {
+        check_ipc_file_footer(path, &mut file)?;
         let reader = arrow_ipc::reader::FileReader::try_new(file, None)
             .map_err(|e| io_error(path, format!("not a readable Arrow IPC file: {e}")))?;
         let schema = reader.schema();
@@ -281,6 +282,35 @@ fn arrow_ipc_batches(path: &Path) -> Result<(BatchReader, arrow_schema::SchemaRe
         let schema = reader.schema();
         (Box::new(reader), schema)
     })
+}
+
+/// Refuse an Arrow IPC file whose trailer (a footer length, then `ARROW1`)
+/// is missing or declares a footer longer than the file: `arrow-ipc`
+/// allocates the declared length before it reads (the fuzzer's file asked
+/// for 1.36 GB).
+fn check_ipc_file_footer(path: &Path, file: &mut std::io::BufReader<std::fs::File>) -> Result<()> {
+    use std::io::{Read, Seek, SeekFrom};
+    /// The leading magic with its padding.
+    const LEADING: u64 = 8;
+    /// The footer's length and the closing magic.
+    const TRAILER: u64 = 10;
+    let unreadable = |detail: String| io_error(path, format!("not a readable Arrow IPC file: {detail}"));
+    let size = file.get_ref().metadata().map_err(|e| unreadable(e.to_string()))?.len();
+    if size < LEADING + TRAILER {
+        return Err(unreadable(format!("{size} bytes is too short to hold its footer (cut short?)")));
+    }
+    let mut trailer = [0u8; TRAILER as usize];
+    file.seek(SeekFrom::End(-(TRAILER as i64)))
+        .and_then(|_| file.read_exact(&mut trailer))
+        .map_err(|e| unreadable(e.to_string()))?;
+    if &trailer[4..] != b"ARROW1" {
+        return Err(unreadable("it does not end with ARROW1 (cut short?)".into()));
+    }
+    let footer = i32::from_le_bytes([trailer[0], trailer[1], trailer[2], trailer[3]]);
+    if u64::try_from(footer).map_or(true, |footer| footer > size - LEADING - TRAILER) {
+        return Err(unreadable(format!("its footer declares {footer} bytes, more than the {size}-byte file holds")));
+    }
+    file.rewind().map_err(|e| unreadable(e.to_string()))
 }
 
 /// The strings of `column` of an Arrow IPC stream or file.
