@@ -184,8 +184,10 @@ fn bad_files_are_errors_naming_the_file_and_the_problem() {
     let err = error(&long, &source);
     assert!(err.contains("its footer declares 1359827307 bytes, more than the"), "{err}");
     // Feather as pandas writes it by default: LZ4-compressed batches.
-    let err = error(&fixture("corpus-lz4.feather"), &source);
-    assert!(err.contains("corpus-lz4.feather") && err.contains("its record batches are compressed"), "{err}");
+    for name in ["corpus-lz4.feather", "corpus-lz4-dictionary.feather"] {
+        let err = error(&fixture(name), &source);
+        assert!(err.contains(name) && err.contains("its record batches are compressed"), "{err}");
+    }
     // A Parquet file is not an Arrow stream.
     let wrong = TextSource { format: Some(InputFormat::Arrow), ..TextSource::default() };
     assert!(error(&fixture("corpus-zstd.parquet"), &wrong).contains("not an Arrow IPC stream"));

@@ -1,7 +1,7 @@
 //! Labelled rows from JSON Lines, CSV and TSV files, with every bad row
 //! either refused (file and line named) or skipped and counted.
 
-use crate::formats::BadLine;
+use crate::formats::{BadLine, RecordPlace};
 use crate::{DataError, Result};
 use serde::{Deserialize, Serialize};
 use std::collections::{BTreeMap, HashSet};
@@ -174,12 +174,19 @@ fn label_text(value: &serde_json::Value) -> Option<String> {
 fn read_json_lines(path: &Path, gzipped: bool, columns: &Columns, policy: &mut Rows) -> Result<()> {
     crate::formats::for_each_json_record(path, gzipped, &mut |place, record| {
         let line = place.number();
+        // An array element's number stands in for a line; the detail says which it is.
+        let at = |detail: String| match place {
+            RecordPlace::Line(_) => detail,
+            RecordPlace::Element(n) => format!("array element {n}: {detail}"),
+        };
         let object = match record {
             Ok(serde_json::Value::Object(object)) => object,
-            Ok(_) => return policy.reject(BadRowKind::Malformed, line, "not a JSON object".into()),
-            Err(BadLine::InvalidUtf8) => return policy.reject(BadRowKind::InvalidUtf8, line, "invalid UTF-8".into()),
+            Ok(_) => return policy.reject(BadRowKind::Malformed, line, at("not a JSON object".into())),
+            Err(BadLine::InvalidUtf8) => {
+                return policy.reject(BadRowKind::InvalidUtf8, line, at("invalid UTF-8".into()))
+            }
             Err(BadLine::NotJson(e)) => {
-                return policy.reject(BadRowKind::Malformed, line, format!("not valid JSON ({e})"));
+                return policy.reject(BadRowKind::Malformed, line, at(format!("not valid JSON ({e})")));
             }
         };
         let present = |name: &str| object.get(name).filter(|v| !v.is_null());
@@ -193,13 +200,13 @@ fn read_json_lines(path: &Path, gzipped: bool, columns: &Columns, policy: &mut R
                 true => format!("column `{}` is null", null.join("`, `")),
                 false => format!("missing column `{}` (the row has: {})", absent.join("`, `"), have.join(", ")),
             };
-            return policy.reject(BadRowKind::MissingColumn, line, detail);
+            return policy.reject(BadRowKind::MissingColumn, line, at(detail));
         }
         let string = |name: &str| present(name).and_then(|v| v.as_str()).map(str::to_string);
         let Some(text) = string(&columns.text) else {
             let value = present(&columns.text).map_or("null", json_kind);
             let detail = format!("column `{}` is {value}, not a string", columns.text);
-            return policy.reject(BadRowKind::Malformed, line, detail);
+            return policy.reject(BadRowKind::Malformed, line, at(detail));
         };
         let Some(label) = present(&columns.label).and_then(label_text) else {
             let value = present(&columns.label).map_or("null", json_kind);
@@ -207,12 +214,14 @@ fn read_json_lines(path: &Path, gzipped: bool, columns: &Columns, policy: &mut R
                 "column `{}` is {value}; a label must be a string, an integer (of at most 64 bits) or a boolean",
                 columns.label
             );
-            return policy.reject(BadRowKind::Malformed, line, detail);
+            return policy.reject(BadRowKind::Malformed, line, at(detail));
         };
         let text_pair = match &columns.text_pair {
             Some(name) => match string(name) {
                 Some(pair) => Some(pair),
-                None => return policy.reject(BadRowKind::Malformed, line, format!("column `{name}` must be a string")),
+                None => {
+                    return policy.reject(BadRowKind::Malformed, line, at(format!("column `{name}` must be a string")))
+                }
             },
             None => None,
         };

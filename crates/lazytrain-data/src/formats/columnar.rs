@@ -266,18 +266,19 @@ fn arrow_ipc_batches(path: &Path) -> Result<(BatchReader, arrow_schema::SchemaRe
     file.rewind().map_err(open_error)?;
     Ok(if file_format {
         check_ipc_file_footer(path, &mut file)?;
-        let reader = arrow_ipc::reader::FileReader::try_new(file, None)
-            .map_err(|e| io_error(path, format!("not a readable Arrow IPC file: {e}")))?;
+        let reader = arrow_ipc::reader::FileReader::try_new(file, None).map_err(|e| match is_compressed_batch(&e) {
+            true => io_error(path, COMPRESSED_ARROW),
+            false => io_error(path, format!("not a readable Arrow IPC file: {e}")),
+        })?;
         let schema = reader.schema();
         (Box::new(reader), schema)
     } else {
-        let reader = arrow_ipc::reader::StreamReader::try_new(file, None).map_err(|e| {
-            io_error(
+        let reader = arrow_ipc::reader::StreamReader::try_new(file, None).map_err(|e| match is_compressed_batch(&e) {
+            true => io_error(path, COMPRESSED_ARROW),
+            false => io_error(
                 path,
-                format!(
-                    "not an Arrow IPC stream (as `datasets` writes its .arrow files) or Arrow IPC file (Feather): {e}"
-                ),
-            )
+                format!("not an Arrow IPC stream (as `datasets` writes its .arrow files) or Arrow IPC file (Feather): {e}"),
+            ),
         })?;
         let schema = reader.schema();
         (Box::new(reader), schema)

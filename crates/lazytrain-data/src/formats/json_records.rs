@@ -4,11 +4,13 @@
 //! told apart by the first character. An array is parsed an element at a
 //! time, so memory holds one record, not the file.
 
-use super::{io_error, next_line, open};
+use super::{io_error, next_line, open, MAX_LINE_BYTES};
 use crate::Result;
 use serde::de::{Error as _, SeqAccess, Visitor};
+use std::cell::Cell;
 use std::io::{BufRead, BufReader};
 use std::path::Path;
+use std::rc::Rc;
 
 /// Where a record is: its line in JSON Lines, its place in an array.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -37,6 +39,11 @@ impl std::fmt::Display for RecordPlace {
     }
 }
 
+/// What takes each record: its place, and its value or why its line is not
+/// one.
+pub(crate) type RecordSink<'a> =
+    dyn FnMut(RecordPlace, std::result::Result<serde_json::Value, BadLine>) -> Result<()> + 'a;
+
 /// Why a line of JSON Lines is not a record (an array's bad element ends
 /// the file instead: its parse cannot go on past it).
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -49,14 +56,10 @@ pub(crate) enum BadLine {
 
 /// Hand each record of the JSON input at `path` to `each`, with its place;
 /// blank lines are skipped.
-pub(crate) fn for_each_json_record(
-    path: &Path,
-    gzipped: bool,
-    each: &mut dyn FnMut(RecordPlace, std::result::Result<serde_json::Value, BadLine>) -> Result<()>,
-) -> Result<()> {
+pub(crate) fn for_each_json_record(path: &Path, gzipped: bool, each: &mut RecordSink<'_>) -> Result<()> {
     let mut reader = BufReader::new(open(path, gzipped)?);
     match first_character(&mut reader, path)? {
-        (Some(b'['), _) => each_array_element(reader, path, each),
+        (Some(b'['), _) => each_array_element(reader, path, MAX_LINE_BYTES, each),
         (_, blank_lines) => each_line(reader, path, gzipped, blank_lines, each),
     }
 }
@@ -96,7 +99,7 @@ fn each_line(
     path: &Path,
     gzipped: bool,
     blank_lines: u64,
-    each: &mut dyn FnMut(RecordPlace, std::result::Result<serde_json::Value, BadLine>) -> Result<()>,
+    each: &mut RecordSink<'_>,
 ) -> Result<()> {
     let mut raw = Vec::new();
     let mut line = blank_lines;
@@ -112,13 +115,18 @@ fn each_line(
     Ok(())
 }
 
-/// One JSON array: each element a record, parsed as it is reached.
+/// One JSON array: each element a record, parsed as it is reached; an
+/// element longer than `max_element_bytes` ([`MAX_LINE_BYTES`], the line
+/// formats' bound) is an error, not an allocation as large as the file.
 fn each_array_element(
     reader: impl BufRead,
     path: &Path,
-    each: &mut dyn FnMut(RecordPlace, std::result::Result<serde_json::Value, BadLine>) -> Result<()>,
+    max_element_bytes: usize,
+    each: &mut RecordSink<'_>,
 ) -> Result<()> {
-    let mut elements = Elements { each, count: 0, failed: None };
+    let element_bytes = Rc::new(Cell::new(0));
+    let reader = ElementBytes { inner: reader, count: Rc::clone(&element_bytes), max: max_element_bytes };
+    let mut elements = Elements { each, count: 0, finished: false, failed: None, element_bytes };
     let mut parser = serde_json::Deserializer::from_reader(reader);
     let parsed =
         serde::Deserializer::deserialize_seq(&mut parser, ElementsVisitor(&mut elements)).and_then(|()| parser.end());
@@ -126,24 +134,65 @@ fn each_array_element(
         return Err(error);
     }
     parsed.map_err(|e| {
+        let place = match elements.finished {
+            true => format!("after the array's {} elements", elements.count),
+            false if elements.element_bytes.get() > max_element_bytes => {
+                return io_error(
+                    path,
+                    format!(
+                        "array element {} is longer than {} MiB; is it a JSON file?",
+                        elements.count + 1,
+                        max_element_bytes >> 20
+                    ),
+                )
+            }
+            false => format!("at array element {}", elements.count + 1),
+        };
         io_error(
             path,
             format!(
-                "not a JSON array of objects, at array element {}: {e} (a JSON input holds JSON Lines, an object a \
-                 line, or one array of objects)",
-                elements.count + 1
+                "not a JSON array of objects, {place}: {e} (a JSON input holds JSON Lines, an object a line, or one \
+                 array of objects; JSON Lines of arrays are not read)"
             ),
         )
     })
 }
 
+/// A reader that counts the bytes of the element being parsed, and fails
+/// once they pass `max` (`serde_json` reads one byte ahead at most, so the
+/// count is the element's).
+struct ElementBytes<R> {
+    inner: R,
+    /// Bytes since the last element was handed on (reset by [`Elements`]).
+    count: Rc<Cell<usize>>,
+    /// The longest element.
+    max: usize,
+}
+
+impl<R: std::io::Read> std::io::Read for ElementBytes<R> {
+    fn read(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
+        if self.count.get() > self.max {
+            return Err(std::io::Error::other("the element is too long"));
+        }
+        let read = self.inner.read(buf)?;
+        self.count.set(self.count.get() + read);
+        Ok(read)
+    }
+}
+
 /// The visitor of an array's elements: each goes to `each` as it is
 /// parsed; an error of `each` stops the parse and is kept in `failed`.
 struct Elements<'e> {
-    each: &'e mut dyn FnMut(RecordPlace, std::result::Result<serde_json::Value, BadLine>) -> Result<()>,
+    /// Where each element goes.
+    each: &'e mut RecordSink<'e>,
     /// Elements handed on.
     count: u64,
+    /// Whether the array's closing bracket was read.
+    finished: bool,
+    /// The error of `each` that stopped the parse.
     failed: Option<crate::DataError>,
+    /// Bytes read since the last element was handed on.
+    element_bytes: Rc<Cell<usize>>,
 }
 
 /// [`Elements`] as a `serde` visitor.
@@ -159,11 +208,13 @@ impl<'de> Visitor<'de> for ElementsVisitor<'_, '_> {
     fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> std::result::Result<(), A::Error> {
         while let Some(value) = seq.next_element::<serde_json::Value>()? {
             self.0.count += 1;
+            self.0.element_bytes.set(0);
             if let Err(e) = (self.0.each)(RecordPlace::Element(self.0.count), Ok(value)) {
                 self.0.failed = Some(e);
                 return Err(A::Error::custom("stopped by the reader"));
             }
         }
+        self.0.finished = true;
         Ok(())
     }
 }
@@ -206,11 +257,32 @@ mod tests {
     }
 
     #[test]
+    fn an_array_element_longer_than_a_line_may_be_is_an_error_not_an_allocation() {
+        let long: String = std::iter::repeat_n('a', 3 << 20).collect();
+        let array = format!("[{{\"text\": \"short\"}}, {{\"text\": \"{long}\"}}]");
+        let mut seen = 0;
+        let mut count = |_: RecordPlace, _: std::result::Result<serde_json::Value, BadLine>| {
+            seen += 1;
+            Ok(())
+        };
+        let err = each_array_element(array.as_bytes(), Path::new("long.json"), 2 << 20, &mut count);
+        let err = err.unwrap_err().to_string();
+        assert!(err.contains("long.json") && err.contains("array element 2 is longer than 2 MiB"), "{err}");
+        assert_eq!(seen, 1);
+        assert!(each_array_element(array.as_bytes(), Path::new("long.json"), 4 << 20, &mut |_, _| Ok(())).is_ok());
+    }
+
+    #[test]
     fn a_broken_array_is_an_error_naming_the_element_and_a_reader_error_stops_the_parse() {
         let err = records("[{\"text\": \"a\"}, {\"text\": ]").unwrap_err().to_string();
         assert!(err.contains("rows.json") && err.contains("not a JSON array of objects, at array element 2"), "{err}");
         let err = records("[{\"text\": \"a\"}] trailing").unwrap_err().to_string();
-        assert!(err.contains("at array element 2"), "{err}");
+        assert!(err.contains("after the array's 1 elements: trailing characters"), "{err}");
+        let err = records("[{\"text\": \"a\"}]\n[{\"text\": \"b\"}]\n").unwrap_err().to_string();
+        assert!(
+            err.contains("after the array's 1 elements") && err.contains("JSON Lines of arrays are not read"),
+            "{err}"
+        );
         let dir = lazytrain_core::ScratchDir::new("json-records").unwrap();
         let path = dir.path().join("rows.json");
         std::fs::write(&path, "[1, 2, 3]").unwrap();

@@ -7,7 +7,7 @@ mod columnar;
 mod parquet_file;
 pub(crate) use columnar::{for_each_table_row, ColumnKind};
 mod json_records;
-pub(crate) use json_records::{for_each_json_record, BadLine};
+pub(crate) use json_records::{for_each_json_record, BadLine, RecordPlace};
 mod rows;
 pub use rows::MAX_LINE_BYTES;
 pub(crate) use rows::{json_type, next_line};
@@ -31,7 +31,7 @@ pub enum InputFormat {
     /// Utf8View, or a dictionary of them), read in place a page at a time.
     Parquet,
     /// Arrow IPC data: a stream (`.arrow`), as `datasets` writes its cache
-    /// files, or the file format (Feather v2, `.feather`), compressed or not.
+    /// files, or the file format (Feather v2, `.feather`), uncompressed.
     Arrow,
 }
 
