@@ -260,7 +260,12 @@ fn every_bad_row_class_is_an_error_naming_file_and_line() {
             "utf8.jsonl:3: invalid UTF-8",
         ),
         ("json.jsonl", format!("{good}{{\"text\": \"c\", \n").into_bytes(), None, "json.jsonl:3: not valid JSON"),
-        ("array.jsonl", format!("[1, 2]\n{good}").into_bytes(), None, "array.jsonl:1: not a JSON object"),
+        (
+            "array.jsonl",
+            format!("[1, 2]\n{good}").into_bytes(),
+            None,
+            "array.jsonl:1: array element 1: not a JSON object",
+        ),
         (
             "type.jsonl",
             format!("{good}{{\"text\": \"c\", \"label\": 0.5}}\n").into_bytes(),
