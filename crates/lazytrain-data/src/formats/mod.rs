@@ -4,6 +4,7 @@
 //! (plain text: its lines), with null rows skipped and counted.
 
 mod columnar;
+mod page_header;
 mod parquet_file;
 pub(crate) use columnar::{for_each_table_row, ColumnKind};
 mod json_records;

@@ -16,11 +16,16 @@
 //!   checked (apache/arrow-rs#10734, found by the same fuzzer: 1.15 GB for a
 //!   file of a few kilobytes, and on a machine without memory overcommit an
 //!   abort, not an error). Here, once [`ParquetFile::check_pages_against`]
-//!   has the file's metadata, a page header that declares more uncompressed
-//!   bytes than its whole column chunk holds — which no valid file does —
-//!   is an error before the page is read. This is the check the upstream
-//!   fix (#10821) adds; it can go when a release carries it.
+//!   has the file's metadata, a page header is read as the crate reads it
+//!   (`page_header.rs`) and refused when it declares more uncompressed bytes
+//!   than its whole column chunk holds — which no valid file does — and
+//!   more than [`UNCHECKED_PAGE_BYTES`]. This is the check the upstream fix
+//!   (#10821) adds; it can go when a release carries it.
+//!
+//! What the reader holds: a page of each column read (and its dictionary
+//! page), and the batch of rows being decoded, which may span pages.
 
+use super::page_header::{declared_uncompressed_size, DeclaredSize};
 use bytes::Bytes;
 use parquet::errors::{ParquetError, Result};
 use parquet::file::metadata::ParquetMetaData;
@@ -33,6 +38,11 @@ use std::sync::{Arc, OnceLock};
 /// Bytes a page-header reader fetches at a time: headers are a few dozen
 /// bytes, pages themselves are read by exact ranges.
 const HEADER_READ_BYTES: usize = 8 * 1024;
+
+/// A page may declare this many uncompressed bytes whatever its column
+/// chunk says: reserving them is harmless, and some writers recorded a
+/// chunk's total wrong (DuckDB before 0.6 wrote 0).
+const UNCHECKED_PAGE_BYTES: u64 = 64 << 20;
 
 /// An open Parquet file and its size; clones share the file and the page
 /// checks.
@@ -48,8 +58,11 @@ pub(crate) struct ParquetFile {
 /// pages (headers included), from the file's metadata.
 #[derive(Clone, Copy, Debug)]
 struct ColumnChunkBound {
+    /// Its first byte (its dictionary page's, or its first data page's).
     start: u64,
+    /// One past its last byte.
     end: u64,
+    /// Its pages' uncompressed bytes in all, as the metadata declares.
     uncompressed: u64,
 }
 
@@ -69,10 +82,15 @@ impl ParquetFile {
             .row_groups()
             .iter()
             .flat_map(|group| group.columns())
-            .filter_map(|column| {
-                let (start, length) = column.byte_range();
-                let uncompressed = u64::try_from(column.uncompressed_size()).ok()?;
-                Some(ColumnChunkBound { start, end: start.checked_add(length)?, uncompressed })
+            .map(|column| {
+                // The metadata's raw values (`byte_range` panics on negative ones):
+                // a chunk that cannot be placed, or declares a negative total,
+                // bounds its pages by `UNCHECKED_PAGE_BYTES` alone.
+                let start = column.dictionary_page_offset().unwrap_or(column.data_page_offset());
+                let start = u64::try_from(start).unwrap_or(0);
+                let length = u64::try_from(column.compressed_size()).unwrap_or(0);
+                let uncompressed = u64::try_from(column.uncompressed_size()).unwrap_or(0);
+                ColumnChunkBound { start, end: start.saturating_add(length), uncompressed }
             })
             .collect();
         chunks.sort_by_key(|c| c.start);
@@ -88,26 +106,46 @@ impl ParquetFile {
     }
 
     /// Refuse the page header at `start` when it declares more uncompressed
-    /// bytes than its column chunk holds.
+    /// bytes than its column chunk holds (and than [`UNCHECKED_PAGE_BYTES`]).
+    /// The header is read from a window that grows until it holds the whole
+    /// header, within the chunk.
     fn check_page_header(&self, start: u64) -> Result<()> {
         let Some(chunk) = self.chunk_at(start) else { return Ok(()) };
-        let tail = FileTail { file: Arc::clone(&self.file), position: start, end: self.size };
-        match declared_uncompressed_size(&mut BufReader::with_capacity(64, tail)) {
-            Some(declared) if declared > chunk.uncompressed => Err(ParquetError::General(format!(
-                "the page header at byte {start} declares {declared} uncompressed bytes, more than the {} of its \
-                 whole column chunk",
-                chunk.uncompressed
-            ))),
-            _ => Ok(()),
+        let room = chunk.end.min(self.size) - start;
+        let mut window = room.min(4096);
+        loop {
+            let mut header = vec![0; usize::try_from(window).unwrap_or(usize::MAX)];
+            if self.file.read_exact_at(&mut header, start).is_err() {
+                return Ok(());
+            }
+            match declared_uncompressed_size(&header) {
+                DeclaredSize::Read(Some(declared)) => {
+                    let declared = u64::try_from(declared).unwrap_or(0);
+                    if declared <= chunk.uncompressed.max(UNCHECKED_PAGE_BYTES) {
+                        return Ok(());
+                    }
+                    return Err(ParquetError::General(format!(
+                        "the page header at byte {start} declares {declared} uncompressed bytes, more than the {} of \
+                         its whole column chunk",
+                        chunk.uncompressed
+                    )));
+                }
+                DeclaredSize::NeedMore if window < room => window = room.min(window.saturating_mul(16)),
+                // The crate refuses these headers itself.
+                DeclaredSize::Read(None) | DeclaredSize::NeedMore | DeclaredSize::Invalid => return Ok(()),
+            }
         }
     }
 
     /// The error for `length` bytes at `start`, which the file does not hold.
     fn past_the_end(&self, start: u64, length: u64) -> ParquetError {
-        ParquetError::EOF(format!(
-            "the file is {} bytes long, but its metadata points at {length} bytes from byte {start}",
-            self.size
-        ))
+        ParquetError::EOF(match length {
+            0 => format!("the file is {} bytes long, but its metadata points at byte {start}", self.size),
+            _ => format!(
+                "the file is {} bytes long, but its metadata points at {length} bytes from byte {start}",
+                self.size
+            ),
+        })
     }
 }
 
@@ -138,36 +176,6 @@ impl ChunkReader for ParquetFile {
         self.file.read_exact_at(&mut buffer, start)?;
         Ok(buffer.into())
     }
-}
-
-/// The `uncompressed_page_size` a page header (Thrift compact encoding) at
-/// the front of `header` declares, decoded as the `parquet` crate decodes
-/// it (a varint of any length, cut to an `i32`), when the header opens, as
-/// writers write it, with its fields 1 (the page type) and 2 (that size),
-/// both `i32`; `None` otherwise (the crate then decodes it as ever) or when
-/// the size is negative (which the crate refuses).
-fn declared_uncompressed_size(header: &mut dyn Read) -> Option<u64> {
-    /// A field header: the field id one past the last, type `i32`.
-    const NEXT_I32_FIELD: u8 = 0x15;
-    fn byte(header: &mut dyn Read) -> Option<u8> {
-        let mut b = [0u8];
-        header.read_exact(&mut b).ok().map(|()| b[0])
-    }
-    fn zigzag_varint(header: &mut dyn Read) -> Option<i64> {
-        let (mut value, mut shift) = (0u64, 0u32);
-        loop {
-            let b = byte(header)?;
-            value |= u64::from(b & 0x7f).wrapping_shl(shift);
-            if b & 0x80 == 0 {
-                return Some((value >> 1) as i64 ^ -((value & 1) as i64));
-            }
-            shift = shift.wrapping_add(7);
-        }
-    }
-    (byte(header)? == NEXT_I32_FIELD).then_some(())?;
-    zigzag_varint(header)?;
-    (byte(header)? == NEXT_I32_FIELD).then_some(())?;
-    u64::try_from(zigzag_varint(header)? as i32).ok()
 }
 
 /// The file from a position to its end, read with positioned reads (so
@@ -244,45 +252,55 @@ mod tests {
     }
 
     #[test]
-    fn a_page_declaring_more_than_its_column_chunk_is_refused_before_it_is_read() {
+    fn a_valid_file_reads_whole_with_its_chunks_known() {
         let text: String = (0..20_000).map(|i| format!("w{} ", i % 977)).collect();
         let bytes = one_text_parquet(&text);
         let (_dir, file) = file_of(&bytes);
-        assert_eq!(texts_of(file).unwrap(), [text], "a valid file reads whole");
-
-        let metadata =
-            parquet::file::metadata::ParquetMetaDataReader::new().parse_and_finish(&Bytes::from(bytes.clone()));
-        let chunk = metadata.unwrap().row_group(0).column(0).clone();
-        let start = chunk.byte_range().0 as usize;
-        let declared = declared_uncompressed_size(&mut &bytes[start..]).unwrap();
-        assert!(declared < chunk.uncompressed_size() as u64);
-        // The size is the 3-byte varint after the page type's; make it 2^20 - 1.
-        assert_eq!((bytes[start], bytes[start + 2]), (0x15, 0x15), "a header as writers write it");
-        assert!(bytes[start + 3] & 0x80 != 0 && bytes[start + 4] & 0x80 != 0 && bytes[start + 5] & 0x80 == 0);
-        let mut corrupt = bytes;
-        corrupt[start + 3..start + 6].copy_from_slice(&[0xfe, 0xff, 0x7f]);
-        let (_dir, file) = file_of(&corrupt);
-        let err = texts_of(file).unwrap_err().to_string();
-        assert!(
-            err.contains(&format!(
-                "the page header at byte {start} declares 1048575 uncompressed bytes, more than the {}",
-                chunk.uncompressed_size()
-            )),
-            "{err}"
+        assert_eq!(texts_of(file.clone()).unwrap(), [text], "a valid file reads whole");
+        let metadata = parquet::file::metadata::ParquetMetaDataReader::new().parse_and_finish(&Bytes::from(bytes));
+        let column = metadata.unwrap().row_group(0).column(0).clone();
+        let (start, length) = column.byte_range();
+        let chunk = file.chunk_at(start).unwrap();
+        assert_eq!(
+            (chunk.start, chunk.end, chunk.uncompressed),
+            (start, start + length, column.uncompressed_size() as u64)
         );
+        assert!(file.chunk_at(start + length).is_none());
+    }
+
+    /// A page header (type 0, `declared` uncompressed bytes, 1 compressed).
+    fn header(declared: i32) -> Vec<u8> {
+        let mut zigzag = ((declared << 1) ^ (declared >> 31)) as u32;
+        let mut bytes = vec![0x15, 0x00, 0x15];
+        while zigzag >= 0x80 {
+            bytes.push(zigzag as u8 | 0x80);
+            zigzag >>= 7;
+        }
+        bytes.extend([zigzag as u8, 0x15, 0x02, 0x00]);
+        bytes
     }
 
     #[test]
-    fn declared_page_sizes_are_read_only_from_headers_in_writers_field_order() {
-        let declared = |header: &[u8]| declared_uncompressed_size(&mut &header[..]);
-        assert_eq!(declared(&[0x15, 0x00, 0x15, 0xfe, 0xff, 0x7f, 0x15]), Some(1_048_575));
-        assert_eq!(declared(&[0x15, 0x04, 0x15, 0x02]), Some(1));
-        assert_eq!(declared(&[0x15, 0x00, 0x15, 0x01]), None, "negative");
-        assert_eq!(declared(&[0x25, 0x00, 0x15, 0x02]), None, "field 2 first");
-        assert_eq!(declared(&[0x15, 0x00, 0x15, 0xff]), None, "cut varint");
-        // The fuzzer's header: a six-byte varint, which the `parquet` crate
-        // reads whole and cuts to an `i32`.
-        assert_eq!(declared(&[0x15, 0x04, 0x15, 0x8c, 0xe6, 0xc2, 0xc6, 0xc8, 0x12, 0x15]), Some(1_147_689_350));
+    fn a_page_declaring_more_than_its_column_chunk_is_refused_before_it_is_read() {
+        let checked = |declared: i32, total: u64| {
+            let mut bytes = header(declared);
+            bytes.resize(64, 0);
+            let (_dir, file) = file_of(&bytes);
+            file.chunks.set(vec![ColumnChunkBound { start: 0, end: 64, uncompressed: total }]).unwrap();
+            file.get_read(0).map(drop).map_err(|e| e.to_string())
+        };
+        let err = checked(1 << 30, 1000).unwrap_err();
+        assert!(
+            err.contains("the page header at byte 0 declares 1073741824 uncompressed bytes, more than the 1000 of its"),
+            "{err}"
+        );
+        assert!(checked(1 << 30, 0).is_err(), "a chunk total of 0 (DuckDB < 0.6) bounds pages by the floor");
+        assert!(checked(10 << 20, 0).is_ok(), "pages under the floor pass whatever the chunk says");
+        assert!(checked(1 << 30, 2 << 30).is_ok());
+        assert!(checked(-5, 1000).is_ok(), "the crate refuses a negative size itself");
+        let (_dir, file) = file_of(&header(1 << 30));
+        file.chunks.set(Vec::new()).unwrap();
+        assert!(file.get_read(0).is_ok(), "a header outside every chunk is the crate's to read");
     }
 
     #[test]
