@@ -72,7 +72,7 @@ impl RowPolicy<'_> {
     }
 }
 
-/// Read the labelled rows of a `.jsonl`/`.json` (JSON Lines), `.csv`,
+/// Read the labelled rows of a `.jsonl`/`.json` (JSON Lines, or one JSON array of objects), `.csv`,
 /// `.tsv` (each also gzipped, `.jsonl.gz`), `.parquet`, `datasets` `.arrow` or
 /// `.feather` file (row numbers stand in for lines in the columnar ones). Bad rows are
 /// errors naming the file and line, or, with `skip_bad`, skipped and counted

@@ -118,16 +118,16 @@ pub(crate) enum ColumnKind {
 /// when `kind` does not allow it. A dictionary-encoded column (a pandas
 /// category, pyarrow's `dictionary_encode`) gives the values of its keys.
 fn column_values(array: &dyn Array, kind: ColumnKind) -> std::result::Result<Vec<Option<String>>, DataType> {
-    if let DataType::Dictionary(..) = array.data_type() {
-        let dictionary = arrow_array::cast::AsArray::as_any_dictionary(array);
-        let looked_up = arrow_select::take::take(dictionary.values().as_ref(), dictionary.keys(), None)
-            .map_err(|_| array.data_type().clone())?;
-        return column_values(looked_up.as_ref(), kind).map_err(|_| array.data_type().clone());
-    }
     use arrow_array::cast::AsArray;
     use arrow_array::types::{
         Int16Type, Int32Type, Int64Type, Int8Type, UInt16Type, UInt32Type, UInt64Type, UInt8Type,
     };
+    if let DataType::Dictionary(..) = array.data_type() {
+        let dictionary = array.as_any_dictionary();
+        let looked_up = arrow_select::take::take(dictionary.values().as_ref(), dictionary.keys(), None)
+            .map_err(|_| array.data_type().clone())?;
+        return column_values(looked_up.as_ref(), kind).map_err(|_| array.data_type().clone());
+    }
     let strings = |it: &mut dyn Iterator<Item = Option<&str>>| it.map(|v| v.map(str::to_string)).collect();
     let label = kind == ColumnKind::Label;
     Ok(match array.data_type() {
