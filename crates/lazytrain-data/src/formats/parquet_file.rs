@@ -1,6 +1,5 @@
 //! A Parquet file read in place, a page at a time: what the `parquet`
-//! reader asks for, and no more, so memory holds one page (and the batch
-//! decoded from it), not the file.
+//! reader asks for, and no more, so memory holds pages, not the file.
 //!
 //! The `parquet` crate's own reader of a `File` has faults on corrupt files
 //! that this one mends:
@@ -20,7 +19,10 @@
 //!   (`page_header.rs`) and refused when it declares more uncompressed bytes
 //!   than its whole column chunk holds — which no valid file does — and
 //!   more than [`UNCHECKED_PAGE_BYTES`]. This is the check the upstream fix
-//!   (#10821) adds; it can go when a release carries it.
+//!   (#10821) adds; it can go when a release carries it. Two read paths the
+//!   text readers do not take go unchecked: pages fetched whole through the
+//!   page index (off by default), and a header re-read after a peek, which
+//!   only repeated (list) columns do.
 //!
 //! What the reader holds: a page of each column read (and its dictionary
 //! page), and the batch of rows being decoded, which may span pages.
