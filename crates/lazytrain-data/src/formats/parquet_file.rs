@@ -20,9 +20,10 @@
 //!   than its whole column chunk holds — which no valid file does — and
 //!   more than [`UNCHECKED_PAGE_BYTES`]. This is the check the upstream fix
 //!   (#10821) adds; it can go when a release carries it. Two read paths the
-//!   text readers do not take go unchecked: pages fetched whole through the
-//!   page index (off by default), and a header re-read after a peek, which
-//!   only repeated (list) columns do.
+//!   text readers do not take are not covered: pages fetched whole through
+//!   the page index (off by default) go unchecked, and after the crate has
+//!   peeked at a header (repeated columns, skipped records) the page data it
+//!   next asks for would be read as a header.
 //!
 //! What the reader holds: a page of each column read (and its dictionary
 //! page), and the batch of rows being decoded, which may span pages.
