@@ -20,13 +20,15 @@ fn tmp(name: &str) -> lazytrain_core::ScratchDir {
     lazytrain_core::ScratchDir::new(&format!("formats-{name}")).unwrap()
 }
 
-const CORPUS: [&str; 9] = [
+const CORPUS: [&str; 11] = [
     "corpus.txt",
     "corpus.jsonl",
     "corpus-array.json",
     "corpus.csv",
     "corpus-snappy.parquet",
     "corpus-zstd.parquet",
+    "corpus-gzip.parquet",
+    "corpus-lz4.parquet",
     "corpus.arrow",
     "corpus.feather",
     "corpus-file.arrow",
@@ -183,6 +185,14 @@ fn bad_files_are_errors_naming_the_file_and_the_problem() {
     std::fs::write(&long, &long_footer).unwrap();
     let err = error(&long, &source);
     assert!(err.contains("its footer declares 1359827307 bytes, more than the"), "{err}");
+    // A Parquet codec that is not built in names itself and the ones that are.
+    let err = error(&fixture("corpus-brotli.parquet"), &source);
+    assert!(
+        err.contains("corpus-brotli.parquet")
+            && err.contains("its pages are compressed with brotli")
+            && err.contains("snappy, zstd, gzip or LZ4"),
+        "{err}"
+    );
     // Feather as pandas writes it by default: LZ4-compressed batches.
     for name in ["corpus-lz4.feather", "corpus-lz4-dictionary.feather"] {
         let err = error(&fixture(name), &source);

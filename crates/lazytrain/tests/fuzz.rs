@@ -352,6 +352,8 @@ fn harnesses() -> Vec<Harness> {
         ("JSON array", "corpus-array.json"),
         ("CSV", "corpus.csv"),
         ("Parquet", "corpus-snappy.parquet"),
+        ("Parquet (gzip)", "corpus-gzip.parquet"),
+        ("Parquet (LZ4)", "corpus-lz4.parquet"),
         ("Arrow stream", "corpus.arrow"),
         ("Feather", "corpus.feather"),
         ("Arrow file", "corpus-file.arrow"),

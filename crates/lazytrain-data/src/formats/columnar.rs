@@ -27,6 +27,12 @@ fn unreadable_parquet(path: &Path, e: parquet::errors::ParquetError) -> crate::D
     io_error(path, format!("not a readable Parquet file: {e}"))
 }
 
+/// The codec a `parquet` error says is not built in (`brotli`, say).
+fn missing_parquet_codec(message: &str) -> Option<&str> {
+    let (_, after) = message.split_once("Disabled feature at compile time: ")?;
+    Some(after.split(|c: char| !c.is_ascii_alphanumeric()).next().unwrap_or(after))
+}
+
 /// The index of `column` in `schema`, which must hold strings.
 fn string_column(path: &Path, schema: &Schema, column: &str) -> Result<usize> {
     let Some((index, field)) = schema.column_with_name(column) else {
@@ -80,10 +86,29 @@ fn next_batch<T>(
 ) -> Result<Option<T>> {
     guarded(path, what, || match reader.next() {
         None => Ok(None),
-        Some(Err(e)) if is_compressed_batch(&e) => Err(io_error(path, COMPRESSED_ARROW)),
-        Some(Err(e)) => Err(io_error(path, format!("{batch_error}: {e}"))),
+        Some(Err(e)) => Err(batch_read_error(path, batch_error, &e)),
         Some(Ok(batch)) => convert(&batch).map(Some),
     })
+}
+
+/// The error of a batch that cannot be read: a codec that is not built in
+/// says so, and how to rewrite the file; anything else follows
+/// `batch_error`.
+fn batch_read_error(path: &Path, batch_error: &str, e: &arrow_schema::ArrowError) -> crate::DataError {
+    let message = e.to_string();
+    if is_compressed_batch(e) {
+        return io_error(path, COMPRESSED_ARROW);
+    }
+    match missing_parquet_codec(&message) {
+        Some(codec) => io_error(
+            path,
+            format!(
+                "its pages are compressed with {codec}, which lazytrain does not read; rewrite it with snappy, zstd, \
+                 gzip or LZ4 (pyarrow.parquet.write_table(table, path, compression=\"zstd\"))"
+            ),
+        ),
+        None => io_error(path, format!("{batch_error}: {message}")),
+    }
 }
 
 /// Hand every text of column `index` of `reader`'s batches to `docs`.
