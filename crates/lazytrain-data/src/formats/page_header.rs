@@ -167,6 +167,11 @@ impl HeaderBytes<'_> {
                     15 => i32::try_from(self.varint()?).map_err(|_| Stop::Invalid)?,
                     n => i32::from(n),
                 };
+                // Booleans take no bytes to the crate's skipper: a list of
+                // billions of them is skipped at once, not one at a time.
+                if element == BOOLEAN_TRUE {
+                    return Ok(());
+                }
                 (0..count).try_for_each(|_| self.skip_value(element, depth - 1))
             }
             MAP => {
@@ -181,6 +186,9 @@ impl HeaderBytes<'_> {
                     _ => Err(Stop::Invalid),
                 };
                 let (key, value) = (element(kinds >> 4)?, element(kinds & 0x0f)?);
+                if (key, value) == (BOOLEAN_TRUE, BOOLEAN_TRUE) {
+                    return Ok(());
+                }
                 (0..count).try_for_each(|_| {
                     self.skip_value(key, depth - 1)?;
                     self.skip_value(value, depth - 1)
@@ -228,6 +236,9 @@ mod tests {
         assert_eq!(declared(&[0x15, 0x00, 0x18, 0x7f, 0x00]), DeclaredSize::Read(Some(-64)), "a binary read as an i32");
         assert_eq!(declared(&[0x15, 0x00, 0x88, 0x7f]), DeclaredSize::NeedMore, "field 9: a binary of 127 bytes");
         assert_eq!(declared(&[0x1e, 0x00]), DeclaredSize::Invalid, "type 14");
+        // A list of 2^31 - 1 booleans in field 9 is skipped at once.
+        let booleans = [0x15, 0x00, 0x89, 0xf1, 0xff, 0xff, 0xff, 0xff, 0x07, 0x05, 0x04, 0x04, 0x00];
+        assert_eq!(declared(&booleans), DeclaredSize::Read(Some(2)));
         let deep: Vec<u8> = std::iter::repeat_n(0x1c, 70).collect();
         assert_eq!(declared(&[&[0x9c][..], &deep].concat()), DeclaredSize::Invalid, "nested past the skip depth");
     }
