@@ -148,42 +148,37 @@ fn bad_files_are_errors_naming_the_file_and_the_problem() {
         assert!(err.contains("no column `body`; the file has id, text; pass --text-column NAME"), "{name}: {err}");
     }
     let dir = tmp("bad");
+    // The error of a file `name` holding `bytes`.
+    let error_of = |name: &str, bytes: &[u8]| {
+        let path = dir.join(name);
+        std::fs::write(&path, bytes).unwrap();
+        error(&path, &source)
+    };
     // A Parquet file cut short loses its footer.
     let bytes = std::fs::read(fixture("corpus-snappy.parquet")).unwrap();
-    let cut = dir.join("cut.parquet");
-    std::fs::write(&cut, &bytes[..bytes.len() - 100]).unwrap();
-    let err = error(&cut, &source);
+    let err = error_of("cut.parquet", &bytes[..bytes.len() - 100]);
     assert!(err.contains("cut.parquet") && err.contains("not a readable Parquet file"), "{err}");
     // Garbage where the footer should be.
     let mut footer = bytes.clone();
     let n = footer.len();
     footer[n - 12..n - 4].fill(0xAB);
-    let garbled = dir.join("garbled.parquet");
-    std::fs::write(&garbled, &footer).unwrap();
-    assert!(error(&garbled, &source).contains("not a readable Parquet file"));
+    assert!(error_of("garbled.parquet", &footer).contains("not a readable Parquet file"));
     // An Arrow stream cut in the middle of its batches, and one cut in its schema.
     let stream = std::fs::read(fixture("corpus.arrow")).unwrap();
-    let half = dir.join("half.arrow");
-    std::fs::write(&half, &stream[..stream.len() / 2]).unwrap();
-    let err = error(&half, &source);
+    let err = error_of("half.arrow", &stream[..stream.len() / 2]);
     assert!(err.contains("half.arrow") && err.contains("truncated or corrupt"), "{err}");
-    let head = dir.join("head.arrow");
-    std::fs::write(&head, &stream[..40]).unwrap();
-    assert!(error(&head, &source).contains("not an Arrow IPC stream"), "{}", error(&head, &source));
+    let err = error_of("head.arrow", &stream[..40]);
+    assert!(err.contains("not an Arrow IPC stream"), "{err}");
     // An Arrow IPC file (Feather) cut before its footer.
     let feather = std::fs::read(fixture("corpus.feather")).unwrap();
-    let cut = dir.join("cut.feather");
-    std::fs::write(&cut, &feather[..feather.len() - 100]).unwrap();
-    let err = error(&cut, &source);
+    let err = error_of("cut.feather", &feather[..feather.len() - 100]);
     assert!(err.contains("cut.feather") && err.contains("not a readable Arrow IPC file"), "{err}");
     // An Arrow IPC file whose trailer declares a footer longer than the file
     // (the fuzzer's: `arrow-ipc` would allocate it first).
     let mut long_footer = feather.clone();
     let at = long_footer.len() - 10;
     long_footer[at..at + 4].copy_from_slice(&1_359_827_307i32.to_le_bytes());
-    let long = dir.join("long-footer.feather");
-    std::fs::write(&long, &long_footer).unwrap();
-    let err = error(&long, &source);
+    let err = error_of("long-footer.feather", &long_footer);
     assert!(err.contains("its footer declares 1359827307 bytes, more than the"), "{err}");
     // A Parquet codec that is not built in names itself and the ones that are.
     let err = error(&fixture("corpus-brotli.parquet"), &source);
@@ -202,17 +197,12 @@ fn bad_files_are_errors_naming_the_file_and_the_problem() {
     let wrong = TextSource { format: Some(InputFormat::Arrow), ..TextSource::default() };
     assert!(error(&fixture("corpus-zstd.parquet"), &wrong).contains("not an Arrow IPC stream"));
     for (name, contents) in [("empty.txt", &b""[..]), ("empty.jsonl", b"\n\n"), ("empty.parquet", b"")] {
-        let path = dir.join(name);
-        std::fs::write(&path, contents).unwrap();
-        let err = error(&path, &source);
+        let err = error_of(name, contents);
         assert!(err.contains(name) && (err.contains("no text") || err.contains("not a readable")), "{err}");
     }
-    let invalid = dir.join("invalid.txt");
-    std::fs::write(&invalid, b"fine\n\xff\xfe\n").unwrap();
-    assert!(error(&invalid, &source).contains("line 2"), "{}", error(&invalid, &source));
-    let gz_parquet = dir.join("corpus.parquet.gz");
-    std::fs::write(&gz_parquet, &bytes).unwrap();
-    assert!(error(&gz_parquet, &source).contains("gzipped Parquet or Arrow files are not read"));
+    let err = error_of("invalid.txt", b"fine\n\xff\xfe\n");
+    assert!(err.contains("line 2"), "{err}");
+    assert!(error_of("corpus.parquet.gz", &bytes).contains("gzipped Parquet or Arrow files are not read"));
     // Text lines keep CRLF files' documents the same as LF files'.
     let crlf = dir.join("crlf.txt");
     std::fs::write(&crlf, "one line\r\ntwo lines\r\n").unwrap();

@@ -22,6 +22,15 @@ fn parquet_builder(path: &Path) -> Result<ParquetRecordBatchReaderBuilder<Parque
     Ok(builder)
 }
 
+/// The batches of the Parquet file at `path`, decoded only in the columns
+/// `pick` chooses from its schema.
+fn parquet_batches(path: &Path, pick: impl FnOnce(&Schema) -> Result<Vec<usize>>) -> Result<BatchReader> {
+    let builder = parquet_builder(path)?;
+    let mask = parquet::arrow::ProjectionMask::roots(builder.parquet_schema(), pick(builder.schema())?);
+    let builder = builder.with_projection(mask).with_batch_size(BATCH_ROWS);
+    Ok(Box::new(builder.build().map_err(|e| unreadable_parquet(path, e))?))
+}
+
 /// The error of a Parquet file the reader refused.
 fn unreadable_parquet(path: &Path, e: parquet::errors::ParquetError) -> crate::DataError {
     io_error(path, format!("not a readable Parquet file: {e}"))
@@ -86,17 +95,17 @@ fn next_batch<T>(
 ) -> Result<Option<T>> {
     guarded(path, what, || match reader.next() {
         None => Ok(None),
-        Some(Err(e)) => Err(batch_read_error(path, batch_error, &e)),
+        Some(Err(e)) => Err(arrow_read_error(path, batch_error, &e)),
         Some(Ok(batch)) => convert(&batch).map(Some),
     })
 }
 
-/// The error of a batch that cannot be read: a codec that is not built in
-/// says so, and how to rewrite the file; anything else follows
-/// `batch_error`.
-fn batch_read_error(path: &Path, batch_error: &str, e: &arrow_schema::ArrowError) -> crate::DataError {
+/// The error of Arrow data that cannot be read: a codec that is not built
+/// in says so, and how to rewrite the file; anything else follows
+/// `context`.
+fn arrow_read_error(path: &Path, context: &str, e: &arrow_schema::ArrowError) -> crate::DataError {
     let message = e.to_string();
-    if is_compressed_batch(e) {
+    if is_compressed_batch(&message) {
         return io_error(path, COMPRESSED_ARROW);
     }
     match missing_parquet_codec(&message) {
@@ -107,7 +116,7 @@ fn batch_read_error(path: &Path, batch_error: &str, e: &arrow_schema::ArrowError
                  gzip or LZ4 (pyarrow.parquet.write_table(table, path, compression=\"zstd\"))"
             ),
         ),
-        None => io_error(path, format!("{batch_error}: {message}")),
+        None => io_error(path, format!("{context}: {message}")),
     }
 }
 
@@ -198,12 +207,7 @@ pub(crate) fn for_each_table_row(
     let what = "not a readable table";
     let (mut reader, batch_error): (BatchReader, &str) = guarded(path, what, || {
         Ok(if parquet {
-            let builder = parquet_builder(path)?;
-            let indices = column_indices(path, builder.schema(), columns)?;
-            let mask = parquet::arrow::ProjectionMask::roots(builder.parquet_schema(), indices);
-            let builder = builder.with_projection(mask).with_batch_size(BATCH_ROWS);
-            let reader: BatchReader = Box::new(builder.build().map_err(|e| unreadable_parquet(path, e))?);
-            (reader, "a row group cannot be read")
+            (parquet_batches(path, |schema| column_indices(path, schema, columns))?, "a row group cannot be read")
         } else {
             (arrow_ipc_batches(path)?.0, "the Arrow data is truncated or corrupt")
         })
@@ -252,15 +256,9 @@ fn table_rows(path: &Path, batch: &RecordBatch, columns: &[(&str, ColumnKind)]) 
 
 /// The strings of `column` of a Parquet file.
 pub(super) fn read_parquet(path: &Path, column: &str, docs: &mut dyn DocumentSink) -> Result<()> {
-    use parquet::arrow::ProjectionMask;
     let what = "not a readable Parquet file";
-    let reader: BatchReader = guarded(path, what, || {
-        let builder = parquet_builder(path)?;
-        let index = string_column(path, builder.schema(), column)?;
-        let mask = ProjectionMask::roots(builder.parquet_schema(), [index]);
-        let builder = builder.with_projection(mask).with_batch_size(BATCH_ROWS);
-        Ok(Box::new(builder.build().map_err(|e| unreadable_parquet(path, e))?))
-    })?;
+    let reader =
+        guarded(path, what, || parquet_batches(path, |schema| Ok(vec![string_column(path, schema, column)?])))?;
     feed_texts(path, (what, "a row group cannot be read"), reader, 0, docs)
 }
 
@@ -272,10 +270,10 @@ const COMPRESSED_ARROW: &str = "its record batches are compressed (LZ4 or zstd, 
      lazytrain does not read; convert the file to Parquet, or write it uncompressed \
      (pyarrow.feather.write_feather(table, path, compression=\"uncompressed\"))";
 
-/// Whether `error`, from `arrow-ipc`, is a compressed buffer it cannot
+/// Whether an `arrow-ipc` error `message` is a compressed buffer it cannot
 /// decompress (its codecs are not built in).
-fn is_compressed_batch(error: &arrow_schema::ArrowError) -> bool {
-    error.to_string().contains("IPC decompression requires the")
+fn is_compressed_batch(message: &str) -> bool {
+    message.contains("IPC decompression requires the")
 }
 
 /// The record batches of the Arrow IPC data at `path` and their schema:
@@ -291,20 +289,15 @@ fn arrow_ipc_batches(path: &Path) -> Result<(BatchReader, arrow_schema::SchemaRe
     file.rewind().map_err(open_error)?;
     Ok(if file_format {
         check_ipc_file_footer(path, &mut file)?;
-        let reader = arrow_ipc::reader::FileReader::try_new(file, None).map_err(|e| match is_compressed_batch(&e) {
-            true => io_error(path, COMPRESSED_ARROW),
-            false => io_error(path, format!("not a readable Arrow IPC file: {e}")),
-        })?;
+        let reader = arrow_ipc::reader::FileReader::try_new(file, None)
+            .map_err(|e| arrow_read_error(path, "not a readable Arrow IPC file", &e))?;
         let schema = reader.schema();
         (Box::new(reader), schema)
     } else {
-        let reader = arrow_ipc::reader::StreamReader::try_new(file, None).map_err(|e| match is_compressed_batch(&e) {
-            true => io_error(path, COMPRESSED_ARROW),
-            false => io_error(
-                path,
-                format!("not an Arrow IPC stream (as `datasets` writes its .arrow files) or Arrow IPC file (Feather): {e}"),
-            ),
-        })?;
+        let not_a_stream =
+            "not an Arrow IPC stream (as `datasets` writes its .arrow files) or Arrow IPC file (Feather)";
+        let reader = arrow_ipc::reader::StreamReader::try_new(file, None)
+            .map_err(|e| arrow_read_error(path, not_a_stream, &e))?;
         let schema = reader.schema();
         (Box::new(reader), schema)
     })

@@ -158,11 +158,7 @@ impl HeaderBytes<'_> {
                 if header == 0 {
                     return Ok(());
                 }
-                let element = match header & 0x0f {
-                    1 | 2 => BOOLEAN_TRUE,
-                    kind @ BYTE..=UUID => kind,
-                    _ => return Err(Stop::Invalid),
-                };
+                let element = element_type(header & 0x0f)?;
                 let count = match header >> 4 {
                     15 => i32::try_from(self.varint()?).map_err(|_| Stop::Invalid)?,
                     n => i32::from(n),
@@ -180,12 +176,7 @@ impl HeaderBytes<'_> {
                     return Ok(());
                 }
                 let kinds = self.byte()?;
-                let element = |kind: u8| match kind {
-                    1 | 2 => Ok(BOOLEAN_TRUE),
-                    BYTE..=UUID => Ok(kind),
-                    _ => Err(Stop::Invalid),
-                };
-                let (key, value) = (element(kinds >> 4)?, element(kinds & 0x0f)?);
+                let (key, value) = (element_type(kinds >> 4)?, element_type(kinds & 0x0f)?);
                 if (key, value) == (BOOLEAN_TRUE, BOOLEAN_TRUE) {
                     return Ok(());
                 }
@@ -196,6 +187,17 @@ impl HeaderBytes<'_> {
             }
             _ => Err(Stop::Invalid),
         }
+    }
+}
+
+/// The type of a list's, set's or map's elements from its 4-bit code, as
+/// the crate maps it (booleans coded 1 or 2).
+fn element_type(code: u8) -> Result<u8, Stop> {
+    use field_type::*;
+    match code {
+        BOOLEAN_TRUE | BOOLEAN_FALSE => Ok(BOOLEAN_TRUE),
+        BYTE..=UUID => Ok(code),
+        _ => Err(Stop::Invalid),
     }
 }
 

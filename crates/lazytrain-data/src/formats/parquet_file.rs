@@ -111,21 +111,22 @@ impl ParquetFile {
     /// Refuse the page header at `start` when it declares more uncompressed
     /// bytes than its column chunk holds (and than [`UNCHECKED_PAGE_BYTES`]).
     /// The header is read from a window that grows until it holds the whole
-    /// header, within the chunk.
-    fn check_page_header(&self, start: u64) -> Result<()> {
-        let Some(chunk) = self.chunk_at(start) else { return Ok(()) };
+    /// header, within the chunk; the bytes read are returned, for the crate
+    /// to read the header from without reading them again.
+    fn check_page_header(&self, start: u64) -> Result<Vec<u8>> {
+        let Some(chunk) = self.chunk_at(start) else { return Ok(Vec::new()) };
         let room = chunk.end.min(self.size) - start;
         let mut window = room.min(4096);
         loop {
             let mut header = vec![0; usize::try_from(window).unwrap_or(usize::MAX)];
             if self.file.read_exact_at(&mut header, start).is_err() {
-                return Ok(());
+                return Ok(Vec::new());
             }
             match declared_uncompressed_size(&header) {
                 DeclaredSize::Read(Some(declared)) => {
                     let declared = u64::try_from(declared).unwrap_or(0);
                     if declared <= chunk.uncompressed.max(UNCHECKED_PAGE_BYTES) {
-                        return Ok(());
+                        return Ok(header);
                     }
                     return Err(ParquetError::General(format!(
                         "the page header at byte {start} declares {declared} uncompressed bytes, more than the {} of \
@@ -135,7 +136,7 @@ impl ParquetFile {
                 }
                 DeclaredSize::NeedMore if window < room => window = room.min(window.saturating_mul(16)),
                 // The crate refuses these headers itself.
-                DeclaredSize::Read(None) | DeclaredSize::NeedMore | DeclaredSize::Invalid => return Ok(()),
+                DeclaredSize::Read(None) | DeclaredSize::NeedMore | DeclaredSize::Invalid => return Ok(header),
             }
         }
     }
@@ -159,15 +160,17 @@ impl Length for ParquetFile {
 }
 
 impl ChunkReader for ParquetFile {
-    type T = BufReader<FileTail>;
+    /// The bytes the page check read, then the rest of the file.
+    type T = std::io::Chain<std::io::Cursor<Vec<u8>>, BufReader<FileTail>>;
 
     fn get_read(&self, start: u64) -> Result<Self::T> {
         if start > self.size {
             return Err(self.past_the_end(start, 0));
         }
-        self.check_page_header(start)?;
-        let tail = FileTail { file: Arc::clone(&self.file), position: start, end: self.size };
-        Ok(BufReader::with_capacity(HEADER_READ_BYTES, tail))
+        let checked = self.check_page_header(start)?;
+        let position = start + checked.len() as u64;
+        let tail = FileTail { file: Arc::clone(&self.file), position, end: self.size };
+        Ok(std::io::Cursor::new(checked).chain(BufReader::with_capacity(HEADER_READ_BYTES, tail)))
     }
 
     fn get_bytes(&self, start: u64, length: usize) -> Result<Bytes> {
