@@ -20,7 +20,7 @@ fn tmp(name: &str) -> lazytrain_core::ScratchDir {
     lazytrain_core::ScratchDir::new(&format!("formats-{name}")).unwrap()
 }
 
-const CORPUS: [&str; 11] = [
+const CORPUS: [&str; 14] = [
     "corpus.txt",
     "corpus.jsonl",
     "corpus-array.json",
@@ -32,6 +32,9 @@ const CORPUS: [&str; 11] = [
     "corpus.arrow",
     "corpus.feather",
     "corpus-file.arrow",
+    "corpus-lz4.feather",
+    "corpus-lz4-dictionary.feather",
+    "corpus-zstd.arrow",
 ];
 
 fn texts(name: &str) -> Vec<String> {
@@ -188,11 +191,31 @@ fn bad_files_are_errors_naming_the_file_and_the_problem() {
             && err.contains("snappy, zstd, gzip or LZ4"),
         "{err}"
     );
-    // Feather as pandas writes it by default: LZ4-compressed batches.
-    for name in ["corpus-lz4.feather", "corpus-lz4-dictionary.feather"] {
-        let err = error(&fixture(name), &source);
-        assert!(err.contains(name) && err.contains("its record batches are compressed"), "{err}");
-    }
+    // A compressed buffer that declares more than a batch may hold is
+    // refused before `arrow-ipc` reserves it; one that declares a wrong
+    // size is refused by the crate after decompressing.
+    let zstd = std::fs::read(fixture("corpus-zstd.arrow")).unwrap();
+    let lengths = compressed_buffer_lengths(&zstd);
+    assert!(lengths.len() >= 8, "several batches of compressed buffers");
+    let with_length = |declared: i64| {
+        let mut bytes = zstd.clone();
+        bytes[lengths[3]..lengths[3] + 8].copy_from_slice(&declared.to_le_bytes());
+        bytes
+    };
+    let err = error_of("huge.arrow", &with_length(1 << 60));
+    assert!(
+        err.contains("huge.arrow")
+            && err.contains("a batch's compressed buffers declare")
+            && err.contains("more than lazytrain reads in one batch (1073741824)")
+            && err.contains("chunksize="),
+        "{err}"
+    );
+    let actual = i64::from_le_bytes(zstd[lengths[3]..lengths[3] + 8].try_into().unwrap());
+    let err = error_of("wrong-size.arrow", &with_length(actual + 1));
+    assert!(err.contains("wrong-size.arrow") && err.contains("truncated or corrupt"), "{err}");
+    // A compressed stream cut inside a batch's body.
+    let err = error_of("cut-zstd.arrow", &zstd[..zstd.len() - 200]);
+    assert!(err.contains("a message's body at byte") && err.contains("(cut short?)"), "{err}");
     // A Parquet file is not an Arrow stream.
     let wrong = TextSource { format: Some(InputFormat::Arrow), ..TextSource::default() };
     assert!(error(&fixture("corpus-zstd.parquet"), &wrong).contains("not an Arrow IPC stream"));
@@ -284,7 +307,7 @@ fn labelled_tables_prepare_like_json_lines() {
     let reference = prepared("labelled.jsonl");
     assert_eq!(reference.0, ["negative", "positive"]);
     assert_eq!(reference.1, 150);
-    for name in ["labelled-array.json", "labelled.parquet", "labelled.arrow"] {
+    for name in ["labelled-array.json", "labelled.parquet", "labelled.arrow", "labelled-lz4.feather"] {
         assert_eq!(prepared(name), reference, "{name}");
     }
     // Dictionary-encoded strings (a pandas category, pyarrow's
@@ -378,4 +401,26 @@ fn a_parquet_page_larger_than_its_column_chunk_is_an_error_not_an_allocation() {
             && err.contains("declares 1147689350 uncompressed bytes, more than the 1296 of its whole column chunk"),
         "{err}"
     );
+}
+
+/// Where each compressed buffer of an Arrow IPC stream's record batches
+/// keeps its decompressed length (the buffer's first 8 bytes), in order.
+fn compressed_buffer_lengths(stream: &[u8]) -> Vec<usize> {
+    let mut lengths = Vec::new();
+    let mut at = 0;
+    while at + 8 <= stream.len() {
+        assert_eq!(stream[at..at + 4], [0xff; 4], "pyarrow writes continuation markers");
+        let meta = i32::from_le_bytes(stream[at + 4..at + 8].try_into().unwrap()) as usize;
+        if meta == 0 {
+            break;
+        }
+        let message = arrow_ipc::root_as_message(&stream[at + 8..at + 8 + meta]).unwrap();
+        let body = at + 8 + meta;
+        if let Some(batch) = message.header_as_record_batch().filter(|b| b.compression().is_some()) {
+            let buffers = batch.buffers().unwrap().iter().filter(|b| b.length() >= 8);
+            lengths.extend(buffers.map(|b| body + b.offset() as usize));
+        }
+        at = body + message.bodyLength() as usize;
+    }
+    lengths
 }

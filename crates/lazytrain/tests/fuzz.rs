@@ -358,6 +358,8 @@ fn harnesses() -> Vec<Harness> {
         ("Feather", "corpus.feather"),
         ("Arrow file", "corpus-file.arrow"),
         ("Feather (LZ4)", "corpus-lz4.feather"),
+        ("Feather (LZ4 dictionary)", "corpus-lz4-dictionary.feather"),
+        ("Arrow stream (zstd)", "corpus-zstd.arrow"),
     ] {
         let dir = scratch(&name.replace(' ', "-"));
         list.push(Harness {
@@ -373,6 +375,7 @@ fn harnesses() -> Vec<Harness> {
         ("labelled JSON Lines", "labelled.jsonl"),
         ("labelled JSON array", "labelled-array.json"),
         ("labelled Parquet", "labelled.parquet"),
+        ("labelled Feather (LZ4)", "labelled-lz4.feather"),
     ] {
         let dir = scratch(&name.replace(' ', "-"));
         list.push(Harness {

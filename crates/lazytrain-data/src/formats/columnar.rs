@@ -2,6 +2,7 @@
 //! batch of rows at a time, only the text column decoded) and Arrow IPC
 //! data (a `datasets` cache's `.arrow` streams, Feather and IPC files).
 
+use super::arrow_file::ArrowBatches;
 use super::parquet_file::ParquetFile;
 use super::{io_error, DocumentSink};
 use crate::Result;
@@ -105,9 +106,6 @@ fn next_batch<T>(
 /// `context`.
 fn arrow_read_error(path: &Path, context: &str, e: &arrow_schema::ArrowError) -> crate::DataError {
     let message = e.to_string();
-    if is_compressed_batch(&message) {
-        return io_error(path, COMPRESSED_ARROW);
-    }
     match missing_parquet_codec(&message) {
         Some(codec) => io_error(
             path,
@@ -262,74 +260,11 @@ pub(super) fn read_parquet(path: &Path, column: &str, docs: &mut dyn DocumentSin
     feed_texts(path, (what, "a row group cannot be read"), reader, 0, docs)
 }
 
-/// What a compressed Arrow record batch is told: `arrow-ipc` reserves the
-/// size a compressed buffer declares before it decompresses, so a corrupt
-/// file could ask for exabytes and abort the process (found by
-/// `tests/fuzz.rs`); its LZ4 and zstd codecs are left out.
-const COMPRESSED_ARROW: &str = "its record batches are compressed (LZ4 or zstd, as Feather is by default), which \
-     lazytrain does not read; convert the file to Parquet, or write it uncompressed \
-     (pyarrow.feather.write_feather(table, path, compression=\"uncompressed\"))";
-
-/// Whether an `arrow-ipc` error `message` is a compressed buffer it cannot
-/// decompress (its codecs are not built in).
-fn is_compressed_batch(message: &str) -> bool {
-    message.contains("IPC decompression requires the")
-}
-
-/// The record batches of the Arrow IPC data at `path` and their schema:
-/// a stream (as `datasets` writes its `.arrow` files) or the file format
-/// (`ARROW1` at the front: Feather v2, `pyarrow.ipc.new_file`), with
-/// uncompressed buffers ([`COMPRESSED_ARROW`]).
+/// The record batches of the Arrow IPC data at `path` and their schema
+/// ([`ArrowBatches`]: a stream or a file, plain or compressed).
 fn arrow_ipc_batches(path: &Path) -> Result<(BatchReader, arrow_schema::SchemaRef)> {
-    use std::io::{Read, Seek};
-    let open_error = |e: std::io::Error| io_error(path, format!("cannot read the input file: {e}"));
-    let mut file = std::io::BufReader::new(std::fs::File::open(path).map_err(open_error)?);
-    let mut magic = [0u8; 6];
-    let file_format = file.read_exact(&mut magic).is_ok() && &magic == b"ARROW1";
-    file.rewind().map_err(open_error)?;
-    Ok(if file_format {
-        check_ipc_file_footer(path, &mut file)?;
-        let reader = arrow_ipc::reader::FileReader::try_new(file, None)
-            .map_err(|e| arrow_read_error(path, "not a readable Arrow IPC file", &e))?;
-        let schema = reader.schema();
-        (Box::new(reader), schema)
-    } else {
-        let not_a_stream =
-            "not an Arrow IPC stream (as `datasets` writes its .arrow files) or Arrow IPC file (Feather)";
-        let reader = arrow_ipc::reader::StreamReader::try_new(file, None)
-            .map_err(|e| arrow_read_error(path, not_a_stream, &e))?;
-        let schema = reader.schema();
-        (Box::new(reader), schema)
-    })
-}
-
-/// Refuse an Arrow IPC file whose trailer (a footer length, then `ARROW1`)
-/// is missing or declares a footer longer than the file: `arrow-ipc`
-/// allocates the declared length before it reads (the fuzzer's file asked
-/// for 1.36 GB).
-fn check_ipc_file_footer(path: &Path, file: &mut std::io::BufReader<std::fs::File>) -> Result<()> {
-    use std::io::{Read, Seek, SeekFrom};
-    /// The leading magic with its padding.
-    const LEADING: u64 = 8;
-    /// The footer's length and the closing magic.
-    const TRAILER: u64 = 10;
-    let unreadable = |detail: String| io_error(path, format!("not a readable Arrow IPC file: {detail}"));
-    let size = file.get_ref().metadata().map_err(|e| unreadable(e.to_string()))?.len();
-    if size < LEADING + TRAILER {
-        return Err(unreadable(format!("{size} bytes is too short to hold its footer (cut short?)")));
-    }
-    let mut trailer = [0u8; TRAILER as usize];
-    file.seek(SeekFrom::End(-(TRAILER as i64)))
-        .and_then(|_| file.read_exact(&mut trailer))
-        .map_err(|e| unreadable(e.to_string()))?;
-    if &trailer[4..] != b"ARROW1" {
-        return Err(unreadable("it does not end with ARROW1 (cut short?)".into()));
-    }
-    let footer = i32::from_le_bytes([trailer[0], trailer[1], trailer[2], trailer[3]]);
-    if u64::try_from(footer).map_or(true, |footer| footer > size - LEADING - TRAILER) {
-        return Err(unreadable(format!("its footer declares {footer} bytes, more than the {size}-byte file holds")));
-    }
-    file.rewind().map_err(|e| unreadable(e.to_string()))
+    let (batches, schema) = ArrowBatches::open(path)?;
+    Ok((Box::new(batches), schema))
 }
 
 /// The strings of `column` of an Arrow IPC stream or file.

@@ -3,6 +3,7 @@
 //! streams of a `datasets` cache. Each yields the strings of one column
 //! (plain text: its lines), with null rows skipped and counted.
 
+mod arrow_file;
 mod columnar;
 mod page_header;
 mod parquet_file;
@@ -32,7 +33,8 @@ pub enum InputFormat {
     /// Utf8View, or a dictionary of them), read in place a page at a time.
     Parquet,
     /// Arrow IPC data: a stream (`.arrow`), as `datasets` writes its cache
-    /// files, or the file format (Feather v2, `.feather`), uncompressed.
+    /// files, or the file format (Feather v2, `.feather`), plain or with
+    /// LZ4 or zstd compressed buffers.
     Arrow,
 }
 
