@@ -1,6 +1,6 @@
 //! Reading training text from files in any of the [`crate::formats`]:
 //! plain text (one document per line), JSON Lines, CSV/TSV, Parquet and
-//! `datasets` Arrow streams; `.gz` for the line formats.
+//! `datasets` Arrow streams; `.gz` or `.zst` for the line formats.
 
 use crate::formats::{read_into, DocumentSink, Documents, TextSource};
 use crate::{DataError, Result};

@@ -306,7 +306,7 @@ fn every_bad_row_class_is_an_error_naming_file_and_line() {
     let msg = error_for("rows.xml", b"", None);
     assert!(
         msg.contains(
-            "use .jsonl (JSON Lines), .csv, .tsv (each also .gz), .parquet, a `datasets` .arrow file or .feather"
+            "use .jsonl (JSON Lines), .csv, .tsv (each also .gz or .zst), .parquet, a `datasets` .arrow file or .feather"
         ),
         "{msg}"
     );

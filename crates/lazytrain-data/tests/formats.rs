@@ -109,6 +109,23 @@ fn gzip_format_override_and_several_files() {
     assert!(InputFormat::parse("xml").unwrap_err().to_string().contains("choose txt, jsonl"));
 }
 
+/// Zstandard-compressed JSON Lines (as `zstd` writes them, the way The
+/// Pile and SlimPajama ship) read like the plain file, in one frame or
+/// several (files concatenated, or written by parallel compressors).
+#[test]
+fn zstd_files_of_one_frame_or_several() {
+    let reference = texts("corpus.txt");
+    assert_eq!(texts("corpus.jsonl.zst"), reference, "the zstd command's file");
+    let plain = std::fs::read(fixture("corpus.jsonl")).unwrap();
+    let half = plain[..plain.len() / 2].iter().rposition(|&b| b == b'\n').unwrap() + 1;
+    let mut frames = zstd::encode_all(&plain[..half], 1).unwrap();
+    frames.extend(zstd::encode_all(&plain[half..], 19).unwrap());
+    let dir = tmp("zstd");
+    let path = dir.join("frames.jsonl.zst");
+    std::fs::write(&path, frames).unwrap();
+    assert_eq!(read_documents(&path, &TextSource::default()).unwrap().texts, reference, "two frames");
+}
+
 #[test]
 fn null_rows_are_skipped_and_counted() {
     // A CSV row too short to have the text column counts as a null.
@@ -225,7 +242,8 @@ fn bad_files_are_errors_naming_the_file_and_the_problem() {
     }
     let err = error_of("invalid.txt", b"fine\n\xff\xfe\n");
     assert!(err.contains("line 2"), "{err}");
-    assert!(error_of("corpus.parquet.gz", &bytes).contains("gzipped Parquet or Arrow files are not read"));
+    assert!(error_of("corpus.parquet.gz", &bytes).contains("compressed Parquet or Arrow files (.gz) are not read"));
+    assert!(error_of("corpus.arrow.zst", &bytes).contains("compressed Parquet or Arrow files (.zst) are not read"));
     // Text lines keep CRLF files' documents the same as LF files'.
     let crlf = dir.join("crlf.txt");
     std::fs::write(&crlf, "one line\r\ntwo lines\r\n").unwrap();
@@ -240,6 +258,10 @@ fn bad_files_are_errors_naming_the_file_and_the_problem() {
         "{}",
         error(&bad_gz, &source)
     );
+    let bad_zst = dir.join("bad.jsonl.zst");
+    std::fs::write(&bad_zst, b"not zstd at all").unwrap();
+    let err = error(&bad_zst, &source);
+    assert!(err.contains("cannot read") && err.contains("(is it a complete zstd file of UTF-8 text?"), "{err}");
     // A file without line breaks (sparse here, as /dev/zero or binary data
     // would be) is refused at the line cap, not read into one allocation.
     let sparse = dir.join("sparse.txt");

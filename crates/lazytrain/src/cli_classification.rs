@@ -16,8 +16,8 @@ pub struct PrepareClassificationArgs {
     /// A tokenizer folder (or tokenizer.json), or a gs://, s3:// folder.
     #[arg(long)]
     tokenizer: StorageUrl,
-    /// Labelled training files: .jsonl (JSON Lines), .csv or .tsv with a header (each also .gz), .parquet,
-    /// a `datasets` .arrow file or .feather; paths and quoted patterns, or gs://, s3:// objects and patterns.
+    /// Labelled training files: .jsonl (JSON Lines), .csv or .tsv with a header (each also .gz or .zst),
+    /// .parquet, a `datasets` .arrow file or .feather; paths and quoted patterns, or gs://, s3:// objects and patterns.
     #[arg(long, required = true, num_args = 1..)]
     files: Vec<StorageUrl>,
     /// Labelled validation files (labels must occur in the training files);

@@ -77,8 +77,8 @@ fn named_as_given(error: DataError, local: &Path, input: &StorageUrl) -> DataErr
 #[derive(Args)]
 pub struct TrainTokenizerArgs {
     /// Text files: .txt (one document per line), .jsonl, .csv, .tsv, .parquet, a `datasets` .arrow file or
-    /// .feather (`.gz` for the line formats); paths and quoted patterns ('texts/*.txt'), or gs://, s3:// objects
-    /// and patterns (gs://b/texts/*.txt).
+    /// .feather (`.gz` or `.zst` for the line formats); paths and quoted patterns ('texts/*.txt'), or gs://,
+    /// s3:// objects and patterns (gs://b/texts/*.txt).
     #[arg(long, required = true, num_args = 1..)]
     files: Vec<StorageUrl>,
     #[command(flatten)]
@@ -151,8 +151,8 @@ pub struct PrepareArgs {
     #[arg(long)]
     tokenizer: StorageUrl,
     /// Text files: .txt (one document per line), .jsonl, .csv, .tsv, .parquet, a `datasets` .arrow file or
-    /// .feather (`.gz` for the line formats); paths and quoted patterns ('texts/*.txt'), or gs://, s3:// objects
-    /// and patterns (gs://b/texts/*.txt).
+    /// .feather (`.gz` or `.zst` for the line formats); paths and quoted patterns ('texts/*.txt'), or gs://,
+    /// s3:// objects and patterns (gs://b/texts/*.txt).
     #[arg(long, required = true, num_args = 1..)]
     files: Vec<StorageUrl>,
     /// Held-out files whose blocks are all validation blocks (HF's --validation_file); the

@@ -349,6 +349,7 @@ fn harnesses() -> Vec<Harness> {
     let formats = "lazytrain-data/tests/fixtures/formats";
     for (name, file) in [
         ("JSON Lines", "corpus.jsonl"),
+        ("JSON Lines (zstd)", "corpus.jsonl.zst"),
         ("JSON array", "corpus-array.json"),
         ("CSV", "corpus.csv"),
         ("Parquet", "corpus-snappy.parquet"),

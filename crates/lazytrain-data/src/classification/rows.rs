@@ -1,7 +1,7 @@
 //! Labelled rows from JSON Lines, CSV and TSV files, with every bad row
 //! either refused (file and line named) or skipped and counted.
 
-use crate::formats::{BadLine, RecordPlace};
+use crate::formats::{BadLine, Compression, RecordPlace};
 use crate::{DataError, Result};
 use serde::{Deserialize, Serialize};
 use std::collections::{BTreeMap, HashSet};
@@ -73,7 +73,7 @@ impl RowPolicy<'_> {
 }
 
 /// Read the labelled rows of a `.jsonl`/`.json` (JSON Lines, or one JSON array of objects), `.csv`,
-/// `.tsv` (each also gzipped, `.jsonl.gz`), `.parquet`, `datasets` `.arrow` or
+/// `.tsv` (each also compressed whole: `.jsonl.gz`, `.jsonl.zst`), `.parquet`, `datasets` `.arrow` or
 /// `.feather` file (row numbers stand in for lines in the columnar ones). Bad rows are
 /// errors naming the file and line, or, with `skip_bad`, skipped and counted
 /// in `counts`.
@@ -101,26 +101,23 @@ pub fn for_each_labelled_row(
     counts: &mut BadRowCounts,
     each: &mut dyn FnMut(LabelledRow) -> Result<()>,
 ) -> Result<()> {
-    let extension_of = |p: &Path| p.extension().and_then(|e| e.to_str()).unwrap_or("").to_ascii_lowercase();
-    let gzipped = extension_of(path) == "gz";
-    let extension =
-        if gzipped { extension_of(Path::new(path.file_stem().unwrap_or_default())) } else { extension_of(path) };
+    let name = path.file_name().map(|n| n.to_string_lossy().to_ascii_lowercase()).unwrap_or_default();
+    let (compression, stem) = Compression::of_name(&name);
+    let extension = stem.rsplit_once('.').map_or("", |(_, extension)| extension);
     let mut rows = Rows { policy: RowPolicy { path, skip: skip_bad, counts }, each };
-    match extension.as_str() {
-        "jsonl" | "json" | "ndjson" => read_json_lines(path, gzipped, columns, &mut rows),
-        "csv" => read_delimited(path, gzipped, b',', columns, &mut rows),
-        "tsv" | "tab" => read_delimited(path, gzipped, b'\t', columns, &mut rows),
-        "parquet" | "arrow" | "feather" if gzipped => Err(DataError::Io {
-            path: path.display().to_string(),
-            detail: "gzipped Parquet or Arrow files are not read (they compress their own pages); decompress it".into(),
-        }),
-        "parquet" => read_columnar(path, true, columns, &mut rows),
-        "arrow" | "feather" => read_columnar(path, false, columns, &mut rows),
+    match extension {
+        "jsonl" | "json" | "ndjson" => read_json_lines(path, compression, columns, &mut rows),
+        "csv" => read_delimited(path, compression, b',', columns, &mut rows),
+        "tsv" | "tab" => read_delimited(path, compression, b'\t', columns, &mut rows),
+        "parquet" => compression.refuse_columnar(path).and_then(|()| read_columnar(path, true, columns, &mut rows)),
+        "arrow" | "feather" => {
+            compression.refuse_columnar(path).and_then(|()| read_columnar(path, false, columns, &mut rows))
+        }
         other => Err(DataError::Io {
             path: path.display().to_string(),
             detail: format!(
-                "unknown labelled-data format `.{other}`; use .jsonl (JSON Lines), .csv, .tsv (each also .gz), .parquet, \
-                 a `datasets` .arrow file or .feather"
+                "unknown labelled-data format `.{other}`; use .jsonl (JSON Lines), .csv, .tsv (each also .gz or \
+                 .zst), .parquet, a `datasets` .arrow file or .feather"
             ),
         }),
     }
@@ -171,8 +168,8 @@ fn label_text(value: &serde_json::Value) -> Option<String> {
 
 /// The labelled rows of JSON Lines or one JSON array of objects (an
 /// element's number stands in for its line).
-fn read_json_lines(path: &Path, gzipped: bool, columns: &Columns, policy: &mut Rows) -> Result<()> {
-    crate::formats::for_each_json_record(path, gzipped, &mut |place, record| {
+fn read_json_lines(path: &Path, compression: Compression, columns: &Columns, policy: &mut Rows) -> Result<()> {
+    crate::formats::for_each_json_record(path, compression, &mut |place, record| {
         let line = place.number();
         // An array element's number stands in for a line; the detail says which it is.
         let at = |detail: String| match place {
@@ -229,9 +226,15 @@ fn read_json_lines(path: &Path, gzipped: bool, columns: &Columns, policy: &mut R
     })
 }
 
-fn read_delimited(path: &Path, gzipped: bool, delimiter: u8, columns: &Columns, policy: &mut Rows) -> Result<()> {
+fn read_delimited(
+    path: &Path,
+    compression: Compression,
+    delimiter: u8,
+    columns: &Columns,
+    policy: &mut Rows,
+) -> Result<()> {
     let io = |detail: String| DataError::Io { path: path.display().to_string(), detail };
-    let file = crate::formats::open(path, gzipped)?;
+    let file = crate::formats::open(path, compression)?;
     let mut reader = csv::ReaderBuilder::new().delimiter(delimiter).flexible(true).from_reader(file);
     let header: Vec<String> = reader
         .byte_headers()
@@ -400,26 +403,38 @@ mod tests {
         assert!(LabelOrder::parse("alphabetical").unwrap_err().to_string().contains("first-seen or sorted"));
     }
 
-    /// Gzipped line formats read as the other commands read them; gzipped
-    /// columnar files are named.
+    /// Line formats compressed whole (gzip, zstd) read as the other
+    /// commands read them; compressed columnar files are named.
     #[test]
-    fn gzipped_labelled_files_read_like_plain_ones() {
+    fn compressed_labelled_files_read_like_plain_ones() {
         use std::io::Write;
-        let dir = lazytrain_core::ScratchDir::new("labelled-gz").unwrap();
+        let dir = lazytrain_core::ScratchDir::new("labelled-compressed").unwrap();
         let columns = Columns { text: "text".into(), text_pair: None, label: "label".into() };
         let read = |name: &str, bytes: &[u8]| {
             let path = dir.join(name);
-            let mut gz = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::default());
-            gz.write_all(bytes).unwrap();
-            std::fs::write(&path, gz.finish().unwrap()).unwrap();
+            let compressed = match name.rsplit_once('.').unwrap().1 {
+                "gz" => {
+                    let mut gz = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::default());
+                    gz.write_all(bytes).unwrap();
+                    gz.finish().unwrap()
+                }
+                "zst" => zstd::encode_all(bytes, 3).unwrap(),
+                other => unreachable!("no test file ends with .{other}"),
+            };
+            std::fs::write(&path, compressed).unwrap();
             read_labelled_file(&path, &columns, false, &mut BadRowCounts::new())
         };
-        let jsonl = read("rows.jsonl.gz", b"{\"text\": \"a b\", \"label\": \"x\"}\n{\"text\": \"c\", \"label\": 2}\n");
-        let labels: Vec<String> = jsonl.unwrap().into_iter().map(|r| r.label).collect();
-        assert_eq!(labels, ["x", "2"]);
-        let csv = read("rows.csv.gz", b"text,label\na b,x\nc,y\n").unwrap();
-        assert_eq!(csv.iter().map(|r| r.text.as_str()).collect::<Vec<_>>(), ["a b", "c"]);
-        let err = read("rows.parquet.gz", b"PAR1").err().unwrap().to_string();
-        assert!(err.contains("gzipped Parquet or Arrow files are not read"), "{err}");
+        for suffix in ["gz", "zst"] {
+            let jsonl = read(
+                &format!("rows.jsonl.{suffix}"),
+                b"{\"text\": \"a b\", \"label\": \"x\"}\n{\"text\": \"c\", \"label\": 2}\n",
+            );
+            let labels: Vec<String> = jsonl.unwrap().into_iter().map(|r| r.label).collect();
+            assert_eq!(labels, ["x", "2"], "{suffix}");
+            let csv = read(&format!("rows.csv.{suffix}"), b"text,label\na b,x\nc,y\n").unwrap();
+            assert_eq!(csv.iter().map(|r| r.text.as_str()).collect::<Vec<_>>(), ["a b", "c"], "{suffix}");
+            let err = read(&format!("rows.parquet.{suffix}"), b"PAR1").err().unwrap().to_string();
+            assert!(err.contains(&format!("compressed Parquet or Arrow files (.{suffix}) are not read")), "{err}");
+        }
     }
 }

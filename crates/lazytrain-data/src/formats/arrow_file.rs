@@ -171,7 +171,8 @@ impl ArrowBatches {
             .filter(|&total| u64::try_from(offset).is_ok_and(|offset| total <= self.size.saturating_sub(offset)));
         let Some(total) = total else {
             return Err(ArrowError::ParseError(format!(
-                "a block at byte {offset} declares {meta} + {body} bytes, more than the {}-byte file holds (cut short?)",
+                "a block at byte {offset} declares {meta} + {body} bytes, more than the {}-byte file holds \
+                 (cut short?)",
                 self.size
             )));
         };

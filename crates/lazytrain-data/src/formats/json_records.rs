@@ -4,7 +4,7 @@
 //! told apart by the first character. An array is parsed an element at a
 //! time, so memory holds one record, not the file.
 
-use super::{io_error, next_line, open, MAX_LINE_BYTES};
+use super::{io_error, next_line, open, Compression, MAX_LINE_BYTES};
 use crate::Result;
 use serde::de::{Error as _, SeqAccess, Visitor};
 use std::cell::Cell;
@@ -56,20 +56,20 @@ pub(crate) enum BadLine {
 
 /// Hand each record of the JSON input at `path` to `each`, with its place;
 /// blank lines are skipped.
-pub(crate) fn for_each_json_record(path: &Path, gzipped: bool, each: &mut RecordSink<'_>) -> Result<()> {
-    let mut reader = BufReader::new(open(path, gzipped)?);
-    match first_character(&mut reader, path)? {
+pub(crate) fn for_each_json_record(path: &Path, compression: Compression, each: &mut RecordSink<'_>) -> Result<()> {
+    let mut reader = BufReader::new(open(path, compression)?);
+    match first_character(&mut reader, path, compression)? {
         (Some(b'['), _) => each_array_element(reader, path, MAX_LINE_BYTES, each),
-        (_, blank_lines) => each_line(reader, path, gzipped, blank_lines, each),
+        (_, blank_lines) => each_line(reader, path, compression, blank_lines, each),
     }
 }
 
 /// The first byte of `reader` after a byte-order mark (which editors on
 /// Windows write) and white space, which are consumed (`None` when there is
 /// nothing else), and the line breaks among them.
-fn first_character(reader: &mut impl BufRead, path: &Path) -> Result<(Option<u8>, u64)> {
+fn first_character(reader: &mut impl BufRead, path: &Path, compression: Compression) -> Result<(Option<u8>, u64)> {
     const BYTE_ORDER_MARK: &[u8] = "\u{feff}".as_bytes();
-    let cannot_read = |e: std::io::Error| io_error(path, format!("cannot read: {e}"));
+    let cannot_read = |e: std::io::Error| io_error(path, format!("cannot read: {e}{}", compression.read_error_hint()));
     let (mut at_start, mut line_breaks) = (true, 0u64);
     loop {
         let buffer = reader.fill_buf().map_err(cannot_read)?;
@@ -97,13 +97,13 @@ fn first_character(reader: &mut impl BufRead, path: &Path) -> Result<(Option<u8>
 fn each_line(
     mut reader: impl BufRead,
     path: &Path,
-    gzipped: bool,
+    compression: Compression,
     blank_lines: u64,
     each: &mut RecordSink<'_>,
 ) -> Result<()> {
     let mut raw = Vec::new();
     let mut line = blank_lines;
-    while next_line(&mut reader, &mut raw, path, gzipped, line + 1)? {
+    while next_line(&mut reader, &mut raw, path, compression, line + 1)? {
         line += 1;
         let record = match std::str::from_utf8(&raw) {
             Err(_) => Err(BadLine::InvalidUtf8),
@@ -229,7 +229,7 @@ mod tests {
         let path = dir.path().join("rows.json");
         std::fs::write(&path, contents).unwrap();
         let mut seen = Vec::new();
-        for_each_json_record(&path, false, &mut |place, record| {
+        for_each_json_record(&path, Compression::None, &mut |place, record| {
             seen.push((place, record));
             Ok(())
         })?;
@@ -287,7 +287,7 @@ mod tests {
         let path = dir.path().join("rows.json");
         std::fs::write(&path, "[1, 2, 3]").unwrap();
         let mut seen = 0;
-        let err = for_each_json_record(&path, false, &mut |_, _| {
+        let err = for_each_json_record(&path, Compression::None, &mut |_, _| {
             seen += 1;
             Err(crate::DataError::Invalid("no more".into()))
         });

@@ -56,14 +56,12 @@ impl InputFormat {
         })
     }
 
-    /// The format a file's extension names (after a `.gz`), plain text when
-    /// the extension is none of the others; and whether it is gzipped.
-    pub fn detect(path: &Path) -> (InputFormat, bool) {
+    /// The format a file's extension names (after a `.gz` or `.zst`), plain
+    /// text when the extension is none of the others; and how the whole
+    /// file is compressed.
+    pub fn detect(path: &Path) -> (InputFormat, Compression) {
         let name = path.file_name().map(|n| n.to_string_lossy().to_ascii_lowercase()).unwrap_or_default();
-        let (stem, gzipped) = match name.strip_suffix(".gz") {
-            Some(stem) => (stem.to_string(), true),
-            None => (name, false),
-        };
+        let (compression, stem) = Compression::of_name(&name);
         let format = match stem.rsplit_once('.').map(|(_, ext)| ext) {
             Some("jsonl" | "json" | "ndjson") => InputFormat::JsonLines,
             Some("csv") => InputFormat::Csv,
@@ -72,7 +70,64 @@ impl InputFormat {
             Some("arrow" | "feather") => InputFormat::Arrow,
             _ => InputFormat::Text,
         };
-        (format, gzipped)
+        (format, compression)
+    }
+}
+
+/// How a whole file of a line format is compressed, by its last extension.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Compression {
+    /// Stored as it is.
+    None,
+    /// gzip (`.gz`), one member or several (as `pigz` and concatenated
+    /// files have them).
+    Gzip,
+    /// Zstandard (`.zst`, `.zstd`), one frame or several: how The Pile,
+    /// SlimPajama and RedPajama ship their JSON Lines.
+    Zstd,
+}
+
+impl Compression {
+    /// The compression that the last extension of a (lower-case) file name
+    /// names, and the name without that extension.
+    pub fn of_name(name: &str) -> (Compression, &str) {
+        for (suffix, compression) in
+            [(".gz", Compression::Gzip), (".zst", Compression::Zstd), (".zstd", Compression::Zstd)]
+        {
+            if let Some(stem) = name.strip_suffix(suffix) {
+                return (compression, stem);
+            }
+        }
+        (Compression::None, name)
+    }
+
+    /// What an error reading a line adds: whether the file may be cut short.
+    pub(crate) fn read_error_hint(self) -> &'static str {
+        match self {
+            Compression::None => "",
+            Compression::Gzip => " (is it a complete gzip file of UTF-8 text?)",
+            Compression::Zstd => {
+                " (is it a complete zstd file of UTF-8 text? one compressed with `zstd --long` above 27 needs \
+                 decompressing first)"
+            }
+        }
+    }
+
+    /// The error of a columnar file compressed whole: it compresses its own
+    /// pages or buffers.
+    pub(crate) fn refuse_columnar(self, path: &Path) -> Result<()> {
+        let extension = match self {
+            Compression::None => return Ok(()),
+            Compression::Gzip => ".gz",
+            Compression::Zstd => ".zst",
+        };
+        Err(io_error(
+            path,
+            format!(
+                "compressed Parquet or Arrow files ({extension}) are not read; they compress their own pages \
+                 (snappy, zstd, LZ4), so decompress the file first"
+            ),
+        ))
     }
 }
 
@@ -139,38 +194,41 @@ pub(crate) fn io_error(path: &Path, detail: impl Into<String>) -> DataError {
     DataError::Io { path: path.display().to_string(), detail: detail.into() }
 }
 
-/// Open `path`, decompressing it when `gzipped`.
-pub(crate) fn open(path: &Path, gzipped: bool) -> Result<Box<dyn Read>> {
+/// Open `path`, decompressing it as `compression` says.
+pub(crate) fn open(path: &Path, compression: Compression) -> Result<Box<dyn Read>> {
     if path.is_dir() {
         return Err(io_error(path, "is a folder; give the files in it (--files accepts several)"));
     }
     let file = std::fs::File::open(path).map_err(|e| io_error(path, format!("cannot open the input file: {e}")))?;
-    Ok(match gzipped {
-        true => Box::new(flate2::read::MultiGzDecoder::new(file)),
-        false => Box::new(file),
+    Ok(match compression {
+        Compression::None => Box::new(file),
+        Compression::Gzip => Box::new(flate2::read::MultiGzDecoder::new(file)),
+        Compression::Zstd => Box::new(
+            zstd::stream::read::Decoder::new(file)
+                .map_err(|e| io_error(path, format!("cannot start decompressing it: {e}")))?,
+        ),
     })
 }
 
 /// Give the documents of one file to `docs`.
 pub fn read_into(path: &Path, source: &TextSource, docs: &mut dyn DocumentSink) -> Result<()> {
-    let (detected, gzipped) = InputFormat::detect(path);
+    let (detected, compression) = InputFormat::detect(path);
     let format = source.format.unwrap_or(detected);
     let column = source.text_column.as_str();
     let before = docs.counts();
     match format {
-        InputFormat::Text => rows::read_lines(path, gzipped, docs)?,
-        InputFormat::JsonLines => rows::read_json_lines(path, gzipped, column, docs)?,
-        InputFormat::Csv => rows::read_delimited(path, gzipped, b',', column, docs)?,
-        InputFormat::Tsv => rows::read_delimited(path, gzipped, b'\t', column, docs)?,
-        InputFormat::Parquet | InputFormat::Arrow if gzipped => {
-            return Err(io_error(
-                path,
-                "gzipped Parquet or Arrow files are not read; they compress internally (snappy, zstd), so \
-                 decompress the .gz first",
-            ))
+        InputFormat::Text => rows::read_lines(path, compression, docs)?,
+        InputFormat::JsonLines => rows::read_json_lines(path, compression, column, docs)?,
+        InputFormat::Csv => rows::read_delimited(path, compression, b',', column, docs)?,
+        InputFormat::Tsv => rows::read_delimited(path, compression, b'\t', column, docs)?,
+        InputFormat::Parquet => {
+            compression.refuse_columnar(path)?;
+            columnar::read_parquet(path, column, docs)?
         }
-        InputFormat::Parquet => columnar::read_parquet(path, column, docs)?,
-        InputFormat::Arrow => columnar::read_arrow(path, column, docs)?,
+        InputFormat::Arrow => {
+            compression.refuse_columnar(path)?;
+            columnar::read_arrow(path, column, docs)?
+        }
     }
     let after = docs.counts();
     if after.0 == before.0 {

@@ -1,7 +1,7 @@
 //! Line-oriented formats: plain text, JSON Lines, CSV and TSV (each
-//! optionally gzipped).
+//! optionally compressed whole: gzip or zstd).
 
-use super::{io_error, open, DocumentSink};
+use super::{io_error, open, Compression, DocumentSink};
 use crate::Result;
 use std::io::{BufRead, BufReader};
 use std::path::Path;
@@ -18,11 +18,11 @@ pub(crate) fn next_line(
     reader: &mut impl BufRead,
     raw: &mut Vec<u8>,
     path: &Path,
-    gzipped: bool,
+    compression: Compression,
     line: u64,
 ) -> Result<bool> {
     raw.clear();
-    let hint = if gzipped { " (is it a complete gzip file of UTF-8 text?)" } else { "" };
+    let hint = compression.read_error_hint();
     let read = std::io::Read::take(&mut *reader, MAX_LINE_BYTES as u64 + 1)
         .read_until(b'\n', raw)
         .map_err(|e| io_error(path, format!("line {line}: cannot read: {e}{hint}")))?;
@@ -39,11 +39,11 @@ pub(crate) fn next_line(
 }
 
 /// Every non-blank line is one document.
-pub(super) fn read_lines(path: &Path, gzipped: bool, docs: &mut dyn DocumentSink) -> Result<()> {
-    let mut reader = BufReader::new(open(path, gzipped)?);
+pub(super) fn read_lines(path: &Path, compression: Compression, docs: &mut dyn DocumentSink) -> Result<()> {
+    let mut reader = BufReader::new(open(path, compression)?);
     let mut raw = Vec::new();
     let mut line = 0u64;
-    while next_line(&mut reader, &mut raw, path, gzipped, line + 1)? {
+    while next_line(&mut reader, &mut raw, path, compression, line + 1)? {
         line += 1;
         let text = std::str::from_utf8(&raw)
             .map_err(|_| io_error(path, format!("line {line}: invalid UTF-8 (is it UTF-8 text?)")))?;
@@ -66,8 +66,13 @@ pub(crate) fn json_type(value: &serde_json::Value) -> &'static str {
 
 /// Field `column` of every JSON object (JSON Lines or one array of them;
 /// null values skipped and counted).
-pub(super) fn read_json_lines(path: &Path, gzipped: bool, column: &str, docs: &mut dyn DocumentSink) -> Result<()> {
-    super::for_each_json_record(path, gzipped, &mut |place, record| {
+pub(super) fn read_json_lines(
+    path: &Path,
+    compression: Compression,
+    column: &str,
+    docs: &mut dyn DocumentSink,
+) -> Result<()> {
+    super::for_each_json_record(path, compression, &mut |place, record| {
         let bad = |detail: String| io_error(path, format!("{place}: {detail}"));
         let value = record.map_err(|e| match e {
             super::BadLine::InvalidUtf8 => bad("invalid UTF-8".into()),
@@ -97,12 +102,13 @@ pub(super) fn read_json_lines(path: &Path, gzipped: bool, column: &str, docs: &m
 /// Column `column` (by its header) of a CSV or TSV file.
 pub(super) fn read_delimited(
     path: &Path,
-    gzipped: bool,
+    compression: Compression,
     delimiter: u8,
     column: &str,
     docs: &mut dyn DocumentSink,
 ) -> Result<()> {
-    let mut reader = csv::ReaderBuilder::new().delimiter(delimiter).flexible(true).from_reader(open(path, gzipped)?);
+    let mut reader =
+        csv::ReaderBuilder::new().delimiter(delimiter).flexible(true).from_reader(open(path, compression)?);
     let headers = reader.byte_headers().map_err(|e| io_error(path, format!("cannot read the header row: {e}")))?;
     let names: Vec<String> = headers.iter().map(|h| String::from_utf8_lossy(h).trim().to_string()).collect();
     if names.iter().all(String::is_empty) {
