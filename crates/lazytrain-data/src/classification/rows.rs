@@ -101,11 +101,9 @@ pub fn for_each_labelled_row(
     counts: &mut BadRowCounts,
     each: &mut dyn FnMut(LabelledRow) -> Result<()>,
 ) -> Result<()> {
-    let name = path.file_name().map(|n| n.to_string_lossy().to_ascii_lowercase()).unwrap_or_default();
-    let (compression, stem) = Compression::of_name(&name);
-    let extension = stem.rsplit_once('.').map_or("", |(_, extension)| extension);
+    let (compression, extension) = Compression::of_path(path);
     let mut rows = Rows { policy: RowPolicy { path, skip: skip_bad, counts }, each };
-    match extension {
+    match extension.as_str() {
         "jsonl" | "json" | "ndjson" => read_json_lines(path, compression, columns, &mut rows),
         "csv" => read_delimited(path, compression, b',', columns, &mut rows),
         "tsv" | "tab" => read_delimited(path, compression, b'\t', columns, &mut rows),
@@ -234,11 +232,12 @@ fn read_delimited(
     policy: &mut Rows,
 ) -> Result<()> {
     let io = |detail: String| DataError::Io { path: path.display().to_string(), detail };
-    let file = crate::formats::open(path, compression)?;
+    let file = crate::formats::open_delimited(path, compression)?;
     let mut reader = csv::ReaderBuilder::new().delimiter(delimiter).flexible(true).from_reader(file);
+    let hint = |e: &csv::Error| if e.is_io_error() { compression.read_error_hint() } else { "" };
     let header: Vec<String> = reader
         .byte_headers()
-        .map_err(|e| io(format!("cannot read the header: {e}")))?
+        .map_err(|e| io(format!("cannot read the header: {e}{}", hint(&e))))?
         .iter()
         .map(|h| String::from_utf8_lossy(h).trim().to_string())
         .collect();
@@ -258,7 +257,7 @@ fn read_delimited(
         match reader.read_byte_record(&mut record) {
             Ok(false) => break,
             Ok(true) => {}
-            Err(e) => return Err(io(format!("cannot parse the file: {e}"))),
+            Err(e) => return Err(io(format!("cannot parse the file: {e}{}", hint(&e)))),
         }
         let line = record.position().map_or(0, |p| p.line());
         let field = |at: usize| record.get(at).map(|bytes| std::str::from_utf8(bytes).map(str::to_string));
@@ -434,7 +433,7 @@ mod tests {
             let csv = read(&format!("rows.csv.{suffix}"), b"text,label\na b,x\nc,y\n").unwrap();
             assert_eq!(csv.iter().map(|r| r.text.as_str()).collect::<Vec<_>>(), ["a b", "c"], "{suffix}");
             let err = read(&format!("rows.parquet.{suffix}"), b"PAR1").err().unwrap().to_string();
-            assert!(err.contains(&format!("compressed Parquet or Arrow files (.{suffix}) are not read")), "{err}");
+            assert!(err.contains("Parquet or Arrow files compressed whole") && err.contains("are not read"), "{err}");
         }
     }
 }

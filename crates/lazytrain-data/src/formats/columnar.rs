@@ -2,7 +2,7 @@
 //! batch of rows at a time, only the text column decoded) and Arrow IPC
 //! data (a `datasets` cache's `.arrow` streams, Feather and IPC files).
 
-use super::arrow_file::ArrowBatches;
+use super::arrow_file::{ArrowBatches, BatchTooLarge};
 use super::parquet_file::ParquetFile;
 use super::{io_error, DocumentSink};
 use crate::Result;
@@ -84,27 +84,106 @@ fn guarded<T>(path: &Path, what: &str, f: impl FnOnce() -> Result<T>) -> Result<
 /// The record batches of a Parquet file or an Arrow IPC stream.
 type BatchReader = Box<dyn Iterator<Item = std::result::Result<RecordBatch, arrow_schema::ArrowError>>>;
 
-/// The next batch of `reader` (guarded), turned into `T` by `convert`
-/// inside the guard; `None` at the end. `batch_error` prefixes a batch's
-/// read error.
-fn next_batch<T>(
-    path: &Path,
-    what: &str,
-    batch_error: &str,
-    reader: &mut BatchReader,
-    convert: impl FnOnce(&RecordBatch) -> Result<T>,
-) -> Result<Option<T>> {
+/// The next batch of `reader` (guarded); `None` at the end. `batch_error`
+/// prefixes a batch's read error.
+fn next_batch(path: &Path, what: &str, batch_error: &str, reader: &mut BatchReader) -> Result<Option<RecordBatch>> {
     guarded(path, what, || match reader.next() {
         None => Ok(None),
         Some(Err(e)) => Err(arrow_read_error(path, batch_error, &e)),
-        Some(Ok(batch)) => convert(&batch).map(Some),
+        Some(Ok(batch)) => Ok(Some(batch)),
     })
+}
+
+/// The most bytes of owned text (counting [`ROW_BYTES`] a row besides its
+/// text) that one slice of a batch is turned into at a time. A batch
+/// decoded from a few kilobytes may stand for far more text than it holds:
+/// dictionary keys repeating a long value, string views of one value,
+/// zstd-compressed offsets of millions of empty rows.
+const SLICE_BYTES: usize = 64 << 20;
+/// What a row's owned value costs besides its text.
+const ROW_BYTES: usize = 32;
+
+/// The rows of `batch`, in ranges whose values in `columns` take at most
+/// [`SLICE_BYTES`] as owned text (a row larger than that alone); guarded,
+/// as it reads the batch's offsets and keys.
+fn slices(path: &Path, what: &str, batch: &RecordBatch, columns: &[usize]) -> Result<Vec<std::ops::Range<usize>>> {
+    guarded(path, what, || {
+        let sizes: Vec<_> = columns.iter().map(|&c| text_bytes(batch.column(c).as_ref())).collect();
+        let mut slices = Vec::new();
+        let (mut start, mut bytes) = (0, 0usize);
+        for row in 0..batch.num_rows() {
+            let row_bytes = sizes.iter().fold(ROW_BYTES, |all, size| all.saturating_add(size(row)));
+            if row > start && bytes.saturating_add(row_bytes) > SLICE_BYTES {
+                slices.push(start..row);
+                (start, bytes) = (row, 0);
+            }
+            bytes = bytes.saturating_add(row_bytes);
+        }
+        if start < batch.num_rows() {
+            slices.push(start..batch.num_rows());
+        }
+        Ok(slices)
+    })
+}
+
+/// The bytes of text of each row of `array` as a function of the row: a
+/// string's length, a dictionary key's value's, 0 for other values (a
+/// label's digits fit in [`ROW_BYTES`]).
+fn text_bytes(array: &dyn Array) -> Box<dyn Fn(usize) -> usize + '_> {
+    use arrow_array::cast::AsArray;
+    use arrow_array::types::{
+        Int16Type, Int32Type, Int64Type, Int8Type, UInt16Type, UInt32Type, UInt64Type, UInt8Type,
+    };
+    match array.data_type() {
+        DataType::Utf8 => {
+            let strings = array.as_string::<i32>();
+            Box::new(move |row| strings.value_length(row) as usize)
+        }
+        DataType::LargeUtf8 => {
+            let strings = array.as_string::<i64>();
+            Box::new(move |row| strings.value_length(row) as usize)
+        }
+        DataType::Utf8View => {
+            let views = array.as_string_view().views();
+            // A view's low 32 bits are its length.
+            Box::new(move |row| views[row] as u32 as usize)
+        }
+        DataType::Dictionary(key, _) => {
+            let dictionary = array.as_any_dictionary();
+            let (keys, values) = (dictionary.keys(), text_bytes(dictionary.values().as_ref()));
+            let key: Box<dyn Fn(usize) -> usize> = match key.as_ref() {
+                DataType::Int8 => Box::new(|row| keys.as_primitive::<Int8Type>().value(row) as usize),
+                DataType::Int16 => Box::new(|row| keys.as_primitive::<Int16Type>().value(row) as usize),
+                DataType::Int32 => Box::new(|row| keys.as_primitive::<Int32Type>().value(row) as usize),
+                DataType::Int64 => Box::new(|row| keys.as_primitive::<Int64Type>().value(row) as usize),
+                DataType::UInt8 => Box::new(|row| keys.as_primitive::<UInt8Type>().value(row) as usize),
+                DataType::UInt16 => Box::new(|row| keys.as_primitive::<UInt16Type>().value(row) as usize),
+                DataType::UInt32 => Box::new(|row| keys.as_primitive::<UInt32Type>().value(row) as usize),
+                DataType::UInt64 => Box::new(|row| keys.as_primitive::<UInt64Type>().value(row) as usize),
+                // Arrow's dictionary keys are integers; `column_values` refuses the rest.
+                _ => Box::new(|_| 0),
+            };
+            let len = dictionary.values().len();
+            Box::new(move |row| match keys.is_valid(row) {
+                true => Some(key(row)).filter(|&k| k < len).map_or(0, &values),
+                false => 0,
+            })
+        }
+        // Labels' integers and booleans, and the types `column_values` refuses.
+        _ => Box::new(|_| 0),
+    }
 }
 
 /// The error of Arrow data that cannot be read: a codec that is not built
 /// in says so, and how to rewrite the file; anything else follows
 /// `context`.
 fn arrow_read_error(path: &Path, context: &str, e: &arrow_schema::ArrowError) -> crate::DataError {
+    if let arrow_schema::ArrowError::ExternalError(inner) = e {
+        if let Some(too_large) = inner.downcast_ref::<BatchTooLarge>() {
+            // A sound file may hold one: not "truncated or corrupt".
+            return io_error(path, too_large.to_string());
+        }
+    }
     let message = e.to_string();
     match missing_parquet_codec(&message) {
         Some(codec) => io_error(
@@ -118,7 +197,8 @@ fn arrow_read_error(path: &Path, context: &str, e: &arrow_schema::ArrowError) ->
     }
 }
 
-/// Hand every text of column `index` of `reader`'s batches to `docs`.
+/// Hand every text of column `index` of `reader`'s batches to `docs`, a
+/// slice of rows at a time.
 fn feed_texts(
     path: &Path,
     (what, batch_error): (&str, &str),
@@ -126,11 +206,14 @@ fn feed_texts(
     index: usize,
     docs: &mut dyn DocumentSink,
 ) -> Result<()> {
-    while let Some(texts) = next_batch(path, what, batch_error, &mut reader, |batch| strings_of(path, batch, index))? {
-        for text in texts {
-            match text {
-                Some(text) => docs.push(&text)?,
-                None => docs.null_row(),
+    while let Some(batch) = next_batch(path, what, batch_error, &mut reader)? {
+        for rows in slices(path, what, &batch, &[index])? {
+            let slice = batch.slice(rows.start, rows.len());
+            for text in guarded(path, what, || strings_of(path, &slice, index))? {
+                match text {
+                    Some(text) => docs.push(&text)?,
+                    None => docs.null_row(),
+                }
             }
         }
     }
@@ -154,7 +237,11 @@ fn column_values(array: &dyn Array, kind: ColumnKind) -> std::result::Result<Vec
     use arrow_array::types::{
         Int16Type, Int32Type, Int64Type, Int8Type, UInt16Type, UInt32Type, UInt64Type, UInt8Type,
     };
-    if let DataType::Dictionary(..) = array.data_type() {
+    if let DataType::Dictionary(_, value_type) = array.data_type() {
+        if !holds_text(value_type, kind) {
+            // Refused before `take`, which would copy a value per key.
+            return Err(array.data_type().clone());
+        }
         let dictionary = array.as_any_dictionary();
         let looked_up = arrow_select::take::take(dictionary.values().as_ref(), dictionary.keys(), None)
             .map_err(|_| array.data_type().clone())?;
@@ -193,6 +280,25 @@ fn column_values(array: &dyn Array, kind: ColumnKind) -> std::result::Result<Vec
     })
 }
 
+/// Whether values of `data_type` are read as a column of `kind`: strings,
+/// and for labels integers and booleans too.
+fn holds_text(data_type: &DataType, kind: ColumnKind) -> bool {
+    let label = kind == ColumnKind::Label;
+    match data_type {
+        DataType::Utf8 | DataType::LargeUtf8 | DataType::Utf8View => true,
+        DataType::Boolean
+        | DataType::Int8
+        | DataType::Int16
+        | DataType::Int32
+        | DataType::Int64
+        | DataType::UInt8
+        | DataType::UInt16
+        | DataType::UInt32
+        | DataType::UInt64 => label,
+        _ => false,
+    }
+}
+
 /// Hand each row of the `columns` (name and kind) of a Parquet file or
 /// Arrow IPC data to `each`, every value as text (`None` for nulls), in file
 /// order, a batch of rows read at a time.
@@ -210,8 +316,14 @@ pub(crate) fn for_each_table_row(
             (arrow_ipc_batches(path)?.0, "the Arrow data is truncated or corrupt")
         })
     })?;
-    while let Some(rows) = next_batch(path, what, batch_error, &mut reader, |batch| table_rows(path, batch, columns))? {
-        rows.into_iter().try_for_each(&mut *each)?;
+    while let Some(batch) = next_batch(path, what, batch_error, &mut reader)? {
+        let indices = column_indices(path, &batch.schema(), columns)?;
+        for rows in slices(path, what, &batch, &indices)? {
+            let slice = batch.slice(rows.start, rows.len());
+            guarded(path, what, || table_rows(path, &slice, columns, &indices))?
+                .into_iter()
+                .try_for_each(&mut *each)?;
+        }
     }
     Ok(())
 }
@@ -234,11 +346,15 @@ fn column_indices(path: &Path, schema: &Schema, columns: &[(&str, ColumnKind)]) 
     columns.iter().map(|&(name, _)| index_of(name)).collect()
 }
 
-/// The rows of the `columns` of `batch`, every value as text.
-fn table_rows(path: &Path, batch: &RecordBatch, columns: &[(&str, ColumnKind)]) -> Result<Vec<Vec<Option<String>>>> {
-    let indices = column_indices(path, &batch.schema(), columns)?;
+/// The rows of the `columns` of `batch` (at `indices`), every value as text.
+fn table_rows(
+    path: &Path,
+    batch: &RecordBatch,
+    columns: &[(&str, ColumnKind)],
+    indices: &[usize],
+) -> Result<Vec<Vec<Option<String>>>> {
     let mut values = Vec::with_capacity(columns.len());
-    for (&(name, kind), index) in columns.iter().zip(indices) {
+    for (&(name, kind), &index) in columns.iter().zip(indices) {
         let wanted = match kind {
             ColumnKind::Text => "strings",
             ColumnKind::Label => "strings, integers or booleans",
@@ -283,6 +399,38 @@ mod tests {
     use arrow_array::types::{Int64Type, UInt8Type};
     use arrow_array::{DictionaryArray, Int64Array, StringArray};
     use std::sync::Arc;
+
+    /// Rows whose owned text would exceed the slice budget are split into
+    /// slices, whatever stands for the text: dictionary keys repeating one
+    /// long value, string views of it, or millions of empty rows.
+    #[test]
+    fn batches_are_turned_into_text_a_bounded_slice_at_a_time() {
+        let long = "x".repeat(1 << 20);
+        let keys = arrow_array::Int32Array::from(vec![0; 200]);
+        let dictionary = DictionaryArray::try_new(keys, Arc::new(StringArray::from(vec![long.as_str()]))).unwrap();
+        let views: arrow_array::StringViewArray = std::iter::repeat_n(Some(long.as_str()), 200).collect();
+        let empty = StringArray::from(vec![""; 5_000_000]);
+        let path = Path::new("batch.arrow");
+        for (name, column, most_rows) in [
+            ("dictionary", Arc::new(dictionary) as arrow_array::ArrayRef, SLICE_BYTES / ((1 << 20) + ROW_BYTES)),
+            ("views", Arc::new(views), SLICE_BYTES / ((1 << 20) + ROW_BYTES)),
+            ("empty rows", Arc::new(empty), SLICE_BYTES / ROW_BYTES),
+        ] {
+            let rows = column.len();
+            let batch = RecordBatch::try_from_iter([("text", column)]).unwrap();
+            let slices = slices(path, "unreadable", &batch, &[0]).unwrap();
+            assert!(slices.len() > 1, "{name}: {slices:?}");
+            assert!(slices.iter().all(|s| s.len() <= most_rows), "{name}: {slices:?}");
+            assert_eq!(slices.iter().map(|s| s.len()).sum::<usize>(), rows, "{name}: every row once");
+            assert!(slices.windows(2).all(|pair| pair[0].end == pair[1].start), "{name}: in order");
+        }
+        let texts = strings_of(
+            path,
+            &RecordBatch::try_from_iter([("t", Arc::new(StringArray::from(vec!["a"])) as _)]).unwrap(),
+            0,
+        );
+        assert_eq!(texts.unwrap(), [Some("a".to_string())]);
+    }
 
     #[test]
     fn dictionary_columns_give_the_values_of_their_keys() {

@@ -12,7 +12,7 @@ mod json_records;
 pub(crate) use json_records::{for_each_json_record, BadLine, RecordPlace};
 mod rows;
 pub use rows::MAX_LINE_BYTES;
-pub(crate) use rows::{json_type, next_line};
+pub(crate) use rows::{json_type, next_line, open_delimited};
 
 use crate::{DataError, Result};
 use std::io::Read;
@@ -60,14 +60,13 @@ impl InputFormat {
     /// text when the extension is none of the others; and how the whole
     /// file is compressed.
     pub fn detect(path: &Path) -> (InputFormat, Compression) {
-        let name = path.file_name().map(|n| n.to_string_lossy().to_ascii_lowercase()).unwrap_or_default();
-        let (compression, stem) = Compression::of_name(&name);
-        let format = match stem.rsplit_once('.').map(|(_, ext)| ext) {
-            Some("jsonl" | "json" | "ndjson") => InputFormat::JsonLines,
-            Some("csv") => InputFormat::Csv,
-            Some("tsv" | "tab") => InputFormat::Tsv,
-            Some("parquet") => InputFormat::Parquet,
-            Some("arrow" | "feather") => InputFormat::Arrow,
+        let (compression, extension) = Compression::of_path(path);
+        let format = match extension.as_str() {
+            "jsonl" | "json" | "ndjson" => InputFormat::JsonLines,
+            "csv" => InputFormat::Csv,
+            "tsv" | "tab" => InputFormat::Tsv,
+            "parquet" => InputFormat::Parquet,
+            "arrow" | "feather" => InputFormat::Arrow,
             _ => InputFormat::Text,
         };
         (format, compression)
@@ -88,17 +87,16 @@ pub enum Compression {
 }
 
 impl Compression {
-    /// The compression that the last extension of a (lower-case) file name
-    /// names, and the name without that extension.
-    pub fn of_name(name: &str) -> (Compression, &str) {
-        for (suffix, compression) in
+    /// The compression that the last extension of `path`'s name names, and
+    /// the extension before it (lower case, empty when there is none).
+    pub fn of_path(path: &Path) -> (Compression, String) {
+        let name = path.file_name().map(|n| n.to_string_lossy().to_ascii_lowercase()).unwrap_or_default();
+        let (compression, stem) =
             [(".gz", Compression::Gzip), (".zst", Compression::Zstd), (".zstd", Compression::Zstd)]
-        {
-            if let Some(stem) = name.strip_suffix(suffix) {
-                return (compression, stem);
-            }
-        }
-        (Compression::None, name)
+                .into_iter()
+                .find_map(|(suffix, compression)| Some((compression, name.strip_suffix(suffix)?)))
+                .unwrap_or((Compression::None, &name));
+        (compression, stem.rsplit_once('.').map_or("", |(_, extension)| extension).to_string())
     }
 
     /// What an error reading a line adds: whether the file may be cut short.
@@ -116,15 +114,15 @@ impl Compression {
     /// The error of a columnar file compressed whole: it compresses its own
     /// pages or buffers.
     pub(crate) fn refuse_columnar(self, path: &Path) -> Result<()> {
-        let extension = match self {
+        let codec = match self {
             Compression::None => return Ok(()),
-            Compression::Gzip => ".gz",
-            Compression::Zstd => ".zst",
+            Compression::Gzip => "gzip",
+            Compression::Zstd => "zstd",
         };
         Err(io_error(
             path,
             format!(
-                "compressed Parquet or Arrow files ({extension}) are not read; they compress their own pages \
+                "Parquet or Arrow files compressed whole ({codec}) are not read; they compress their own pages \
                  (snappy, zstd, LZ4), so decompress the file first"
             ),
         ))

@@ -12,6 +12,39 @@ use std::path::Path;
 /// allocation as large as itself.
 pub const MAX_LINE_BYTES: usize = 256 << 20;
 
+/// `path` opened for the CSV reader, which holds a record whole: reading
+/// fails once more than [`MAX_LINE_BYTES`] pass without a line break (a
+/// file without line breaks, or a decompression bomb, would otherwise grow
+/// one record as large as itself).
+pub(crate) fn open_delimited(path: &Path, compression: Compression) -> Result<LineBounded<Box<dyn std::io::Read>>> {
+    Ok(LineBounded { inner: open(path, compression)?, since_break: 0 })
+}
+
+/// A reader that fails once more than [`MAX_LINE_BYTES`] pass without a
+/// line break ([`open_delimited`]).
+pub(crate) struct LineBounded<R> {
+    inner: R,
+    /// Bytes read since the last line break.
+    since_break: usize,
+}
+
+impl<R: std::io::Read> std::io::Read for LineBounded<R> {
+    fn read(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
+        let read = self.inner.read(buf)?;
+        self.since_break = match buf[..read].iter().rposition(|&b| b == b'\n') {
+            Some(last) => read - last - 1,
+            None => self.since_break + read,
+        };
+        if self.since_break > MAX_LINE_BYTES {
+            return Err(std::io::Error::new(
+                std::io::ErrorKind::InvalidData,
+                format!("a line longer than {} MiB; is it a text file?", MAX_LINE_BYTES >> 20),
+            ));
+        }
+        Ok(read)
+    }
+}
+
 /// Read the next line of `reader` (with its line break) into `raw`: false at
 /// the end of the input. `line` is its number, for errors.
 pub(crate) fn next_line(
@@ -108,8 +141,10 @@ pub(super) fn read_delimited(
     docs: &mut dyn DocumentSink,
 ) -> Result<()> {
     let mut reader =
-        csv::ReaderBuilder::new().delimiter(delimiter).flexible(true).from_reader(open(path, compression)?);
-    let headers = reader.byte_headers().map_err(|e| io_error(path, format!("cannot read the header row: {e}")))?;
+        csv::ReaderBuilder::new().delimiter(delimiter).flexible(true).from_reader(open_delimited(path, compression)?);
+    let hint = |e: &csv::Error| if e.is_io_error() { compression.read_error_hint() } else { "" };
+    let headers =
+        reader.byte_headers().map_err(|e| io_error(path, format!("cannot read the header row: {e}{}", hint(&e))))?;
     let names: Vec<String> = headers.iter().map(|h| String::from_utf8_lossy(h).trim().to_string()).collect();
     if names.iter().all(String::is_empty) {
         return Err(io_error(path, "no header row (is the file empty?); the first row must name the columns"));
@@ -121,7 +156,7 @@ pub(super) fn read_delimited(
         ));
     };
     for record in reader.byte_records() {
-        let record = record.map_err(|e| io_error(path, format!("malformed row: {e}")))?;
+        let record = record.map_err(|e| io_error(path, format!("malformed row: {e}{}", hint(&e))))?;
         let line = record.position().map_or(0, |p| p.line());
         // A row too short to have the column is skipped and counted, as a null is.
         let Some(field) = record.get(index) else {
@@ -132,4 +167,35 @@ pub(super) fn read_delimited(
         docs.push(text)?;
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::io::Read;
+
+    /// Read `reader` to its end a MiB at a time: the bytes, or the error.
+    fn drain(mut reader: impl Read) -> std::io::Result<usize> {
+        let (mut buffer, mut total) = (vec![0u8; 1 << 20], 0);
+        loop {
+            match reader.read(&mut buffer)? {
+                0 => return Ok(total),
+                read => total += read,
+            }
+        }
+    }
+
+    /// The CSV reader's input fails past [`MAX_LINE_BYTES`] without a line
+    /// break, and only then.
+    #[test]
+    fn lines_longer_than_the_cap_fail_the_delimited_reader() {
+        let long = std::io::repeat(b'a').take(MAX_LINE_BYTES as u64 + 1);
+        let err = drain(LineBounded { inner: long, since_break: 0 }).unwrap_err();
+        assert!(err.to_string().contains("a line longer than 256 MiB"), "{err}");
+        let exact = std::io::repeat(b'a').take(MAX_LINE_BYTES as u64);
+        assert_eq!(drain(LineBounded { inner: exact, since_break: 0 }).unwrap(), MAX_LINE_BYTES);
+        let broken = std::io::repeat(b'a').take(MAX_LINE_BYTES as u64 - 1).chain(&b"\n"[..]);
+        let lines = broken.chain(std::io::repeat(b'b').take(MAX_LINE_BYTES as u64));
+        assert_eq!(drain(LineBounded { inner: lines, since_break: 0 }).unwrap(), 2 * MAX_LINE_BYTES);
+    }
 }
