@@ -370,7 +370,8 @@ fn next_stream_message(file: &mut BufReader<File>, size: u64) -> std::result::Re
         Err(e) if e.kind() == std::io::ErrorKind::UnexpectedEof => return Ok(None),
         Err(e) => return Err(e.into()),
     }
-    if word == CONTINUATION {
+    let continued = word == CONTINUATION;
+    if continued {
         file.read_exact(&mut word)?;
     }
     let meta_len = i32::from_le_bytes(word);
@@ -383,13 +384,17 @@ fn next_stream_message(file: &mut BufReader<File>, size: u64) -> std::result::Re
         .ok()
         .filter(|&meta| meta <= left)
         .ok_or_else(|| ArrowError::ParseError(too_long("a message's metadata", i64::from(meta_len), position, left)))?;
-    // The decoder reads the metadata after a continuation marker and its length.
+    // The message's prefix as the stream has it (a continuation marker and
+    // the length, or the length alone), so the body keeps its alignment.
     let mut bytes = Vec::with_capacity(8 + meta as usize);
-    bytes.extend_from_slice(&CONTINUATION);
+    if continued {
+        bytes.extend_from_slice(&CONTINUATION);
+    }
     bytes.extend_from_slice(&meta_len.to_le_bytes());
+    let prefix = bytes.len() as u64;
     read_exactly(file, meta, &mut bytes)?;
     let body = {
-        let message = arrow_ipc::root_as_message(&bytes[8..])
+        let message = arrow_ipc::root_as_message(&bytes[prefix as usize..])
             .map_err(|e| ArrowError::ParseError(format!("a message cannot be read: {e}")))?;
         let body = message.bodyLength();
         u64::try_from(body)
@@ -399,7 +404,7 @@ fn next_stream_message(file: &mut BufReader<File>, size: u64) -> std::result::Re
     };
     bytes.reserve_exact(body as usize);
     read_exactly(file, body, &mut bytes)?;
-    let meta_with_prefix = i32::try_from(8 + meta)
+    let meta_with_prefix = i32::try_from(prefix + meta)
         .map_err(|_| ArrowError::ParseError(format!("a message's metadata of {meta} bytes is too long")))?;
     Ok(Some(RawMessage { block: Block::new(0, meta_with_prefix, body as i64), bytes: Buffer::from_vec(bytes) }))
 }
