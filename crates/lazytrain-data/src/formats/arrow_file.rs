@@ -126,6 +126,8 @@ impl ArrowBatches {
         }
     }
 
+    /// The batches of `file` (`size` bytes), decoded by `decoder`, the next
+    /// one where `framing` says.
     fn new(file: BufReader<File>, size: u64, decoder: FileDecoder, framing: Framing) -> ArrowBatches {
         ArrowBatches { file, size, decoder, framing, dictionary_bytes: HashMap::new() }
     }
