@@ -247,35 +247,24 @@ fn column_values(array: &dyn Array, kind: ColumnKind) -> std::result::Result<Vec
             .map_err(|_| array.data_type().clone())?;
         return column_values(looked_up.as_ref(), kind).map_err(|_| array.data_type().clone());
     }
+    if !holds_text(array.data_type(), kind) {
+        return Err(array.data_type().clone());
+    }
     let strings = |it: &mut dyn Iterator<Item = Option<&str>>| it.map(|v| v.map(str::to_string)).collect();
-    let label = kind == ColumnKind::Label;
     Ok(match array.data_type() {
         DataType::Utf8 => strings(&mut array.as_string::<i32>().iter()),
         DataType::LargeUtf8 => strings(&mut array.as_string::<i64>().iter()),
         DataType::Utf8View => strings(&mut array.as_string_view().iter()),
-        DataType::Boolean if label => array.as_boolean().iter().map(|v| v.map(|b| b.to_string())).collect(),
-        DataType::Int8 if label => array.as_primitive::<Int8Type>().iter().map(|v| v.map(|x| x.to_string())).collect(),
-        DataType::Int16 if label => {
-            array.as_primitive::<Int16Type>().iter().map(|v| v.map(|x| x.to_string())).collect()
-        }
-        DataType::Int32 if label => {
-            array.as_primitive::<Int32Type>().iter().map(|v| v.map(|x| x.to_string())).collect()
-        }
-        DataType::Int64 if label => {
-            array.as_primitive::<Int64Type>().iter().map(|v| v.map(|x| x.to_string())).collect()
-        }
-        DataType::UInt8 if label => {
-            array.as_primitive::<UInt8Type>().iter().map(|v| v.map(|x| x.to_string())).collect()
-        }
-        DataType::UInt16 if label => {
-            array.as_primitive::<UInt16Type>().iter().map(|v| v.map(|x| x.to_string())).collect()
-        }
-        DataType::UInt32 if label => {
-            array.as_primitive::<UInt32Type>().iter().map(|v| v.map(|x| x.to_string())).collect()
-        }
-        DataType::UInt64 if label => {
-            array.as_primitive::<UInt64Type>().iter().map(|v| v.map(|x| x.to_string())).collect()
-        }
+        DataType::Boolean => array.as_boolean().iter().map(|v| v.map(|b| b.to_string())).collect(),
+        DataType::Int8 => array.as_primitive::<Int8Type>().iter().map(|v| v.map(|x| x.to_string())).collect(),
+        DataType::Int16 => array.as_primitive::<Int16Type>().iter().map(|v| v.map(|x| x.to_string())).collect(),
+        DataType::Int32 => array.as_primitive::<Int32Type>().iter().map(|v| v.map(|x| x.to_string())).collect(),
+        DataType::Int64 => array.as_primitive::<Int64Type>().iter().map(|v| v.map(|x| x.to_string())).collect(),
+        DataType::UInt8 => array.as_primitive::<UInt8Type>().iter().map(|v| v.map(|x| x.to_string())).collect(),
+        DataType::UInt16 => array.as_primitive::<UInt16Type>().iter().map(|v| v.map(|x| x.to_string())).collect(),
+        DataType::UInt32 => array.as_primitive::<UInt32Type>().iter().map(|v| v.map(|x| x.to_string())).collect(),
+        DataType::UInt64 => array.as_primitive::<UInt64Type>().iter().map(|v| v.map(|x| x.to_string())).collect(),
+        // `holds_text` admits no other type.
         other => return Err(other.clone()),
     })
 }
